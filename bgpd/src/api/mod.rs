@@ -1,0 +1,164 @@
+//! bgpd's gRPC server. It serves the contract of the `proto` crate on a unix socket and,
+//! when configured, on TCP with mutual TLS; both listeners carry the same services, the
+//! standard health service and server reflection (v1 and v1alpha). Services of the contract
+//! that are not implemented yet are not registered, so tonic answers them UNIMPLEMENTED.
+//!
+//! The API layer owns no state of its own: each service holds handles to the parts of the
+//! daemon that own the state.
+
+mod daemon_service;
+pub mod socket;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use proto::v1::daemon_server::DaemonServer;
+use tokio::sync::watch;
+use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
+use tonic::service::Routes;
+use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
+
+pub use daemon_service::DaemonInfo;
+
+use crate::config::{ApiConfig, TlsFiles};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    #[error(
+        "another bgpd is already serving on {0}; stop it first or set api.socket to another path"
+    )]
+    AlreadyRunning(PathBuf),
+    #[error("{0} exists and is not a socket; remove it or set api.socket to another path")]
+    NotASocket(PathBuf),
+    #[error("cannot create the API socket {path}: {source}")]
+    SocketBind {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot listen on TCP {addr}: {source}")]
+    TcpBind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot read TLS file {path}: {source}")]
+    TlsFile {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("invalid TLS configuration: {0}")]
+    Tls(#[source] tonic::transport::Error),
+    #[error("the API server failed: {0}")]
+    Serve(#[source] tonic::transport::Error),
+    #[error("cannot build the reflection service: {0}")]
+    Reflection(#[from] tonic_reflection::server::Error),
+}
+
+/// The API's listeners, bound and ready to serve.
+pub struct Api {
+    unix: tokio::net::UnixListener,
+    socket: socket::SocketGuard,
+    tcp: Option<(tokio::net::TcpListener, ServerTlsConfig)>,
+}
+
+impl Api {
+    /// Binds every configured listener, so that start-up fails before anything is served.
+    pub async fn bind(config: &ApiConfig) -> Result<Self, ApiError> {
+        let (unix, socket) = socket::bind(&config.socket)?;
+        let tcp = match (config.tcp_listen, config.tls_files()) {
+            (Some(addr), Some(files)) => {
+                let tls = tls_config(&files).await?;
+                // Parse the certificates now, so a bad file stops start-up with its reason.
+                Server::builder()
+                    .tls_config(tls.clone())
+                    .map_err(ApiError::Tls)?;
+                let listener = tokio::net::TcpListener::bind(addr)
+                    .await
+                    .map_err(|source| ApiError::TcpBind { addr, source })?;
+                Some((listener, tls))
+            }
+            _ => None,
+        };
+        Ok(Self { unix, socket, tcp })
+    }
+
+    /// The TCP address actually bound (useful when configured with port 0).
+    pub fn tcp_addr(&self) -> Option<SocketAddr> {
+        self.tcp.as_ref().and_then(|(l, _)| l.local_addr().ok())
+    }
+
+    /// Serves until `shutdown` turns true; the socket is removed when this returns.
+    pub async fn serve(
+        self,
+        info: DaemonInfo,
+        shutdown: watch::Receiver<bool>,
+    ) -> Result<(), ApiError> {
+        let routes = routes(info).await?;
+        let _socket = self.socket;
+        let unix = Server::builder()
+            .add_routes(routes.clone())
+            .serve_with_incoming_shutdown(
+                UnixListenerStream::new(self.unix),
+                wait_for(shutdown.clone()),
+            );
+        match self.tcp {
+            None => unix.await.map_err(ApiError::Serve),
+            Some((listener, tls)) => {
+                let tcp = Server::builder()
+                    .tls_config(tls)
+                    .map_err(ApiError::Tls)?
+                    .add_routes(routes)
+                    .serve_with_incoming_shutdown(
+                        TcpListenerStream::new(listener),
+                        wait_for(shutdown),
+                    );
+                let (u, t) = tokio::join!(unix, tcp);
+                u.and(t).map_err(ApiError::Serve)
+            }
+        }
+    }
+}
+
+async fn wait_for(mut shutdown: watch::Receiver<bool>) {
+    // An error means the sender is gone: shut down as well.
+    let _ = shutdown.wait_for(|stop| *stop).await;
+}
+
+/// Every service bgpd serves, on every listener.
+async fn routes(info: DaemonInfo) -> Result<Routes, ApiError> {
+    let (health, health_service) = tonic_health::server::health_reporter();
+    health
+        .set_serving::<DaemonServer<daemon_service::DaemonService>>()
+        .await;
+
+    let reflection_v1 = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(proto::v1::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1()?;
+    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(proto::v1::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .build_v1alpha()?;
+
+    Ok(Routes::new(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
+        .add_service(DaemonServer::new(daemon_service::DaemonService::new(info))))
+}
+
+async fn tls_config(files: &TlsFiles) -> Result<ServerTlsConfig, ApiError> {
+    let read = |path: PathBuf| async move {
+        tokio::fs::read(&path)
+            .await
+            .map_err(|source| ApiError::TlsFile { path, source })
+    };
+    let cert = read(files.cert.clone()).await?;
+    let key = read(files.key.clone()).await?;
+    let ca = read(files.client_ca.clone()).await?;
+    // A client CA makes client certificates mandatory: mutual TLS.
+    Ok(ServerTlsConfig::new()
+        .identity(Identity::from_pem(cert, key))
+        .client_ca_root(Certificate::from_pem(ca)))
+}

@@ -1,0 +1,76 @@
+//! `bgpctl`: the operator's CLI for bgpd, over its gRPC API on the unix socket.
+//! Human tables by default, `--json` for scripts; errors are one line on stderr and exit 1.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use bgpd::ctl::{self, CtlError};
+use clap::{Parser, Subcommand};
+use proto::v1::GetStatusRequest;
+use proto::v1::daemon_client::DaemonClient;
+
+#[derive(Parser)]
+#[command(version, about = "Operate margay's bgpd over its API socket")]
+struct Args {
+    /// bgpd's API socket [default: $MARGAY_API__SOCKET, else /run/margay/bgpd.sock]
+    #[arg(long, global = true)]
+    socket: Option<PathBuf>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Node name, datastore, uptime and version of bgpd.
+    Status {
+        /// One JSON object instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    let socket = args.socket.unwrap_or_else(|| {
+        std::env::var_os("MARGAY_API__SOCKET")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(bgpd::config::DEFAULT_SOCKET))
+    });
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("bgpctl: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(socket, args.command)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("bgpctl: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(socket: PathBuf, command: Command) -> Result<(), CtlError> {
+    let channel = ctl::connect_unix(&socket).await?;
+    let mut out = std::io::stdout().lock();
+    match command {
+        Command::Status { json } => {
+            let status = DaemonClient::new(channel)
+                .get_status(GetStatusRequest {})
+                .await?
+                .into_inner();
+            if json {
+                writeln!(out, "{}", ctl::status::to_json(&status))?;
+            } else {
+                write!(out, "{}", ctl::status::to_table(&status))?;
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,280 @@
+//! bgpd's configuration: a TOML file read with the `config` crate, every key overridable by an
+//! environment variable `MARGAY_<SECTION>__<KEY>` (e.g. `MARGAY_NODE__ADDRESS=10.0.0.5/24`).
+//! Loading validates everything, so the rest of the daemon works with typed, checked values.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+
+use ipnet::{Ipv4Net, Ipv6Net};
+use serde::Deserialize;
+
+/// Where bgpd serves its API when the configuration says nothing.
+pub const DEFAULT_SOCKET: &str = "/run/margay/bgpd.sock";
+/// Where the embedded datastore lives when the configuration says nothing.
+pub const DEFAULT_SQLITE_PATH: &str = "/var/lib/margay/store.db";
+/// Calico's default cluster AS.
+pub const DEFAULT_AS: u32 = 64512;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read configuration {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: config::ConfigError,
+    },
+    #[error("invalid configuration: {0}")]
+    Invalid(config::ConfigError),
+    #[error("invalid configuration: {field}: {reason}")]
+    Field { field: &'static str, reason: String },
+}
+
+fn field(field: &'static str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::Field {
+        field,
+        reason: reason.into(),
+    }
+}
+
+/// The whole configuration of one bgpd.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct Config {
+    pub node: NodeConfig,
+    pub api: ApiConfig,
+    pub datastore: DatastoreConfig,
+    pub bgp: BgpConfig,
+    pub log: LogConfig,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct NodeConfig {
+    /// The node's name in the cluster; the host name when empty.
+    pub name: String,
+    /// IPv4 address with prefix length, e.g. "10.0.0.5/24".
+    pub address: Option<Ipv4Net>,
+    /// IPv6 address with prefix length.
+    pub address6: Option<Ipv6Net>,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct ApiConfig {
+    /// Unix socket for local clients (bgpctl, CNI plugins, routewriter); mode 0600.
+    pub socket: PathBuf,
+    /// Optional TCP address to serve on as well; needs the three TLS files (mutual TLS).
+    pub tcp_listen: Option<SocketAddr>,
+    /// PEM certificate chain of the server.
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of the server.
+    pub tls_key: Option<PathBuf>,
+    /// PEM CA bundle that client certificates must chain to.
+    pub tls_client_ca: Option<PathBuf>,
+}
+
+impl Default for ApiConfig {
+    fn default() -> Self {
+        Self {
+            socket: PathBuf::from(DEFAULT_SOCKET),
+            tcp_listen: None,
+            tls_cert: None,
+            tls_key: None,
+            tls_client_ca: None,
+        }
+    }
+}
+
+/// Mutual-TLS files for the TCP listener, all three present once validated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub client_ca: PathBuf,
+}
+
+impl ApiConfig {
+    /// The TLS files, when the TCP listener is configured.
+    pub fn tls_files(&self) -> Option<TlsFiles> {
+        Some(TlsFiles {
+            cert: self.tls_cert.clone()?,
+            key: self.tls_key.clone()?,
+            client_ca: self.tls_client_ca.clone()?,
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum DatastoreKind {
+    /// One SQLite file shared by the processes of one host (the embedded default).
+    #[default]
+    Sqlite,
+    /// An etcd cluster, for real multi-host clusters.
+    Etcd,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct DatastoreConfig {
+    pub kind: DatastoreKind,
+    /// The SQLite file.
+    pub path: PathBuf,
+    /// etcd endpoints, e.g. ["http://127.0.0.1:2379"]; a comma-separated list in the environment.
+    pub endpoints: Vec<String>,
+}
+
+impl Default for DatastoreConfig {
+    fn default() -> Self {
+        Self {
+            kind: DatastoreKind::Sqlite,
+            path: PathBuf::from(DEFAULT_SQLITE_PATH),
+            endpoints: vec!["http://127.0.0.1:2379".into()],
+        }
+    }
+}
+
+impl DatastoreConfig {
+    /// One line naming the datastore, e.g. "sqlite:/var/lib/margay/store.db".
+    pub fn describe(&self) -> String {
+        match self.kind {
+            DatastoreKind::Sqlite => format!("sqlite:{}", self.path.display()),
+            DatastoreKind::Etcd => format!("etcd:{}", self.endpoints.join(",")),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct BgpConfig {
+    /// This node's AS.
+    #[serde(rename = "as")]
+    pub as_number: u32,
+    /// BGP identifier; the node's IPv4 address when unset.
+    pub router_id: Option<Ipv4Addr>,
+    pub listen_port: u16,
+}
+
+impl Default for BgpConfig {
+    fn default() -> Self {
+        Self {
+            as_number: DEFAULT_AS,
+            router_id: None,
+            listen_port: 179,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum LogLevel {
+    Error,
+    Warn,
+    #[default]
+    Info,
+    Debug,
+    Trace,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogConfig {
+    pub level: LogLevel,
+}
+
+impl Config {
+    /// Reads `path` (when given) and the process environment's `MARGAY_` variables.
+    pub fn load(path: Option<&Path>) -> Result<Self, ConfigError> {
+        Self::load_with_env(path, None)
+    }
+
+    /// As [`Config::load`], with the environment given explicitly (`None`: the process's).
+    pub fn load_with_env(
+        path: Option<&Path>,
+        env: Option<config::Map<String, String>>,
+    ) -> Result<Self, ConfigError> {
+        let mut builder = config::Config::builder();
+        if let Some(path) = path {
+            // Read the file ourselves so a missing file is an error that names it.
+            let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read {
+                path: path.to_owned(),
+                source: config::ConfigError::Foreign(Box::new(e)),
+            })?;
+            builder = builder.add_source(config::File::from_str(&text, config::FileFormat::Toml));
+        }
+        let environment = config::Environment::with_prefix("MARGAY")
+            .prefix_separator("_")
+            .separator("__")
+            .list_separator(",")
+            .with_list_parse_key("datastore.endpoints")
+            .try_parsing(true)
+            .source(env);
+        let raw = builder
+            .add_source(environment)
+            .build()
+            .map_err(ConfigError::Invalid)?;
+        let mut config: Config = raw.try_deserialize().map_err(|e| match path {
+            Some(path) => ConfigError::Read {
+                path: path.to_owned(),
+                source: e,
+            },
+            None => ConfigError::Invalid(e),
+        })?;
+        config.fill_defaults();
+        config.validate()?;
+        Ok(config)
+    }
+
+    fn fill_defaults(&mut self) {
+        if self.node.name.is_empty() {
+            self.node.name = hostname();
+        }
+        if self.bgp.router_id.is_none() {
+            self.bgp.router_id = self.node.address.map(|a| a.addr());
+        }
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.node.name.is_empty() {
+            return Err(field(
+                "node.name",
+                "must not be empty (set it or give the host a name)",
+            ));
+        }
+        if self.api.socket.as_os_str().is_empty() {
+            return Err(field("api.socket", "must not be empty"));
+        }
+        if self.api.tcp_listen.is_some() && self.api.tls_files().is_none() {
+            return Err(field(
+                "api.tcp_listen",
+                "TCP is served only with mutual TLS: set api.tls_cert, api.tls_key and api.tls_client_ca",
+            ));
+        }
+        if self.bgp.as_number == 0 {
+            return Err(field("bgp.as", "AS 0 is reserved (RFC 7607)"));
+        }
+        match self.datastore.kind {
+            DatastoreKind::Sqlite if self.datastore.path.as_os_str().is_empty() => {
+                return Err(field("datastore.path", "must name the SQLite file"));
+            }
+            DatastoreKind::Etcd if self.datastore.endpoints.is_empty() => {
+                return Err(field(
+                    "datastore.endpoints",
+                    "must list at least one etcd endpoint",
+                ));
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+/// The host name, or "" when the kernel has none.
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests;

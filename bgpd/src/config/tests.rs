@@ -1,0 +1,97 @@
+use super::*;
+
+fn env(pairs: &[(&str, &str)]) -> Option<config::Map<String, String>> {
+    Some(
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+    )
+}
+
+fn write(text: &str) -> tempfile::NamedTempFile {
+    let f = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(f.path(), text).unwrap();
+    f
+}
+
+#[test]
+fn the_sample_configuration_loads() {
+    let sample = concat!(env!("CARGO_MANIFEST_DIR"), "/../configs/node.toml");
+    let c = Config::load_with_env(Some(Path::new(sample)), env(&[])).unwrap();
+    assert_eq!(c.node.name, "node-a");
+    assert_eq!(c.node.address, Some("10.0.0.5/24".parse().unwrap()));
+    assert_eq!(c.api.socket, PathBuf::from(DEFAULT_SOCKET));
+    assert_eq!(c.datastore.kind, DatastoreKind::Sqlite);
+    assert_eq!(c.bgp.as_number, 64512);
+    assert_eq!(c.bgp.router_id, Some(Ipv4Addr::new(10, 0, 0, 5)));
+}
+
+#[test]
+fn defaults_without_a_file() {
+    let c = Config::load_with_env(None, env(&[("MARGAY_NODE__NAME", "n1")])).unwrap();
+    assert_eq!(c.node.name, "n1");
+    assert_eq!(c.api.socket, PathBuf::from(DEFAULT_SOCKET));
+    assert_eq!(c.datastore.describe(), "sqlite:/var/lib/margay/store.db");
+    assert_eq!(c.bgp.listen_port, 179);
+    assert_eq!(c.log.level, LogLevel::Info);
+    assert_eq!(c.bgp.router_id, None);
+}
+
+#[test]
+fn environment_overrides_the_file() {
+    let f = write("[node]\nname = \"a\"\naddress = \"10.1.1.1/16\"\n[bgp]\nas = 65001\n");
+    let c = Config::load_with_env(
+        Some(f.path()),
+        env(&[
+            ("MARGAY_NODE__ADDRESS", "10.0.0.5/24"),
+            ("MARGAY_BGP__AS", "64512"),
+            ("MARGAY_API__SOCKET", "/tmp/x.sock"),
+            ("MARGAY_DATASTORE__KIND", "etcd"),
+            (
+                "MARGAY_DATASTORE__ENDPOINTS",
+                "http://127.0.0.1:1,http://127.0.0.1:2",
+            ),
+            ("MARGAY_LOG__LEVEL", "debug"),
+        ]),
+    )
+    .unwrap();
+    assert_eq!(c.node.name, "a");
+    assert_eq!(c.node.address, Some("10.0.0.5/24".parse().unwrap()));
+    assert_eq!(c.bgp.as_number, 64512);
+    assert_eq!(c.api.socket, PathBuf::from("/tmp/x.sock"));
+    assert_eq!(c.datastore.kind, DatastoreKind::Etcd);
+    assert_eq!(
+        c.datastore.describe(),
+        "etcd:http://127.0.0.1:1,http://127.0.0.1:2"
+    );
+    assert_eq!(c.log.level, LogLevel::Debug);
+}
+
+#[test]
+fn bad_values_name_the_field() {
+    let cases: &[(&str, &str)] = &[
+        ("[node]\nname = \"n\"\naddress = \"10.0.0.5\"\n", "address"),
+        ("[node]\nname = \"n\"\nnmae = \"x\"\n", "nmae"),
+        ("[bgp]\nas = 0\n", "bgp.as"),
+        ("[bgp]\nas = -1\n", "as"),
+        ("[log]\nlevel = \"loud\"\n", "level"),
+        ("[api]\ntcp_listen = \"127.0.0.1:5000\"\n", "api.tcp_listen"),
+        ("[datastore]\nkind = \"mysql\"\n", "kind"),
+    ];
+    for (text, needle) in cases {
+        let f = write(text);
+        let err = Config::load_with_env(Some(f.path()), env(&[("MARGAY_NODE__NAME", "n")]))
+            .expect_err(text)
+            .to_string();
+        assert!(err.contains(needle), "{text:?}: {err}");
+    }
+}
+
+#[test]
+fn a_missing_file_is_named() {
+    let err = Config::load_with_env(Some(Path::new("/nonexistent/bgpd.toml")), env(&[]))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("/nonexistent/bgpd.toml"), "{err}");
+}

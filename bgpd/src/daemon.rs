@@ -1,0 +1,73 @@
+//! bgpd's life: bind the API, serve until SIGTERM or SIGINT, then stop cleanly (the socket is
+//! removed on the way out). Everything that can fail at start fails before anything is served.
+
+use std::time::{Duration, Instant};
+
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::watch;
+
+use crate::api::{Api, ApiError, DaemonInfo};
+use crate::config::Config;
+
+/// How long in-flight requests and streams get to finish after a stop signal.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error(transparent)]
+    Api(#[from] ApiError),
+    #[error("cannot install the signal handlers: {0}")]
+    Signals(#[source] std::io::Error),
+}
+
+/// Runs bgpd until a stop signal.
+pub async fn run(config: Config) -> Result<(), DaemonError> {
+    let started = Instant::now();
+    let mut sigterm = signal(SignalKind::terminate()).map_err(DaemonError::Signals)?;
+    let mut sigint = signal(SignalKind::interrupt()).map_err(DaemonError::Signals)?;
+
+    let api = Api::bind(&config.api).await?;
+    let info = DaemonInfo {
+        node: config.node.name.clone(),
+        datastore: config.datastore.describe(),
+        started,
+    };
+    tracing::info!(
+        version = crate::VERSION,
+        node = %info.node,
+        socket = %config.api.socket.display(),
+        tcp = ?api.tcp_addr(),
+        datastore = %info.datastore,
+        "bgpd serving"
+    );
+
+    let (stop, stopped) = watch::channel(false);
+    let mut server = tokio::spawn(api.serve(info, stopped));
+    tokio::select! {
+        result = &mut server => return flatten(result),
+        _ = sigterm.recv() => tracing::info!("SIGTERM: stopping"),
+        _ = sigint.recv() => tracing::info!("SIGINT: stopping"),
+    }
+    let _ = stop.send(true);
+    match tokio::time::timeout(SHUTDOWN_GRACE, &mut server).await {
+        Ok(result) => flatten(result)?,
+        Err(_) => {
+            tracing::warn!("requests still open after {SHUTDOWN_GRACE:?}; closing them");
+            server.abort();
+            // Dropping the aborted task drops the socket guard, which removes the socket.
+            let _ = server.await;
+        }
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
+
+fn flatten(
+    result: Result<Result<(), ApiError>, tokio::task::JoinError>,
+) -> Result<(), DaemonError> {
+    match result {
+        Ok(r) => r.map_err(DaemonError::from),
+        // The server task never panics by design; if it did, stop rather than serve half.
+        Err(e) => std::panic::resume_unwind(e.into_panic()),
+    }
+}

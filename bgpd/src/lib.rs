@@ -1,0 +1,17 @@
+//! bgpd, margay's node daemon: the control plane of one node (BIRD + confd in one process),
+//! and bgpctl, the operator's CLI that talks to it over the gRPC API.
+//!
+//! - `config`: the TOML configuration with `MARGAY_` environment overrides.
+//! - `api`: the gRPC server (unix socket, optional TCP with mutual TLS), health and reflection.
+//! - `daemon`: start-up, signals and clean shutdown of bgpd.
+//! - `ctl`: the client side used by bgpctl (and by tests).
+//! - `logging`: one line per event through `tracing`.
+
+pub mod api;
+pub mod config;
+pub mod ctl;
+pub mod daemon;
+pub mod logging;
+
+/// The version of margay this binary was built from.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
