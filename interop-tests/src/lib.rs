@@ -1,4 +1,8 @@
-//! margay's lab: network namespaces, real BGP peers (BIRD, FRR, GoBGP), etcd and the reference
-//! CNI plugins, for end-to-end and interop tests and side-by-side benchmarks.
+//! margay's lab: real parts started by tests and benchmarks — etcd clusters on loopback so far;
+//! network namespaces, BIRD, FRR, GoBGP and the reference CNI plugins as the issues land.
 //!
-//! Empty so far: the speaker, CNI and end-to-end issues fill it in.
+//! - `lab`: starting and stopping the real parts, by PID, also on failure.
+//! - `conformance`: the datastore contract's conformance suite, run against every backend.
+
+pub mod conformance;
+pub mod lab;

@@ -1,0 +1,139 @@
+//! Real etcd (Debian's etcd-server) on loopback: one member or a cluster, each with a temporary
+//! data directory, killed by PID when dropped. Members can be killed and restarted on the same
+//! data directory to test what survives.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::free_port;
+
+/// Where Debian installs etcd.
+pub const ETCD: &str = "/usr/bin/etcd";
+
+struct Member {
+    name: String,
+    client_port: u16,
+    peer_port: u16,
+    data: PathBuf,
+    child: Option<Child>,
+}
+
+/// An etcd cluster of one or more members on 127.0.0.1.
+pub struct EtcdCluster {
+    members: Vec<Member>,
+    initial_cluster: String,
+    token: String,
+    _dir: tempfile::TempDir,
+}
+
+impl EtcdCluster {
+    /// Starts `n` members and waits until the cluster answers.
+    pub fn start(n: usize) -> Self {
+        assert!(
+            std::path::Path::new(ETCD).exists(),
+            "{ETCD} is missing: apt-get install etcd-server (scripts/test does)"
+        );
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let members: Vec<Member> = (0..n)
+            .map(|i| Member {
+                name: format!("m{i}"),
+                client_port: free_port(),
+                peer_port: free_port(),
+                data: dir.path().join(format!("m{i}")),
+                child: None,
+            })
+            .collect();
+        let initial_cluster = members
+            .iter()
+            .map(|m| format!("{}=http://127.0.0.1:{}", m.name, m.peer_port))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut cluster = Self {
+            members,
+            initial_cluster,
+            token: format!("margay-{}-{}", std::process::id(), free_port()),
+            _dir: dir,
+        };
+        for i in 0..n {
+            cluster.spawn(i, "new");
+        }
+        cluster.wait_ready();
+        cluster
+    }
+
+    /// Client URLs of every member.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.members
+            .iter()
+            .map(|m| format!("http://127.0.0.1:{}", m.client_port))
+            .collect()
+    }
+
+    fn spawn(&mut self, i: usize, state: &str) {
+        let m = &mut self.members[i];
+        std::fs::create_dir_all(&m.data).expect("member data dir");
+        let log = std::fs::File::create(m.data.with_extension("log")).expect("member log");
+        let client = format!("http://127.0.0.1:{}", m.client_port);
+        let peer = format!("http://127.0.0.1:{}", m.peer_port);
+        let child = Command::new(ETCD)
+            .args(["--name", &m.name])
+            .arg("--data-dir")
+            .arg(&m.data)
+            .args([
+                "--listen-client-urls",
+                &client,
+                "--advertise-client-urls",
+                &client,
+            ])
+            .args([
+                "--listen-peer-urls",
+                &peer,
+                "--initial-advertise-peer-urls",
+                &peer,
+            ])
+            .args(["--initial-cluster", &self.initial_cluster])
+            .args(["--initial-cluster-state", state])
+            .args(["--initial-cluster-token", &self.token])
+            .args(["--log-level", "warn"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("etcd starts");
+        m.child = Some(child);
+    }
+
+    /// Kills member `i` with SIGKILL.
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut child) = self.members[i].child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts member `i` again on its data directory.
+    pub fn restart(&mut self, i: usize) {
+        self.kill(i);
+        self.spawn(i, "existing");
+    }
+
+    /// Waits until every running member accepts TCP connections on its client port.
+    pub fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for m in self.members.iter().filter(|m| m.child.is_some()) {
+            while std::net::TcpStream::connect(("127.0.0.1", m.client_port)).is_err() {
+                assert!(Instant::now() < deadline, "etcd {} did not start", m.name);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+impl Drop for EtcdCluster {
+    fn drop(&mut self) {
+        for i in 0..self.members.len() {
+            self.kill(i);
+        }
+    }
+}

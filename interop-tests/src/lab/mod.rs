@@ -1,0 +1,30 @@
+//! Starting real parts for tests, and finding margay's own binaries.
+
+pub mod etcd;
+
+use std::path::PathBuf;
+
+/// A free TCP port on 127.0.0.1 (free when asked; bind it soon).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("the loopback interface can bind an ephemeral port")
+}
+
+/// One of the workspace's binaries (bgpd, bgpctl, ...) built next to the running test or bench.
+pub fn binary(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("the running executable has a path");
+    // target/<profile>/deps/<test> or target/<profile>/<bench>
+    let mut dir = exe.parent().map(PathBuf::from).unwrap_or_default();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    let path = dir.join(name);
+    assert!(
+        path.exists(),
+        "{} is not built; run `cargo build -p bgpd` first",
+        path.display()
+    );
+    path
+}

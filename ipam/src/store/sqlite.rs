@@ -1,0 +1,526 @@
+//! The embedded backend: one SQLite file (WAL mode) that several processes of one host share.
+//!
+//! Layout: `kv` holds the current keys, `history` one row per change (the watch log), `meta`
+//! the store revision and the compaction point. Every write is one `BEGIN IMMEDIATE`
+//! transaction, so conditions are checked and writes made under SQLite's write lock, and a
+//! process killed mid-transaction leaves nothing behind. Watchers poll the history (other
+//! processes' writes) and are woken at once by writes from this process.
+//!
+//! The file is checked before anything is written to it: a file that is not SQLite, is
+//! corrupt, or belongs to another application is refused with its name.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
+use tokio::sync::{mpsc, watch};
+
+use super::{
+    Datastore, Event, KeyValue, Listing, Op, Result, Revision, StoreError, Watch, prefix_end,
+    validate_key, validate_ops,
+};
+
+/// `PRAGMA application_id` of a margay store ("MRGY").
+const APPLICATION_ID: i64 = 0x4d52_4759;
+/// Layout version of the tables; bumped with a migration when they change.
+const LAYOUT_VERSION: i64 = 1;
+/// Above every printable-ASCII key: the upper bound of an unbounded prefix range.
+const KEY_MAX: &str = "\u{7f}";
+
+/// How the file is synced to disk on commit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Sync {
+    /// Every commit is on disk before it is acknowledged (survives power loss).
+    #[default]
+    Full,
+    /// Commits survive a process crash, not necessarily a power loss; faster.
+    Normal,
+}
+
+#[derive(Debug, Clone)]
+pub struct SqliteOptions {
+    pub sync: Sync,
+    /// Revisions of history kept for watchers; older ones are compacted automatically.
+    pub history: u64,
+    /// How often watchers look for other processes' writes.
+    pub poll_interval: Duration,
+    /// How long a writer waits for another process's write lock before giving up.
+    pub busy_timeout: Duration,
+}
+
+impl Default for SqliteOptions {
+    fn default() -> Self {
+        Self {
+            sync: Sync::Full,
+            history: 10_000,
+            poll_interval: Duration::from_millis(5),
+            busy_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct SqliteStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    path: PathBuf,
+    options: SqliteOptions,
+    writer: Mutex<Connection>,
+    reader: Mutex<Connection>,
+    /// The latest revision written by this process, to wake this process's watchers.
+    written: watch::Sender<Revision>,
+}
+
+fn backend(e: rusqlite::Error) -> StoreError {
+    use rusqlite::ErrorCode;
+    match e.sqlite_error_code() {
+        Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => {
+            StoreError::Unavailable(format!("the SQLite file is locked by another process: {e}"))
+        }
+        _ => StoreError::Backend(e.to_string()),
+    }
+}
+
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| StoreError::Backend(format!("datastore task failed: {e}")))?
+}
+
+impl SqliteStore {
+    /// Opens (or creates) the store at `path`.
+    pub async fn open(path: impl Into<PathBuf>, options: SqliteOptions) -> Result<Self> {
+        let path = path.into();
+        let (writer, reader) = {
+            let path = path.clone();
+            let options = options.clone();
+            blocking(move || {
+                let writer = open_connection(&path, &options, true)?;
+                let reader = open_connection(&path, &options, false)?;
+                Ok((writer, reader))
+            })
+            .await?
+        };
+        let current = read_revision(&reader).map_err(backend)?;
+        let (written, _) = watch::channel(current);
+        Ok(Self {
+            inner: Arc::new(Inner {
+                path,
+                options,
+                writer: Mutex::new(writer),
+                reader: Mutex::new(reader),
+                written,
+            }),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    async fn with_reader<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> rusqlite::Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let inner = self.inner.clone();
+        blocking(move || {
+            let mut conn = inner.reader.lock().unwrap_or_else(|p| p.into_inner());
+            f(&mut conn).map_err(backend)
+        })
+        .await
+    }
+}
+
+/// Opens one connection, checking the file before writing anything to it.
+fn open_connection(path: &Path, options: &SqliteOptions, init: bool) -> Result<Connection> {
+    let bad = |reason: String| StoreError::BadFile {
+        path: path.display().to_string(),
+        reason,
+    };
+    check_header(path).map_err(bad)?;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| bad(format!("cannot create {}: {e}", dir.display())))?;
+    }
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(|e| bad(e.to_string()))?;
+    conn.busy_timeout(options.busy_timeout).map_err(backend)?;
+
+    // Read-only checks first: nothing is written to a file that is not ours.
+    let app_id: i64 = conn
+        .query_row("PRAGMA application_id", [], |r| r.get(0))
+        .map_err(|e| bad(e.to_string()))?;
+    let tables: i64 = conn
+        .query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))
+        .map_err(|e| bad(e.to_string()))?;
+    let fresh = app_id == 0 && tables == 0;
+    if !fresh && app_id != APPLICATION_ID {
+        return Err(bad(format!(
+            "an SQLite database of another application (application_id {app_id:#x}, {tables} tables)"
+        )));
+    }
+    if !fresh {
+        let check: String = conn
+            .query_row("PRAGMA quick_check", [], |r| r.get(0))
+            .map_err(|e| bad(e.to_string()))?;
+        if check != "ok" {
+            return Err(bad(format!("integrity check failed: {check}")));
+        }
+    }
+
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
+        .map_err(|e| bad(e.to_string()))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(bad(format!("cannot switch to WAL mode (got {mode})")));
+    }
+    let sync = match options.sync {
+        Sync::Full => "FULL",
+        Sync::Normal => "NORMAL",
+    };
+    conn.execute_batch(&format!(
+        "PRAGMA synchronous={sync}; PRAGMA foreign_keys=OFF;"
+    ))
+    .map_err(backend)?;
+    if init {
+        initialise(&conn).map_err(|e| bad(e.to_string()))?;
+    }
+    let layout: Option<i64> = conn
+        .query_row("SELECT value FROM meta WHERE name = 'layout'", [], |r| {
+            r.get(0)
+        })
+        .optional()
+        .map_err(|e| bad(e.to_string()))?;
+    match layout {
+        Some(LAYOUT_VERSION) => Ok(conn),
+        Some(v) => Err(bad(format!(
+            "written by a margay with store layout {v}; this one knows layout {LAYOUT_VERSION}"
+        ))),
+        None => Err(bad("no layout version recorded".into())),
+    }
+}
+
+/// A non-empty file must start with SQLite's magic header.
+fn check_header(path: &Path) -> std::result::Result<(), String> {
+    use std::io::Read;
+    let mut file = match std::fs::File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e.to_string()),
+    };
+    let mut header = [0u8; 16];
+    let n = file.read(&mut header).map_err(|e| e.to_string())?;
+    if n == 0 || &header[..n] == b"SQLite format 3\0" {
+        Ok(())
+    } else {
+        Err("not an SQLite database (wrong file header)".into())
+    }
+}
+
+/// Creates the tables in a fresh file; a no-op when another process got there first.
+fn initialise(conn: &Connection) -> rusqlite::Result<()> {
+    conn.execute_batch(&format!(
+        "BEGIN IMMEDIATE;
+         CREATE TABLE IF NOT EXISTS kv (
+             key TEXT PRIMARY KEY NOT NULL,
+             value BLOB NOT NULL,
+             create_rev INTEGER NOT NULL,
+             mod_rev INTEGER NOT NULL
+         ) WITHOUT ROWID;
+         CREATE TABLE IF NOT EXISTS history (
+             rev INTEGER NOT NULL,
+             idx INTEGER NOT NULL,
+             key TEXT NOT NULL,
+             value BLOB,
+             PRIMARY KEY (rev, idx)
+         ) WITHOUT ROWID;
+         CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY NOT NULL, value INTEGER NOT NULL);
+         INSERT OR IGNORE INTO meta VALUES ('revision', 0), ('compacted', 0), ('layout', {LAYOUT_VERSION});
+         PRAGMA application_id = {APPLICATION_ID};
+         COMMIT;"
+    ))
+}
+
+fn read_meta(conn: &Connection, name: &str) -> rusqlite::Result<u64> {
+    conn.prepare_cached("SELECT value FROM meta WHERE name = ?1")?
+        .query_row([name], |r| r.get::<_, i64>(0))
+        .map(|v| v as u64)
+}
+
+fn read_revision(conn: &Connection) -> rusqlite::Result<Revision> {
+    read_meta(conn, "revision").map(Revision)
+}
+
+fn row_to_kv(r: &rusqlite::Row<'_>) -> rusqlite::Result<KeyValue> {
+    Ok(KeyValue {
+        key: r.get(0)?,
+        value: r.get(1)?,
+        create_revision: Revision(r.get::<_, i64>(2)? as u64),
+        mod_revision: Revision(r.get::<_, i64>(3)? as u64),
+    })
+}
+
+/// The conditional writes of one transaction, under SQLite's write lock.
+fn apply_txn(conn: &mut Connection, ops: &[Op], history: u64) -> Result<(Revision, bool)> {
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(backend)?;
+    let current = read_revision(&tx).map_err(backend)?;
+    {
+        let mut get = tx
+            .prepare_cached("SELECT mod_rev FROM kv WHERE key = ?1")
+            .map_err(backend)?;
+        for op in ops {
+            let actual = get
+                .query_row([op.key()], |r| r.get::<_, i64>(0))
+                .optional()
+                .map_err(backend)?
+                .map(|v| Revision(v as u64));
+            if actual != op.expected() {
+                return Err(StoreError::Conflict {
+                    key: op.key().to_owned(),
+                    expected: op.expected(),
+                    actual,
+                });
+            }
+        }
+    }
+    if ops.iter().all(|op| matches!(op, Op::Check { .. })) {
+        return Ok((current, false));
+    }
+    let rev = current.0 + 1;
+    let new = rev as i64;
+    {
+        let mut insert = tx
+            .prepare_cached(
+                "INSERT INTO kv (key, value, create_rev, mod_rev) VALUES (?1, ?2, ?3, ?3)",
+            )
+            .map_err(backend)?;
+        let mut update = tx
+            .prepare_cached("UPDATE kv SET value = ?2, mod_rev = ?3 WHERE key = ?1")
+            .map_err(backend)?;
+        let mut delete = tx
+            .prepare_cached("DELETE FROM kv WHERE key = ?1")
+            .map_err(backend)?;
+        let mut log = tx
+            .prepare_cached("INSERT INTO history (rev, idx, key, value) VALUES (?1, ?2, ?3, ?4)")
+            .map_err(backend)?;
+        let mut idx = 0i64;
+        for op in ops {
+            let value = match op {
+                Op::Create { key, value } => {
+                    insert.execute(params![key, value, new]).map_err(backend)?;
+                    Some(value)
+                }
+                Op::Update { key, value, .. } => {
+                    update.execute(params![key, value, new]).map_err(backend)?;
+                    Some(value)
+                }
+                Op::Delete { key, .. } => {
+                    delete.execute([key]).map_err(backend)?;
+                    None
+                }
+                Op::Check { .. } => continue,
+            };
+            log.execute(params![new, idx, op.key(), value])
+                .map_err(backend)?;
+            idx += 1;
+        }
+        tx.prepare_cached("UPDATE meta SET value = ?1 WHERE name = 'revision'")
+            .map_err(backend)?
+            .execute([new])
+            .map_err(backend)?;
+        // Trim the watch log in steps, not on every write.
+        if rev % 256 == 0 && rev > history {
+            compact_in(&tx, Revision(rev - history)).map_err(backend)?;
+        }
+    }
+    tx.commit().map_err(backend)?;
+    Ok((Revision(rev), true))
+}
+
+fn compact_in(conn: &Connection, upto: Revision) -> rusqlite::Result<()> {
+    let compacted = read_meta(conn, "compacted")?;
+    if upto.0 <= compacted {
+        return Ok(());
+    }
+    conn.execute("DELETE FROM history WHERE rev <= ?1", [upto.0 as i64])?;
+    conn.execute(
+        "UPDATE meta SET value = ?1 WHERE name = 'compacted'",
+        [upto.0 as i64],
+    )?;
+    Ok(())
+}
+
+/// One poll of the history: the changes in (after, upto] under the prefix.
+fn read_changes(
+    conn: &mut Connection,
+    prefix: &str,
+    end: &str,
+    after: Revision,
+) -> Result<(Vec<Event>, Revision)> {
+    let tx = conn.transaction().map_err(backend)?;
+    let compacted = read_meta(&tx, "compacted").map_err(backend)?;
+    if after.0 < compacted {
+        return Err(StoreError::Compacted {
+            requested: after,
+            compacted: Revision(compacted),
+        });
+    }
+    let upto = read_revision(&tx).map_err(backend)?;
+    if upto <= after {
+        return Ok((Vec::new(), after));
+    }
+    let mut stmt = tx
+        .prepare_cached(
+            "SELECT rev, key, value FROM history
+             WHERE rev > ?1 AND rev <= ?2 AND key >= ?3 AND key < ?4 ORDER BY rev, idx",
+        )
+        .map_err(backend)?;
+    let events = stmt
+        .query_map(params![after.0 as i64, upto.0 as i64, prefix, end], |r| {
+            Ok(Event {
+                revision: Revision(r.get::<_, i64>(0)? as u64),
+                key: r.get(1)?,
+                value: r.get(2)?,
+            })
+        })
+        .map_err(backend)?
+        .collect::<rusqlite::Result<Vec<_>>>()
+        .map_err(backend)?;
+    Ok((events, upto))
+}
+
+impl Datastore for SqliteStore {
+    async fn get(&self, key: &str) -> Result<Option<KeyValue>> {
+        validate_key(key)?;
+        let key = key.to_owned();
+        self.with_reader(move |conn| {
+            conn.prepare_cached("SELECT key, value, create_rev, mod_rev FROM kv WHERE key = ?1")?
+                .query_row([key], row_to_kv)
+                .optional()
+        })
+        .await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Listing> {
+        let start = prefix.to_owned();
+        let end = prefix_end(prefix).unwrap_or_else(|| KEY_MAX.to_owned());
+        self.with_reader(move |conn| {
+            // One read transaction: the items and the revision are of the same moment.
+            let tx = conn.transaction()?;
+            let revision = read_revision(&tx)?;
+            let items = tx
+                .prepare_cached(
+                    "SELECT key, value, create_rev, mod_rev FROM kv
+                     WHERE key >= ?1 AND key < ?2 ORDER BY key",
+                )?
+                .query_map([start, end], row_to_kv)?
+                .collect::<rusqlite::Result<Vec<_>>>()?;
+            Ok(Listing { items, revision })
+        })
+        .await
+    }
+
+    async fn txn(&self, ops: Vec<Op>) -> Result<Revision> {
+        validate_ops(&ops)?;
+        let inner = self.inner.clone();
+        let (rev, wrote) = blocking(move || {
+            let mut conn = inner.writer.lock().unwrap_or_else(|p| p.into_inner());
+            apply_txn(&mut conn, &ops, inner.options.history)
+        })
+        .await?;
+        if wrote {
+            self.inner.written.send_if_modified(|r| {
+                let newer = rev > *r;
+                if newer {
+                    *r = rev;
+                }
+                newer
+            });
+        }
+        Ok(rev)
+    }
+
+    async fn watch(&self, prefix: &str, after: Revision) -> Result<Watch> {
+        let options = self.inner.options.clone();
+        let path = self.inner.path.clone();
+        let conn = blocking(move || open_connection(&path, &options, false)).await?;
+        let conn = Arc::new(Mutex::new(conn));
+        let prefix = prefix.to_owned();
+        let end = prefix_end(&prefix).unwrap_or_else(|| KEY_MAX.to_owned());
+
+        // Fail now, not in the stream, when the start is already compacted.
+        let first = {
+            let (conn, prefix, end) = (conn.clone(), prefix.clone(), end.clone());
+            blocking(move || {
+                let mut c = conn.lock().unwrap_or_else(|p| p.into_inner());
+                read_changes(&mut c, &prefix, &end, after)
+            })
+            .await?
+        };
+        let (tx, rx) = mpsc::channel(Watch::DEPTH);
+        let mut local = self.inner.written.subscribe();
+        let poll = self.inner.options.poll_interval;
+        let task = tokio::spawn(async move {
+            let (mut events, mut last) = first;
+            loop {
+                for e in events.drain(..) {
+                    if tx.send(Ok(e)).await.is_err() {
+                        return;
+                    }
+                }
+                tokio::select! {
+                    _ = local.changed() => {}
+                    _ = tokio::time::sleep(poll) => {}
+                    _ = tx.closed() => return,
+                }
+                let (conn, prefix, end) = (conn.clone(), prefix.clone(), end.clone());
+                let next = blocking(move || {
+                    let mut c = conn.lock().unwrap_or_else(|p| p.into_inner());
+                    read_changes(&mut c, &prefix, &end, last)
+                })
+                .await;
+                match next {
+                    Ok((e, upto)) => (events, last) = (e, upto),
+                    Err(e) => {
+                        let _ = tx.send(Err(e)).await;
+                        return;
+                    }
+                }
+            }
+        });
+        Ok(Watch::new(rx, task))
+    }
+
+    async fn revision(&self) -> Result<Revision> {
+        self.with_reader(|conn| read_revision(conn)).await
+    }
+
+    async fn compact(&self, revision: Revision) -> Result<()> {
+        let inner = self.inner.clone();
+        blocking(move || {
+            let mut conn = inner.writer.lock().unwrap_or_else(|p| p.into_inner());
+            let tx = conn
+                .transaction_with_behavior(TransactionBehavior::Immediate)
+                .map_err(backend)?;
+            let current = read_revision(&tx).map_err(backend)?;
+            compact_in(&tx, revision.min(current)).map_err(backend)?;
+            tx.commit().map_err(backend)
+        })
+        .await
+    }
+
+    fn describe(&self) -> String {
+        format!("sqlite:{}", self.inner.path.display())
+    }
+}
