@@ -8,6 +8,7 @@ use tokio::sync::watch;
 
 use crate::api::{Api, ApiError, DaemonInfo};
 use crate::config::Config;
+use crate::datastore;
 
 /// How long in-flight requests and streams get to finish after a stop signal.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
@@ -16,6 +17,8 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 pub enum DaemonError {
     #[error(transparent)]
     Api(#[from] ApiError),
+    #[error("cannot open the datastore: {0}")]
+    Datastore(#[source] ipam::store::StoreError),
     #[error("cannot install the signal handlers: {0}")]
     Signals(#[source] std::io::Error),
 }
@@ -26,10 +29,14 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     let mut sigterm = signal(SignalKind::terminate()).map_err(DaemonError::Signals)?;
     let mut sigint = signal(SignalKind::interrupt()).map_err(DaemonError::Signals)?;
 
+    // The datastore first: a SQLite file that cannot be used stops bgpd before it serves.
+    let datastore = datastore::start(&config.datastore)
+        .await
+        .map_err(DaemonError::Datastore)?;
     let api = Api::bind(&config.api).await?;
     let info = DaemonInfo {
         node: config.node.name.clone(),
-        datastore: config.datastore.describe(),
+        datastore,
         started,
     };
     tracing::info!(
@@ -37,7 +44,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         node = %info.node,
         socket = %config.api.socket.display(),
         tcp = ?api.tcp_addr(),
-        datastore = %info.datastore,
+        datastore = %info.datastore.describe(),
         "bgpd serving"
     );
 

@@ -4,6 +4,7 @@
 //! - `config`: the TOML configuration with `MARGAY_` environment overrides.
 //! - `api`: the gRPC server (unix socket, optional TCP with mutual TLS), health and reflection.
 //! - `daemon`: start-up, signals and clean shutdown of bgpd.
+//! - `datastore`: the connection to the cluster datastore, kept current and reported.
 //! - `ctl`: the client side used by bgpctl (and by tests).
 //! - `logging`: one line per event through `tracing`.
 
@@ -11,6 +12,7 @@ pub mod api;
 pub mod config;
 pub mod ctl;
 pub mod daemon;
+pub mod datastore;
 pub mod logging;
 
 /// The version of margay this binary was built from.

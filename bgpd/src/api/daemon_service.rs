@@ -6,15 +6,17 @@ use proto::v1::daemon_server::Daemon;
 use proto::v1::{DaemonStatus, DatastoreState, GetStatusRequest};
 use tonic::{Request, Response, Status};
 
+use crate::datastore::{self, DatastoreHandle};
+
 /// What the daemon knows about itself.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct DaemonInfo {
     pub node: String,
-    pub datastore: String,
+    pub datastore: DatastoreHandle,
     pub started: Instant,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct DaemonService {
     info: DaemonInfo,
 }
@@ -31,14 +33,20 @@ impl Daemon for DaemonService {
         &self,
         _request: Request<GetStatusRequest>,
     ) -> Result<Response<DaemonStatus>, Status> {
+        let (state, error) = match self.info.datastore.state() {
+            datastore::DatastoreState::Connected => (DatastoreState::Connected, String::new()),
+            datastore::DatastoreState::Connecting => {
+                (DatastoreState::Unavailable, "connecting".to_owned())
+            }
+            datastore::DatastoreState::Unavailable(why) => (DatastoreState::Unavailable, why),
+        };
         Ok(Response::new(DaemonStatus {
             node: self.info.node.clone(),
-            datastore: self.info.datastore.clone(),
-            // The datastore is opened once the datastore issue lands; until then say so.
-            datastore_state: DatastoreState::NotOpened.into(),
+            datastore: self.info.datastore.describe().to_owned(),
+            datastore_state: state.into(),
             uptime_s: self.info.started.elapsed().as_secs(),
             version: crate::VERSION.to_owned(),
-            datastore_error: String::new(),
+            datastore_error: error,
         }))
     }
 }

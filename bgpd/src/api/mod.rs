@@ -21,6 +21,7 @@ use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 pub use daemon_service::DaemonInfo;
 
 use crate::config::{ApiConfig, TlsFiles};
+use crate::datastore::{DatastoreHandle, DatastoreState};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -132,6 +133,7 @@ async fn routes(info: DaemonInfo) -> Result<Routes, ApiError> {
     health
         .set_serving::<DaemonServer<daemon_service::DaemonService>>()
         .await;
+    tokio::spawn(follow_datastore(health, info.datastore.clone()));
 
     let reflection_v1 = tonic_reflection::server::Builder::configure()
         .register_encoded_file_descriptor_set(proto::v1::FILE_DESCRIPTOR_SET)
@@ -146,6 +148,27 @@ async fn routes(info: DaemonInfo) -> Result<Routes, ApiError> {
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(DaemonServer::new(daemon_service::DaemonService::new(info))))
+}
+
+/// The overall health ("") is SERVING only while the datastore answers: a node whose datastore
+/// is gone must not look ready.
+async fn follow_datastore(
+    health: tonic_health::server::HealthReporter,
+    mut datastore: DatastoreHandle,
+) {
+    use tonic_health::ServingStatus;
+    let mut state = datastore.state();
+    loop {
+        let status = match state {
+            DatastoreState::Connected => ServingStatus::Serving,
+            _ => ServingStatus::NotServing,
+        };
+        health.set_service_status("", status).await;
+        state = datastore.changed().await;
+        if !datastore.is_alive() {
+            return;
+        }
+    }
 }
 
 async fn tls_config(files: &TlsFiles) -> Result<ServerTlsConfig, ApiError> {

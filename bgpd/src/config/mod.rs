@@ -120,8 +120,13 @@ pub struct DatastoreConfig {
     pub kind: DatastoreKind,
     /// The SQLite file.
     pub path: PathBuf,
+    /// SQLite: "full" (every commit on disk before it is acknowledged) or "normal" (survives
+    /// a crash of bgpd, not necessarily a power loss).
+    pub sync: ipam::store::sqlite::Sync,
     /// etcd endpoints, e.g. ["http://127.0.0.1:2379"]; a comma-separated list in the environment.
     pub endpoints: Vec<String>,
+    /// etcd over TLS: `ca`, and `cert` + `key` when etcd wants client certificates.
+    pub tls: Option<ipam::store::etcd::EtcdTls>,
 }
 
 impl Default for DatastoreConfig {
@@ -129,7 +134,9 @@ impl Default for DatastoreConfig {
         Self {
             kind: DatastoreKind::Sqlite,
             path: PathBuf::from(DEFAULT_SQLITE_PATH),
+            sync: ipam::store::sqlite::Sync::Full,
             endpoints: vec!["http://127.0.0.1:2379".into()],
+            tls: None,
         }
     }
 }

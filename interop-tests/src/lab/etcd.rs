@@ -30,6 +30,13 @@ pub struct EtcdCluster {
 impl EtcdCluster {
     /// Starts `n` members and waits until the cluster answers.
     pub fn start(n: usize) -> Self {
+        let ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
+        Self::start_on(&ports)
+    }
+
+    /// Starts one member per client port given.
+    pub fn start_on(client_ports: &[u16]) -> Self {
+        let n = client_ports.len();
         assert!(
             std::path::Path::new(ETCD).exists(),
             "{ETCD} is missing: apt-get install etcd-server (scripts/test does)"
@@ -38,7 +45,7 @@ impl EtcdCluster {
         let members: Vec<Member> = (0..n)
             .map(|i| Member {
                 name: format!("m{i}"),
-                client_port: free_port(),
+                client_port: client_ports[i],
                 peer_port: free_port(),
                 data: dir.path().join(format!("m{i}")),
                 child: None,
@@ -95,6 +102,8 @@ impl EtcdCluster {
             .args(["--initial-cluster", &self.initial_cluster])
             .args(["--initial-cluster-state", state])
             .args(["--initial-cluster-token", &self.token])
+            // Loopback is fast: elect a new leader in well under a second after a kill.
+            .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
             .args(["--log-level", "warn"])
             .stdin(Stdio::null())
             .stdout(Stdio::null())

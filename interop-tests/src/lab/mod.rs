@@ -1,5 +1,6 @@
 //! Starting real parts for tests, and finding margay's own binaries.
 
+pub mod bgpd;
 pub mod etcd;
 
 use std::path::PathBuf;

@@ -52,7 +52,8 @@ impl Default for EtcdOptions {
 
 #[derive(Clone)]
 pub struct EtcdStore {
-    client: Client,
+    // Boxed behind an Arc: the client is several KiB and the store is cloned into tasks.
+    client: std::sync::Arc<Client>,
     endpoints: Vec<String>,
 }
 
@@ -100,7 +101,7 @@ impl EtcdStore {
             .await
             .map_err(map_err)?;
         let store = Self {
-            client,
+            client: std::sync::Arc::new(client),
             endpoints: endpoints.to_vec(),
         };
         // The client connects lazily; ask once so an unreachable cluster is reported now.

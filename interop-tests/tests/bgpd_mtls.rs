@@ -1,8 +1,6 @@
 //! The TCP listener serves only clients with a certificate from the configured CA.
 
-mod common;
-
-use common::{Daemon, runtime};
+use interop_tests::lab::bgpd::{Daemon, runtime};
 use proto::v1::GetStatusRequest;
 use proto::v1::daemon_client::DaemonClient;
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
@@ -135,9 +133,10 @@ fn mutual_tls_serves_only_certified_clients() {
 fn tcp_without_tls_files_is_refused_at_start() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("bgpd.sock");
-    let out = common::spawn(dir.path(), &socket, "tcp_listen = \"127.0.0.1:1\"\n")
-        .wait_with_output()
-        .unwrap();
+    let out =
+        interop_tests::lab::bgpd::spawn(dir.path(), &socket, "tcp_listen = \"127.0.0.1:1\"\n")
+            .wait_with_output()
+            .unwrap();
     assert_eq!(out.status.code(), Some(1));
     let err = String::from_utf8(out.stderr).unwrap();
     assert!(
@@ -156,7 +155,7 @@ fn an_unreadable_certificate_stops_start_up_with_its_name() {
         m = missing.display(),
         port = free_port(),
     );
-    let out = common::spawn(dir.path(), &socket, &extra)
+    let out = interop_tests::lab::bgpd::spawn(dir.path(), &socket, &extra)
         .wait_with_output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));

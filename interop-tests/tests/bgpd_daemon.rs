@@ -1,11 +1,9 @@
 //! bgpd as a process: its socket, its API, its signals, its refusal to run twice.
 
-mod common;
-
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::time::Duration;
 
-use common::{Daemon, bgpctl, runtime, spawn};
+use interop_tests::lab::bgpd::{Daemon, bgpctl, runtime, spawn};
 use proto::v1::GetStatusRequest;
 use proto::v1::daemon_client::DaemonClient;
 use tonic_health::pb::HealthCheckRequest;
@@ -231,7 +229,7 @@ fn environment_overrides_reach_the_daemon() {
     let socket = dir.path().join("bgpd.sock");
     let config = dir.path().join("bgpd.toml");
     std::fs::write(&config, "[node]\nname = \"from-file\"\n").unwrap();
-    let mut child = std::process::Command::new(common::BGPD)
+    let mut child = std::process::Command::new(interop_tests::lab::binary("bgpd"))
         .arg("--config")
         .arg(&config)
         .env("MARGAY_API__SOCKET", &socket)

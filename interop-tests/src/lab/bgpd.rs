@@ -1,12 +1,11 @@
-//! Starting and stopping a real bgpd binary for the tests in this folder.
-#![allow(dead_code)] // each test binary uses a different part
+//! A real bgpd process with a configuration in a temporary directory, killed by PID when
+//! dropped, and bgpctl run against it.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-pub const BGPD: &str = env!("CARGO_BIN_EXE_bgpd");
-pub const BGPCTL: &str = env!("CARGO_BIN_EXE_bgpctl");
+use super::binary;
 
 /// A bgpd child process, killed (by PID) when dropped.
 pub struct Daemon {
@@ -24,10 +23,27 @@ impl Daemon {
     }
 
     pub fn start_in(dir: tempfile::TempDir, socket: PathBuf, extra: &str) -> Daemon {
-        let child = spawn(dir.path(), &socket, extra);
+        let config = write_config(dir.path(), &socket, extra);
+        Self::start_with_config(dir, socket, &config)
+    }
+
+    /// Starts bgpd with a configuration file written by the caller. Its log goes to
+    /// `bgpd.log` in `dir` (a pipe nobody reads would stall it).
+    pub fn start_with_config(dir: tempfile::TempDir, socket: PathBuf, config: &Path) -> Daemon {
+        let log = std::fs::File::create(dir.path().join("bgpd.log")).unwrap();
+        let child = command(config)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
         let mut d = Daemon { child, socket, dir };
         d.wait_ready();
         d
+    }
+
+    /// What bgpd logged so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("bgpd.log")).unwrap_or_default()
     }
 
     fn wait_ready(&mut self) {
@@ -37,7 +53,7 @@ impl Daemon {
                 return;
             }
             if let Some(status) = self.child.try_wait().unwrap() {
-                panic!("bgpd exited early with {status}");
+                panic!("bgpd exited early with {status}: {}", self.log());
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -72,9 +88,20 @@ impl Drop for Daemon {
     }
 }
 
-/// Starts bgpd with a configuration in `dir` without waiting for it. `extra` is appended
-/// right after the `[api]` section's socket line: it may add keys to `[api]` and then sections.
+/// Starts bgpd with a configuration in `dir` without waiting for it, stdout and stderr piped
+/// (for runs expected to end by themselves). See `write_config` for `extra`.
 pub fn spawn(dir: &Path, socket: &Path, extra: &str) -> Child {
+    let config = write_config(dir, socket, extra);
+    command(&config)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Writes a minimal configuration into `dir`. `extra` is appended right after the `[api]`
+/// section's socket line: it may add keys to `[api]` and then sections.
+pub fn write_config(dir: &Path, socket: &Path, extra: &str) -> PathBuf {
     let config = dir.join("bgpd.toml");
     std::fs::write(
         &config,
@@ -87,20 +114,25 @@ pub fn spawn(dir: &Path, socket: &Path, extra: &str) -> Child {
         ),
     )
     .unwrap();
-    Command::new(BGPD)
-        .arg("--config")
-        .arg(&config)
-        .env_remove("MARGAY_API__SOCKET")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
+    config
+}
+
+/// bgpd with a configuration file; no MARGAY_ variables from the test's environment.
+fn command(config: &Path) -> Command {
+    let mut c = Command::new(binary("bgpd"));
+    c.arg("--config").arg(config);
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("MARGAY_") {
+            c.env_remove(k);
+        }
+    }
+    c.stdin(Stdio::null());
+    c
 }
 
 /// Runs bgpctl with `args` against `socket`.
 pub fn bgpctl(socket: &Path, args: &[&str]) -> Output {
-    Command::new(BGPCTL)
+    Command::new(binary("bgpctl"))
         .arg("--socket")
         .arg(socket)
         .args(args)

@@ -1,0 +1,185 @@
+//! bgpd's connection to the cluster datastore. SQLite is opened before anything is served (a
+//! bad file stops bgpd with its name); etcd is connected in the background with backoff, so a
+//! cluster that is down at boot delays nothing but the datastore's own users. A probe keeps
+//! the state current, and the state is what `bgpctl status` and the health service report:
+//! an unreachable datastore is shown as such, never papered over.
+
+use std::time::Duration;
+
+use ipam::store::etcd::{EtcdOptions, EtcdStore};
+use ipam::store::sqlite::{SqliteOptions, SqliteStore};
+use ipam::store::{Datastore, Store, StoreError};
+use tokio::sync::watch;
+
+use crate::config::{DatastoreConfig, DatastoreKind};
+
+/// How often a connected datastore is probed.
+const PROBE_EVERY: Duration = Duration::from_secs(2);
+/// How long a probe may take before the datastore counts as unavailable.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
+const BACKOFF_MIN: Duration = Duration::from_millis(250);
+const BACKOFF_MAX: Duration = Duration::from_secs(30);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DatastoreState {
+    /// Not connected yet: the first attempt is under way.
+    Connecting,
+    Connected,
+    /// The last attempt or probe failed with this reason; bgpd keeps retrying.
+    Unavailable(String),
+}
+
+#[derive(Clone)]
+struct Snapshot {
+    state: DatastoreState,
+    store: Option<Store>,
+}
+
+/// A cheap, cloneable view of the datastore: its state, and the store when connected.
+#[derive(Clone)]
+pub struct DatastoreHandle {
+    describe: String,
+    rx: watch::Receiver<Snapshot>,
+}
+
+impl DatastoreHandle {
+    /// e.g. "sqlite:/var/lib/margay/store.db".
+    pub fn describe(&self) -> &str {
+        &self.describe
+    }
+
+    pub fn state(&self) -> DatastoreState {
+        self.rx.borrow().state.clone()
+    }
+
+    /// The store, if connected right now.
+    pub fn store(&self) -> Option<Store> {
+        let snapshot = self.rx.borrow();
+        match snapshot.state {
+            DatastoreState::Connected => snapshot.store.clone(),
+            _ => None,
+        }
+    }
+
+    /// Waits for the state to change (returns at once, unchanged, once the supervisor ended).
+    pub async fn changed(&mut self) -> DatastoreState {
+        let _ = self.rx.changed().await;
+        self.state()
+    }
+
+    /// Whether the task keeping the datastore current still runs.
+    pub fn is_alive(&self) -> bool {
+        self.rx.has_changed().is_ok()
+    }
+}
+
+/// Opens the datastore the configuration names and starts the task that keeps it connected.
+/// Only a SQLite file that cannot be used is an error here; etcd retries in the background.
+pub async fn start(config: &DatastoreConfig) -> Result<DatastoreHandle, StoreError> {
+    let describe = config.describe();
+    match config.kind {
+        DatastoreKind::Sqlite => {
+            let options = SqliteOptions {
+                sync: config.sync,
+                ..SqliteOptions::default()
+            };
+            let store = Store::Sqlite(SqliteStore::open(&config.path, options).await?);
+            let (tx, rx) = watch::channel(Snapshot {
+                state: DatastoreState::Connected,
+                store: Some(store.clone()),
+            });
+            tokio::spawn(supervise(tx, Some(store), config.clone()));
+            Ok(DatastoreHandle { describe, rx })
+        }
+        DatastoreKind::Etcd => {
+            let (tx, rx) = watch::channel(Snapshot {
+                state: DatastoreState::Connecting,
+                store: None,
+            });
+            tokio::spawn(supervise(tx, None, config.clone()));
+            Ok(DatastoreHandle { describe, rx })
+        }
+    }
+}
+
+async fn connect(config: &DatastoreConfig) -> Result<Store, StoreError> {
+    match config.kind {
+        DatastoreKind::Sqlite => {
+            let options = SqliteOptions {
+                sync: config.sync,
+                ..SqliteOptions::default()
+            };
+            Ok(Store::Sqlite(
+                SqliteStore::open(&config.path, options).await?,
+            ))
+        }
+        DatastoreKind::Etcd => {
+            let options = EtcdOptions {
+                tls: config.tls.clone(),
+                ..EtcdOptions::default()
+            };
+            Ok(Store::Etcd(
+                EtcdStore::connect(&config.endpoints, options).await?,
+            ))
+        }
+    }
+}
+
+/// Connects (with backoff) and probes, publishing every change of state. Ends when nobody
+/// holds a handle any more.
+async fn supervise(tx: watch::Sender<Snapshot>, mut store: Option<Store>, config: DatastoreConfig) {
+    let mut backoff = BACKOFF_MIN;
+    let publish = |state: DatastoreState, store: Option<Store>| {
+        tx.send_if_modified(|s| {
+            let changed = s.state != state;
+            if changed {
+                match &state {
+                    DatastoreState::Connected => tracing::info!(datastore = %config.describe(), "datastore connected"),
+                    DatastoreState::Unavailable(why) => tracing::warn!(datastore = %config.describe(), reason = %why, "datastore unavailable; retrying"),
+                    DatastoreState::Connecting => {}
+                }
+            }
+            *s = Snapshot { state: state.clone(), store: store.clone() };
+            changed
+        });
+    };
+    loop {
+        if tx.is_closed() {
+            return;
+        }
+        let Some(current) = store.clone() else {
+            match connect(&config).await {
+                Ok(s) => {
+                    publish(DatastoreState::Connected, Some(s.clone()));
+                    store = Some(s);
+                    backoff = BACKOFF_MIN;
+                }
+                Err(e) => {
+                    publish(DatastoreState::Unavailable(e.to_string()), None);
+                    tokio::time::sleep(jitter(backoff)).await;
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                }
+            }
+            continue;
+        };
+        tokio::time::sleep(PROBE_EVERY).await;
+        match tokio::time::timeout(PROBE_TIMEOUT, current.revision()).await {
+            Ok(Ok(_)) => publish(DatastoreState::Connected, Some(current)),
+            Ok(Err(e)) => publish(DatastoreState::Unavailable(e.to_string()), Some(current)),
+            Err(_) => publish(
+                DatastoreState::Unavailable(format!("no answer within {PROBE_TIMEOUT:?}")),
+                Some(current),
+            ),
+        }
+    }
+}
+
+/// ±20 % so that many nodes restarted together do not retry in step.
+fn jitter(d: Duration) -> Duration {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|t| t.subsec_nanos())
+        .unwrap_or(0);
+    let factor = 0.8 + 0.4 * (nanos % 1000) as f64 / 1000.0;
+    d.mul_f64(factor)
+}

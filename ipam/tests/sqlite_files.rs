@@ -1,0 +1,98 @@
+//! Files that are not a margay store are refused with their name, and left untouched.
+
+use ipam::store::StoreError;
+use ipam::store::sqlite::{SqliteOptions, SqliteStore};
+
+async fn refused(path: &std::path::Path) -> String {
+    let before = std::fs::read(path).unwrap();
+    let err = match SqliteStore::open(path, SqliteOptions::default()).await {
+        Ok(_) => panic!("{} was opened", path.display()),
+        Err(e) => e,
+    };
+    assert!(matches!(err, StoreError::BadFile { .. }), "{err:?}");
+    let text = err.to_string();
+    assert!(text.contains(&path.display().to_string()), "{text}");
+    assert_eq!(std::fs::read(path).unwrap(), before, "the file was changed");
+    for suffix in ["-wal", "-shm", "-journal"] {
+        let side = format!("{}{suffix}", path.display());
+        assert!(!std::path::Path::new(&side).exists(), "{side} was created");
+    }
+    text
+}
+
+#[tokio::test]
+async fn a_file_that_is_not_sqlite_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.db");
+    std::fs::write(&path, b"this is a text file, not a database\n".repeat(200)).unwrap();
+    let text = refused(&path).await;
+    assert!(text.contains("not an SQLite database"), "{text}");
+}
+
+#[tokio::test]
+async fn another_applications_database_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("other.db");
+    {
+        let c = rusqlite::Connection::open(&path).unwrap();
+        c.execute_batch("CREATE TABLE users (name TEXT); INSERT INTO users VALUES ('alice');")
+            .unwrap();
+    }
+    let text = refused(&path).await;
+    assert!(text.contains("another application"), "{text}");
+}
+
+#[tokio::test]
+async fn a_corrupt_store_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.db");
+    {
+        let store = SqliteStore::open(&path, SqliteOptions::default())
+            .await
+            .unwrap();
+        use ipam::store::Datastore;
+        for i in 0..300 {
+            store
+                .create(&format!("/k/{i:04}"), vec![7u8; 512])
+                .await
+                .unwrap();
+        }
+    }
+    // Fold the WAL into the main file, then damage pages past the header.
+    {
+        let c = rusqlite::Connection::open(&path).unwrap();
+        c.execute_batch("PRAGMA wal_checkpoint(TRUNCATE); PRAGMA journal_mode=DELETE;")
+            .unwrap();
+    }
+    let mut bytes = std::fs::read(&path).unwrap();
+    // Whole pages after the first (headers and cell pointers included), so the damage is
+    // structural, not just unused space.
+    assert!(
+        bytes.len() > 6 * 4096,
+        "store too small to damage: {}",
+        bytes.len()
+    );
+    for b in &mut bytes[4096..5 * 4096] {
+        *b = 0xA5;
+    }
+    std::fs::write(&path, &bytes).unwrap();
+    let text = refused(&path).await;
+    assert!(text.contains("not a usable margay datastore"), "{text}");
+}
+
+#[tokio::test]
+async fn a_fresh_path_is_created_with_its_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("a/b/store.db");
+    let store = SqliteStore::open(&path, SqliteOptions::default())
+        .await
+        .unwrap();
+    use ipam::store::Datastore;
+    assert_eq!(store.describe(), format!("sqlite:{}", path.display()));
+    assert_eq!(store.revision().await.unwrap().0, 0);
+    drop(store);
+    // And opens again as ours.
+    SqliteStore::open(&path, SqliteOptions::default())
+        .await
+        .unwrap();
+}
