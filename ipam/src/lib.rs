@@ -4,6 +4,17 @@
 //! - `store`: the datastore contract (a key-value store versioned like etcd's) and its two
 //!   backends, SQLite (embedded default) and etcd (clusters).
 //! - `resource`: how typed resources are encoded into store values, with a schema version.
+//! - `model`: pools, nodes, the IPAM configuration, and their validation.
+//! - `selector`: node selectors (`zone == 'a' && has(gpu)`).
+//! - `block`: blocks, affinities and handles; allocation on one block (sans-IO).
+//! - `allocator`: IPAM against the datastore: claims, allocation, release, GC, check.
 
+pub mod allocator;
+pub mod block;
+pub mod error;
+pub mod model;
 pub mod resource;
+pub mod selector;
 pub mod store;
+
+pub use error::IpamError;

@@ -1,0 +1,1406 @@
+//! IPAM against the datastore: pools and nodes, block claims, allocation, release, garbage
+//! collection and the consistency check. Every write is a compare-and-swap transaction on the
+//! revisions just read; a block and the handle index change together in one transaction, so a
+//! crash between two steps never leaves an address without its handle or the other way round.
+//! A lost race re-reads and retries, a bounded number of times.
+//!
+//! Claiming a block goes pending → confirmed (create the affinity pending, then create the block
+//! and confirm the affinity in one transaction); releasing one goes confirmed → pending deletion
+//! → gone. Only confirmed affinities are used for allocation and advertised.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+
+use crate::block::{AffinityState, Block, BlockAffinity, Handle, Released, cidr_key};
+use crate::error::IpamError;
+use crate::model::{AllowedUse, AssignmentMode, IpPool, IpamConfig, Node, overlaps};
+use crate::resource::{Resource, decode, encode};
+use crate::selector::Selector;
+use crate::store::{Datastore, Op, Revision, StoreError};
+
+/// How often a lost compare-and-swap is retried before giving up.
+pub const RETRIES: u32 = 100;
+
+/// Serialises pool changes: every pool write also bumps this key, so two overlapping pools
+/// created at once cannot both pass the overlap check.
+const POOLS_GUARD: &str = "/margay/v1/meta/ippools-guard";
+const CONFIG_KEY: &str = "/margay/v1/ipam/config/default";
+/// Handles of tunnel addresses; only node removal releases them.
+pub const TUNNEL_HANDLE_PREFIX: &str = "vxlan-tunnel-addr-";
+
+fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn block_key(cidr: &IpNet) -> String {
+    format!("{}{}", Block::PREFIX, cidr_key(cidr))
+}
+
+/// Which address family a request or pool is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    V4,
+    V6,
+}
+
+impl Family {
+    fn of(net: &IpNet) -> Family {
+        match net {
+            IpNet::V4(_) => Family::V4,
+            IpNet::V6(_) => Family::V6,
+        }
+    }
+}
+
+/// An automatic assignment request.
+#[derive(Debug, Clone, Default)]
+pub struct AssignRequest {
+    pub handle: String,
+    pub attrs: BTreeMap<String, String>,
+    pub num_v4: u32,
+    pub num_v6: u32,
+    pub node: String,
+    /// Pool names or CIDRs; empty: every automatic pool that selects the node.
+    pub v4_pools: Vec<String>,
+    pub v6_pools: Vec<String>,
+    pub use_tunnel: bool,
+    pub strict_affinity: bool,
+}
+
+/// One address handed out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Assigned {
+    pub address: IpAddr,
+    pub block: IpNet,
+    pub pool: String,
+    pub borrowed: bool,
+    pub handle: String,
+    pub seq: u64,
+    pub attrs: BTreeMap<String, String>,
+}
+
+/// A release of one address, optionally guarded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReleaseRequest {
+    pub address: IpAddr,
+    pub handle: Option<String>,
+    pub seq: Option<u64>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolUsage {
+    pub name: String,
+    pub cidr: IpNet,
+    pub size: u128,
+    pub used: u64,
+    pub blocks: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockUsage {
+    pub cidr: IpNet,
+    pub pool: String,
+    pub affinity: Option<String>,
+    pub state: Option<AffinityState>,
+    pub used: u32,
+    pub free: u32,
+    pub borrowed: u32,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CheckReport {
+    pub allocations: u64,
+    pub handles: u64,
+    pub problems: Vec<String>,
+}
+
+/// The outcome of one allocation step.
+enum Step {
+    Allocated(Vec<Assigned>),
+    /// Something changed (a claim made, a race lost): read again.
+    Again,
+    Exhausted(String),
+}
+
+pub struct Ipam<D> {
+    store: D,
+}
+
+impl<D: Datastore> Ipam<D> {
+    pub fn new(store: D) -> Self {
+        Self { store }
+    }
+
+    pub fn store(&self) -> &D {
+        &self.store
+    }
+
+    // ---- typed access ----
+
+    async fn get<T: Resource>(&self, key: &str) -> Result<Option<(T, Revision)>, IpamError> {
+        match self.store.get(key).await? {
+            Some(kv) => Ok(Some((decode(&kv.value)?, kv.mod_revision))),
+            None => Ok(None),
+        }
+    }
+
+    async fn list<T: Resource>(&self, prefix: &str) -> Result<Vec<(T, Revision)>, IpamError> {
+        self.store
+            .list(prefix)
+            .await?
+            .items
+            .into_iter()
+            .map(|kv| Ok((decode(&kv.value)?, kv.mod_revision)))
+            .collect()
+    }
+
+    /// An op writing `value` at `key`: create when `rev` is `None`, else update.
+    fn put<T: Resource>(key: String, value: &T, rev: Option<Revision>) -> Op {
+        match rev {
+            None => Op::Create {
+                key,
+                value: encode(value),
+            },
+            Some(expected) => Op::Update {
+                key,
+                value: encode(value),
+                expected,
+            },
+        }
+    }
+
+    // ---- configuration ----
+
+    pub async fn config(&self) -> Result<IpamConfig, IpamError> {
+        Ok(self
+            .get::<IpamConfig>(CONFIG_KEY)
+            .await?
+            .map(|(c, _)| c)
+            .unwrap_or_default())
+    }
+
+    pub async fn set_config(&self, config: &IpamConfig) -> Result<(), IpamError> {
+        for _ in 0..RETRIES {
+            let rev = self.get::<IpamConfig>(CONFIG_KEY).await?.map(|(_, r)| r);
+            match self
+                .store
+                .txn(vec![Self::put(CONFIG_KEY.into(), config, rev)])
+                .await
+            {
+                Err(StoreError::Conflict { .. }) => continue,
+                other => return other.map(|_| ()).map_err(Into::into),
+            }
+        }
+        Err(IpamError::Contention {
+            what: "the IPAM configuration".into(),
+            attempts: RETRIES,
+        })
+    }
+
+    // ---- pools ----
+
+    pub async fn list_pools(&self) -> Result<Vec<(IpPool, Revision)>, IpamError> {
+        self.list(IpPool::PREFIX).await
+    }
+
+    pub async fn get_pool(&self, name: &str) -> Result<(IpPool, Revision), IpamError> {
+        self.get(&IpPool::key(name))
+            .await?
+            .ok_or_else(|| IpamError::NotFound(format!("pool {name}")))
+    }
+
+    async fn pools_guard(&self) -> Result<(Op, u64), IpamError> {
+        let current = self.store.get(POOLS_GUARD).await?;
+        let n = current
+            .as_ref()
+            .and_then(|kv| std::str::from_utf8(&kv.value).ok()?.parse::<u64>().ok())
+            .unwrap_or(0);
+        let value = (n + 1).to_string().into_bytes();
+        let op = match current {
+            None => Op::Create {
+                key: POOLS_GUARD.into(),
+                value,
+            },
+            Some(kv) => Op::Update {
+                key: POOLS_GUARD.into(),
+                value,
+                expected: kv.mod_revision,
+            },
+        };
+        Ok((op, n))
+    }
+
+    fn check_overlap(pool: &IpPool, others: &[(IpPool, Revision)]) -> Result<(), IpamError> {
+        for (other, _) in others {
+            if other.name != pool.name && overlaps(&other.cidr, &pool.cidr) {
+                return Err(IpamError::InvalidArgument {
+                    field: "cidr",
+                    reason: format!(
+                        "{} overlaps pool {} ({})",
+                        pool.cidr, other.name, other.cidr
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    pub async fn create_pool(&self, pool: &IpPool) -> Result<Revision, IpamError> {
+        pool.validate()?;
+        for _ in 0..RETRIES {
+            let (guard, _) = self.pools_guard().await?;
+            let pools = self.list_pools().await?;
+            if pools.iter().any(|(p, _)| p.name == pool.name) {
+                return Err(IpamError::AlreadyExists(format!("pool {}", pool.name)));
+            }
+            Self::check_overlap(pool, &pools)?;
+            match self
+                .store
+                .txn(vec![guard, Self::put(IpPool::key(&pool.name), pool, None)])
+                .await
+            {
+                Err(StoreError::Conflict { .. }) => continue,
+                other => return other.map_err(Into::into),
+            }
+        }
+        Err(IpamError::Contention {
+            what: "the pools".into(),
+            attempts: RETRIES,
+        })
+    }
+
+    /// Replaces a pool's settings. CIDR and block size cannot change while blocks exist.
+    pub async fn update_pool(
+        &self,
+        pool: &IpPool,
+        expected: Option<Revision>,
+    ) -> Result<Revision, IpamError> {
+        pool.validate()?;
+        for _ in 0..RETRIES {
+            let (guard, _) = self.pools_guard().await?;
+            let (current, rev) = self.get_pool(&pool.name).await?;
+            if expected.is_some_and(|e| e != rev) {
+                return Err(IpamError::Stale(format!("pool {}", pool.name)));
+            }
+            if current.cidr != pool.cidr || current.block_size != pool.block_size {
+                let blocks = self.blocks_of_pool(&current.name).await?;
+                if let Some((b, _)) = blocks.first() {
+                    return Err(IpamError::InUse(format!(
+                        "pool {} has {} block(s) (e.g. {} affine to {}): its cidr and block size cannot change; create a new pool and disable this one",
+                        pool.name,
+                        blocks.len(),
+                        b.cidr,
+                        b.affinity.as_deref().unwrap_or("no node")
+                    )));
+                }
+                Self::check_overlap(pool, &self.list_pools().await?)?;
+            }
+            match self
+                .store
+                .txn(vec![
+                    guard,
+                    Self::put(IpPool::key(&pool.name), pool, Some(rev)),
+                ])
+                .await
+            {
+                Err(StoreError::Conflict { .. }) => continue,
+                other => return other.map_err(Into::into),
+            }
+        }
+        Err(IpamError::Contention {
+            what: format!("pool {}", pool.name),
+            attempts: RETRIES,
+        })
+    }
+
+    /// Deletes a pool with no address in use; its empty blocks and their affinities go too.
+    pub async fn delete_pool(&self, name: &str) -> Result<(), IpamError> {
+        for _ in 0..RETRIES {
+            let (pool, rev) = self.get_pool(name).await?;
+            let blocks = self.blocks_of_pool(name).await?;
+            let used: u32 = blocks.iter().map(|(b, _)| b.used()).sum();
+            if used > 0 {
+                let example = blocks.iter().find(|(b, _)| b.used() > 0).map(|(b, _)| b);
+                let example = example
+                    .map(|b| {
+                        format!(
+                            " (e.g. {} in {})",
+                            b.address(*b.slots.keys().next().unwrap_or(&0)),
+                            b.cidr
+                        )
+                    })
+                    .unwrap_or_default();
+                return Err(IpamError::InUse(format!(
+                    "pool {name} has {used} address(es) in use in {} block(s){example}; release them first, or disable the pool to stop new allocations",
+                    blocks.len()
+                )));
+            }
+            let (guard, _) = self.pools_guard().await?;
+            let mut ops = vec![
+                guard,
+                Op::Delete {
+                    key: IpPool::key(&pool.name),
+                    expected: rev,
+                },
+            ];
+            for (b, brev) in &blocks {
+                ops.push(Op::Delete {
+                    key: block_key(&b.cidr),
+                    expected: *brev,
+                });
+                if let Some(node) = &b.affinity {
+                    let key = BlockAffinity::key_of(node, &b.cidr);
+                    if let Some(kv) = self.store.get(&key).await? {
+                        ops.push(Op::Delete {
+                            key,
+                            expected: kv.mod_revision,
+                        });
+                    }
+                }
+            }
+            // Keep each transaction within the store's limit; a pool with more empty blocks
+            // than that is emptied over several rounds (the pool goes last).
+            if ops.len() > crate::store::MAX_TXN_OPS {
+                let mut chunk: Vec<Op> =
+                    ops.drain(2..).take(crate::store::MAX_TXN_OPS - 2).collect();
+                chunk.retain(
+                    |op| !matches!(op, Op::Delete { key, .. } if key == &IpPool::key(&pool.name)),
+                );
+                match self.store.txn(chunk).await {
+                    Ok(_) | Err(StoreError::Conflict { .. }) => continue,
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            match self.store.txn(ops).await {
+                Err(StoreError::Conflict { .. }) => continue,
+                other => return other.map(|_| ()).map_err(Into::into),
+            }
+        }
+        Err(IpamError::Contention {
+            what: format!("pool {name}"),
+            attempts: RETRIES,
+        })
+    }
+
+    async fn all_blocks(&self) -> Result<Vec<(Block, Revision)>, IpamError> {
+        self.list(Block::PREFIX).await
+    }
+
+    async fn blocks_of_pool(&self, pool: &str) -> Result<Vec<(Block, Revision)>, IpamError> {
+        Ok(self
+            .all_blocks()
+            .await?
+            .into_iter()
+            .filter(|(b, _)| b.pool == pool)
+            .collect())
+    }
+
+    // ---- nodes ----
+
+    pub async fn register_node(
+        &self,
+        node: &Node,
+        expected: Option<Revision>,
+    ) -> Result<Revision, IpamError> {
+        crate::model::validate_name("name", &node.name)?;
+        let key = Node::key(&node.name);
+        for _ in 0..RETRIES {
+            let current = self.get::<Node>(&key).await?;
+            if let (Some(e), Some((_, r))) = (expected, &current)
+                && e != *r
+            {
+                return Err(IpamError::Stale(format!("node {}", node.name)));
+            }
+            match self
+                .store
+                .txn(vec![Self::put(key.clone(), node, current.map(|(_, r)| r))])
+                .await
+            {
+                Err(StoreError::Conflict { .. }) if expected.is_none() => continue,
+                Err(StoreError::Conflict { .. }) => {
+                    return Err(IpamError::Stale(format!("node {}", node.name)));
+                }
+                other => return other.map_err(Into::into),
+            }
+        }
+        Err(IpamError::Contention {
+            what: format!("node {}", node.name),
+            attempts: RETRIES,
+        })
+    }
+
+    pub async fn get_node(&self, name: &str) -> Result<(Node, Revision), IpamError> {
+        self.get(&Node::key(name))
+            .await?
+            .ok_or_else(|| IpamError::NotFound(format!("node {name}")))
+    }
+
+    pub async fn list_nodes(&self) -> Result<Vec<(Node, Revision)>, IpamError> {
+        self.list(Node::PREFIX).await
+    }
+
+    /// Removes a node: its addresses (tunnel address included) and its blocks are released.
+    pub async fn delete_node(&self, name: &str) -> Result<(Vec<IpNet>, Vec<IpAddr>), IpamError> {
+        let released = self.release_node(name).await?;
+        for _ in 0..RETRIES {
+            match self.get::<Node>(&Node::key(name)).await? {
+                None => return Ok(released),
+                Some((_, rev)) => match self.store.delete(&Node::key(name), rev).await {
+                    Err(StoreError::Conflict { .. }) => continue,
+                    other => return other.map(|_| released).map_err(Into::into),
+                },
+            }
+        }
+        Err(IpamError::Contention {
+            what: format!("node {name}"),
+            attempts: RETRIES,
+        })
+    }
+
+    // ---- allocation ----
+
+    /// The pools a request may take addresses of one family from.
+    async fn candidate_pools(
+        &self,
+        family: Family,
+        named: &[String],
+        node: &str,
+        use_: AllowedUse,
+    ) -> Result<Vec<IpPool>, IpamError> {
+        let pools: Vec<IpPool> = self
+            .list_pools()
+            .await?
+            .into_iter()
+            .map(|(p, _)| p)
+            .collect();
+        let field = match family {
+            Family::V4 => "ipv4_pools",
+            Family::V6 => "ipv6_pools",
+        };
+        if !named.is_empty() {
+            let mut out = Vec::new();
+            for n in named {
+                let pool = pools
+                    .iter()
+                    .find(|p| &p.name == n || p.cidr.to_string() == *n)
+                    .ok_or_else(|| IpamError::InvalidArgument {
+                        field,
+                        reason: format!("no pool named {n}"),
+                    })?;
+                if Family::of(&pool.cidr) != family {
+                    return Err(IpamError::InvalidArgument {
+                        field,
+                        reason: format!("pool {n} is not of this address family"),
+                    });
+                }
+                if pool.disabled {
+                    return Err(IpamError::InvalidArgument {
+                        field,
+                        reason: format!("pool {n} is disabled"),
+                    });
+                }
+                if !pool.allows(use_) {
+                    return Err(IpamError::InvalidArgument {
+                        field,
+                        reason: format!("pool {n} does not allow {use_:?} addresses"),
+                    });
+                }
+                out.push(pool.clone());
+            }
+            return Ok(out);
+        }
+        let labels = self
+            .get::<Node>(&Node::key(node))
+            .await?
+            .map(|(n, _)| n.labels)
+            .unwrap_or_default();
+        Ok(pools
+            .into_iter()
+            .filter(|p| Family::of(&p.cidr) == family && !p.disabled && p.allows(use_))
+            .filter(|p| p.assignment_mode == AssignmentMode::Automatic)
+            .filter(|p| {
+                Selector::parse(&p.node_selector)
+                    .map(|s| s.matches(&labels))
+                    .unwrap_or(false)
+            })
+            .collect())
+    }
+
+    /// Allocates addresses for a request; IPv4 and IPv6 together, all or nothing.
+    pub async fn auto_assign(
+        &self,
+        req: &AssignRequest,
+    ) -> Result<(Vec<Assigned>, Vec<Assigned>), IpamError> {
+        if req.handle.is_empty() {
+            return Err(IpamError::InvalidArgument {
+                field: "handle",
+                reason: "must not be empty".into(),
+            });
+        }
+        if req.node.is_empty() {
+            return Err(IpamError::InvalidArgument {
+                field: "node",
+                reason: "must not be empty".into(),
+            });
+        }
+        if req.num_v4 == 0 && req.num_v6 == 0 {
+            return Err(IpamError::InvalidArgument {
+                field: "num_ipv4",
+                reason: "ask for at least one address".into(),
+            });
+        }
+        let use_ = if req.use_tunnel {
+            AllowedUse::Tunnel
+        } else {
+            AllowedUse::Workload
+        };
+        let config = self.config().await?;
+        let strict = req.strict_affinity || config.strict_affinity;
+        let v4_pools = if req.num_v4 > 0 {
+            self.candidate_pools(Family::V4, &req.v4_pools, &req.node, use_)
+                .await?
+        } else {
+            vec![]
+        };
+        let v6_pools = if req.num_v6 > 0 {
+            self.candidate_pools(Family::V6, &req.v6_pools, &req.node, use_)
+                .await?
+        } else {
+            vec![]
+        };
+        let v4 = self
+            .assign_family(req, &v4_pools, req.num_v4 as usize, strict, &config, "IPv4")
+            .await?;
+        match self
+            .assign_family(req, &v6_pools, req.num_v6 as usize, strict, &config, "IPv6")
+            .await
+        {
+            Ok(v6) => Ok((v4, v6)),
+            Err(e) => {
+                self.undo(&v4).await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn undo(&self, assigned: &[Assigned]) {
+        let releases: Vec<ReleaseRequest> = assigned
+            .iter()
+            .map(|a| ReleaseRequest {
+                address: a.address,
+                handle: Some(a.handle.clone()),
+                seq: Some(a.seq),
+            })
+            .collect();
+        if let Err(e) = self.release_ips(&releases).await {
+            tracing::warn!(error = %e, "could not undo a partial allocation; `ipam gc` will collect it");
+        }
+    }
+
+    async fn assign_family(
+        &self,
+        req: &AssignRequest,
+        pools: &[IpPool],
+        n: usize,
+        strict: bool,
+        config: &IpamConfig,
+        family: &str,
+    ) -> Result<Vec<Assigned>, IpamError> {
+        let mut out: Vec<Assigned> = Vec::new();
+        if n == 0 {
+            return Ok(out);
+        }
+        if pools.is_empty() {
+            return Err(IpamError::Exhausted(format!(
+                "no enabled {family} pool can serve node {} for this request",
+                req.node
+            )));
+        }
+        let mut attempts = 0;
+        while out.len() < n {
+            attempts += 1;
+            if attempts > RETRIES {
+                self.undo(&out).await;
+                return Err(IpamError::Contention {
+                    what: format!("the blocks of node {}", req.node),
+                    attempts: RETRIES,
+                });
+            }
+            let step = match self.step(req, pools, n - out.len(), strict, config).await {
+                Ok(s) => s,
+                Err(e) => {
+                    self.undo(&out).await;
+                    return Err(e);
+                }
+            };
+            match step {
+                Step::Allocated(got) => out.extend(got),
+                Step::Again => {}
+                Step::Exhausted(why) => {
+                    self.undo(&out).await;
+                    return Err(IpamError::Exhausted(why));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// One step: allocate in an affine block, or claim a block, or borrow.
+    async fn step(
+        &self,
+        req: &AssignRequest,
+        pools: &[IpPool],
+        n: usize,
+        strict: bool,
+        config: &IpamConfig,
+    ) -> Result<Step, IpamError> {
+        let node = req.node.as_str();
+        let in_pools = |cidr: &IpNet| pools.iter().any(|p| p.cidr.contains(&cidr.network()));
+        let affinities = self
+            .list::<BlockAffinity>(&BlockAffinity::prefix_of(node))
+            .await?;
+        for (aff, _) in affinities
+            .iter()
+            .filter(|(a, _)| a.state == AffinityState::Confirmed && in_pools(&a.cidr))
+        {
+            let Some((block, rev)) = self.get::<Block>(&block_key(&aff.cidr)).await? else {
+                continue;
+            };
+            if block.affinity.as_deref() == Some(node) && block.free_count() > 0 {
+                return self.allocate_in(block, rev, n, req).await;
+            }
+        }
+        if (affinities.len() as u32) < config.max_blocks_per_host {
+            let blocks = self.all_blocks().await?;
+            let taken: HashSet<IpNet> = blocks.iter().map(|(b, _)| b.cidr).collect();
+            for pool in pools {
+                if let Some(cidr) = free_block(pool, node, &taken) {
+                    self.claim(node, &pool.name, cidr).await?;
+                    return Ok(Step::Again);
+                }
+            }
+        }
+        if !strict {
+            let blocks = self.all_blocks().await?;
+            for (block, rev) in blocks {
+                if in_pools(&block.cidr)
+                    && block.free_count() > 0
+                    && block.affinity.as_deref() != Some(node)
+                {
+                    return self.allocate_in(block, rev, n, req).await;
+                }
+            }
+        }
+        let why = if (affinities.len() as u32) >= config.max_blocks_per_host {
+            format!(
+                "node {node} has reached its limit of {} blocks and they are full",
+                config.max_blocks_per_host
+            )
+        } else {
+            format!(
+                "the pools {} have no free address for node {node}",
+                pools
+                    .iter()
+                    .map(|p| p.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        };
+        Ok(Step::Exhausted(if strict {
+            format!("{why} (strict affinity: no borrowing)")
+        } else {
+            why
+        }))
+    }
+
+    /// Allocates up to `n` in `block` and records them under the handle, in one transaction.
+    async fn allocate_in(
+        &self,
+        mut block: Block,
+        rev: Revision,
+        n: usize,
+        req: &AssignRequest,
+    ) -> Result<Step, IpamError> {
+        let got = block.allocate(n, &req.handle, &req.node, &req.attrs);
+        if got.is_empty() {
+            return Ok(Step::Again);
+        }
+        let handle_key = Handle::key(&req.handle);
+        let (mut handle, hrev) = match self.get::<Handle>(&handle_key).await? {
+            Some((h, r)) => (h, Some(r)),
+            None => (
+                Handle {
+                    id: req.handle.clone(),
+                    ..Handle::default()
+                },
+                None,
+            ),
+        };
+        handle.add(&block.cidr, got.len() as u32);
+        let ops = vec![
+            Self::put(block_key(&block.cidr), &block, Some(rev)),
+            Self::put(handle_key, &handle, hrev),
+        ];
+        match self.store.txn(ops).await {
+            Ok(_) => {}
+            Err(StoreError::Conflict { .. }) => return Ok(Step::Again),
+            Err(e) => return Err(e.into()),
+        }
+        let borrowed = block.affinity.as_deref() != Some(req.node.as_str());
+        Ok(Step::Allocated(
+            got.into_iter()
+                .map(|(address, seq)| Assigned {
+                    address,
+                    block: block.cidr,
+                    pool: block.pool.clone(),
+                    borrowed,
+                    handle: req.handle.clone(),
+                    seq,
+                    attrs: req.attrs.clone(),
+                })
+                .collect(),
+        ))
+    }
+
+    /// Claims `cidr` for `node`: affinity pending, then block and confirmation together.
+    async fn claim(&self, node: &str, pool: &str, cidr: IpNet) -> Result<(), IpamError> {
+        let key = BlockAffinity::key_of(node, &cidr);
+        let pending = BlockAffinity {
+            node: node.into(),
+            cidr,
+            state: AffinityState::Pending,
+        };
+        let rev = match self.store.create(&key, encode(&pending)).await {
+            Ok(r) => r,
+            Err(StoreError::Conflict { .. }) => match self.get::<BlockAffinity>(&key).await? {
+                // Our own claim that did not finish (a crash): finish it.
+                Some((a, r)) if a.state == AffinityState::Pending => r,
+                _ => return Ok(()),
+            },
+            Err(e) => return Err(e.into()),
+        };
+        let block = Block::new(cidr, pool, Some(node), now());
+        let confirmed = BlockAffinity {
+            state: AffinityState::Confirmed,
+            ..pending
+        };
+        let ops = vec![
+            Self::put(block_key(&cidr), &block, None),
+            Self::put(key.clone(), &confirmed, Some(rev)),
+        ];
+        match self.store.txn(ops).await {
+            Ok(_) => Ok(()),
+            Err(StoreError::Conflict { key: lost, .. }) if lost == block_key(&cidr) => {
+                // Another node got the block first: withdraw our claim.
+                let _ = self.store.delete(&key, rev).await;
+                Ok(())
+            }
+            Err(StoreError::Conflict { .. }) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Allocates one given address.
+    pub async fn assign_ip(
+        &self,
+        address: IpAddr,
+        handle: &str,
+        attrs: &BTreeMap<String, String>,
+        node: &str,
+    ) -> Result<Assigned, IpamError> {
+        if handle.is_empty() {
+            return Err(IpamError::InvalidArgument {
+                field: "handle",
+                reason: "must not be empty".into(),
+            });
+        }
+        let pools = self.list_pools().await?;
+        let (pool, _) = pools
+            .iter()
+            .find(|(p, _)| p.cidr.contains(&address))
+            .ok_or_else(|| IpamError::InvalidArgument {
+                field: "address",
+                reason: format!("{address} is in no pool"),
+            })?;
+        let cidr = pool
+            .block_of(address)
+            .expect("the pool contains the address");
+        let strict = self.config().await?.strict_affinity;
+        for _ in 0..RETRIES {
+            let Some((mut block, rev)) = self.get::<Block>(&block_key(&cidr)).await? else {
+                if pool.disabled {
+                    return Err(IpamError::InvalidArgument {
+                        field: "address",
+                        reason: format!("pool {} is disabled", pool.name),
+                    });
+                }
+                self.claim(node, &pool.name, cidr).await?;
+                continue;
+            };
+            if strict && block.affinity.as_deref() != Some(node) {
+                return Err(IpamError::InvalidArgument {
+                    field: "address",
+                    reason: format!(
+                        "{address} is in block {cidr} of node {} and strict affinity forbids borrowing",
+                        block.affinity.as_deref().unwrap_or("none")
+                    ),
+                });
+            }
+            let Some(seq) = block.allocate_addr(address, handle, node, attrs) else {
+                let holder = block
+                    .ordinal(address)
+                    .and_then(|o| block.slots.get(&o))
+                    .map(|s| s.handle.clone())
+                    .unwrap_or_default();
+                return Err(IpamError::InUse(format!(
+                    "{address} is already allocated (handle {holder})"
+                )));
+            };
+            let handle_key = Handle::key(handle);
+            let (mut h, hrev) = match self.get::<Handle>(&handle_key).await? {
+                Some((h, r)) => (h, Some(r)),
+                None => (
+                    Handle {
+                        id: handle.into(),
+                        ..Handle::default()
+                    },
+                    None,
+                ),
+            };
+            h.add(&cidr, 1);
+            let ops = vec![
+                Self::put(block_key(&cidr), &block, Some(rev)),
+                Self::put(handle_key, &h, hrev),
+            ];
+            match self.store.txn(ops).await {
+                Err(StoreError::Conflict { .. }) => continue,
+                Err(e) => return Err(e.into()),
+                Ok(_) => {
+                    return Ok(Assigned {
+                        address,
+                        block: cidr,
+                        pool: pool.name.clone(),
+                        borrowed: block.affinity.as_deref() != Some(node),
+                        handle: handle.into(),
+                        seq,
+                        attrs: attrs.clone(),
+                    });
+                }
+            }
+        }
+        Err(IpamError::Contention {
+            what: format!("block {cidr}"),
+            attempts: RETRIES,
+        })
+    }
+
+    // ---- release ----
+
+    /// The block holding `address`, found through the pools (or by scanning for blocks of
+    /// deleted pools).
+    async fn block_cidr_of(&self, address: IpAddr) -> Result<Option<IpNet>, IpamError> {
+        for (pool, _) in self.list_pools().await? {
+            if let Some(cidr) = pool.block_of(address) {
+                return Ok(Some(cidr));
+            }
+        }
+        Ok(self
+            .all_blocks()
+            .await?
+            .into_iter()
+            .map(|(b, _)| b.cidr)
+            .find(|c| c.contains(&address)))
+    }
+
+    /// Releases addresses; those already free or guarded by a stale handle or sequence number
+    /// are left alone. Returns the addresses freed.
+    pub async fn release_ips(&self, releases: &[ReleaseRequest]) -> Result<Vec<IpAddr>, IpamError> {
+        let mut by_block: BTreeMap<IpNet, Vec<&ReleaseRequest>> = BTreeMap::new();
+        for r in releases {
+            if let Some(cidr) = self.block_cidr_of(r.address).await? {
+                by_block.entry(cidr).or_default().push(r);
+            }
+        }
+        let mut freed = Vec::new();
+        for (cidr, rs) in by_block {
+            freed.extend(
+                self.release_in_block(cidr, |block, now| {
+                    rs.iter()
+                        .filter_map(|r| {
+                            match block.release(r.address, r.handle.as_deref(), r.seq, now) {
+                                Released::Freed { handle } => Some((r.address, handle)),
+                                _ => None,
+                            }
+                        })
+                        .collect()
+                })
+                .await?,
+            );
+        }
+        Ok(freed)
+    }
+
+    /// Applies `release` to a fresh copy of the block and writes block and handles together.
+    async fn release_in_block(
+        &self,
+        cidr: IpNet,
+        release: impl Fn(&mut Block, u64) -> Vec<(IpAddr, String)>,
+    ) -> Result<Vec<IpAddr>, IpamError> {
+        for _ in 0..RETRIES {
+            let Some((mut block, rev)) = self.get::<Block>(&block_key(&cidr)).await? else {
+                return Ok(vec![]);
+            };
+            let freed = release(&mut block, now());
+            if freed.is_empty() {
+                return Ok(vec![]);
+            }
+            let mut counts: BTreeMap<&str, u32> = BTreeMap::new();
+            for (_, h) in &freed {
+                *counts.entry(h.as_str()).or_default() += 1;
+            }
+            let mut ops = Vec::new();
+            // A block of no node that became empty goes back to the pool at once.
+            if block.affinity.is_none() && block.is_empty() {
+                ops.push(Op::Delete {
+                    key: block_key(&cidr),
+                    expected: rev,
+                });
+            } else {
+                ops.push(Self::put(block_key(&cidr), &block, Some(rev)));
+            }
+            for (h, n) in counts {
+                let key = Handle::key(h);
+                if let Some((mut handle, hrev)) = self.get::<Handle>(&key).await? {
+                    handle.remove(&cidr, n);
+                    ops.push(if handle.total() == 0 {
+                        Op::Delete {
+                            key,
+                            expected: hrev,
+                        }
+                    } else {
+                        Self::put(key, &handle, Some(hrev))
+                    });
+                }
+            }
+            match self.store.txn(ops).await {
+                Ok(_) => return Ok(freed.into_iter().map(|(a, _)| a).collect()),
+                Err(StoreError::Conflict { .. }) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(IpamError::Contention {
+            what: format!("block {cidr}"),
+            attempts: RETRIES,
+        })
+    }
+
+    /// Releases every address of a handle. An unknown handle releases nothing.
+    pub async fn release_by_handle(&self, handle: &str) -> Result<Vec<IpAddr>, IpamError> {
+        let Some((h, _)) = self.get::<Handle>(&Handle::key(handle)).await? else {
+            return Ok(vec![]);
+        };
+        let mut freed = Vec::new();
+        for cidr in h.blocks.keys() {
+            let Ok(cidr) = cidr.parse::<IpNet>() else {
+                continue;
+            };
+            freed.extend(
+                self.release_in_block(cidr, |block, now| {
+                    let mine: Vec<IpAddr> = block.of_handle(handle).map(|(a, _)| a).collect();
+                    mine.into_iter()
+                        .filter_map(|a| match block.release(a, Some(handle), None, now) {
+                            Released::Freed { handle } => Some((a, handle)),
+                            _ => None,
+                        })
+                        .collect()
+                })
+                .await?,
+            );
+        }
+        Ok(freed)
+    }
+
+    /// The addresses a handle holds.
+    pub async fn handle_allocations(&self, handle: &str) -> Result<Vec<Assigned>, IpamError> {
+        let Some((h, _)) = self.get::<Handle>(&Handle::key(handle)).await? else {
+            return Err(IpamError::NotFound(format!("handle {handle}")));
+        };
+        let mut out = Vec::new();
+        for cidr in h.blocks.keys() {
+            let Ok(cidr) = cidr.parse::<IpNet>() else {
+                continue;
+            };
+            if let Some((block, _)) = self.get::<Block>(&block_key(&cidr)).await? {
+                for (address, slot) in block.of_handle(handle) {
+                    out.push(Assigned {
+                        address,
+                        block: cidr,
+                        pool: block.pool.clone(),
+                        borrowed: block.affinity.as_deref() != Some(slot.node.as_str()),
+                        handle: handle.into(),
+                        seq: slot.seq,
+                        attrs: slot.attrs.clone(),
+                    });
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Releases a node's claim on a block: pending deletion, then the block goes (if empty)
+    /// or loses its affinity (its remaining addresses become borrowed ones), with the affinity.
+    async fn release_affinity(
+        &self,
+        node: &str,
+        cidr: IpNet,
+        only_if_empty: bool,
+    ) -> Result<bool, IpamError> {
+        let key = BlockAffinity::key_of(node, &cidr);
+        for _ in 0..RETRIES {
+            let Some((aff, arev)) = self.get::<BlockAffinity>(&key).await? else {
+                return Ok(false);
+            };
+            let arev = if aff.state == AffinityState::PendingDeletion {
+                arev
+            } else {
+                let marked = BlockAffinity {
+                    state: AffinityState::PendingDeletion,
+                    ..aff.clone()
+                };
+                match self.store.update(&key, encode(&marked), arev).await {
+                    Ok(r) => r,
+                    Err(StoreError::Conflict { .. }) => continue,
+                    Err(e) => return Err(e.into()),
+                }
+            };
+            let block = self.get::<Block>(&block_key(&cidr)).await?;
+            let mut ops = vec![Op::Delete {
+                key: key.clone(),
+                expected: arev,
+            }];
+            match block {
+                Some((b, brev)) if b.affinity.as_deref() == Some(node) => {
+                    if b.is_empty() {
+                        ops.push(Op::Delete {
+                            key: block_key(&cidr),
+                            expected: brev,
+                        });
+                    } else if only_if_empty {
+                        // Addresses came back meanwhile: keep the block, confirm it again.
+                        let confirmed = BlockAffinity {
+                            state: AffinityState::Confirmed,
+                            ..aff
+                        };
+                        let _ = self.store.update(&key, encode(&confirmed), arev).await;
+                        return Ok(false);
+                    } else {
+                        let orphan = Block {
+                            affinity: None,
+                            seq: b.seq + 1,
+                            ..b
+                        };
+                        ops.push(Self::put(block_key(&cidr), &orphan, Some(brev)));
+                    }
+                }
+                _ => {}
+            }
+            match self.store.txn(ops).await {
+                Ok(_) => return Ok(true),
+                Err(StoreError::Conflict { .. }) => continue,
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(IpamError::Contention {
+            what: format!("block {cidr}"),
+            attempts: RETRIES,
+        })
+    }
+
+    /// Releases everything of a node: its addresses, its tunnel address, its blocks.
+    pub async fn release_node(&self, node: &str) -> Result<(Vec<IpNet>, Vec<IpAddr>), IpamError> {
+        let mut handles = BTreeSet::new();
+        for (block, _) in self.all_blocks().await? {
+            handles.extend(
+                block
+                    .slots
+                    .values()
+                    .filter(|s| s.node == node)
+                    .map(|s| s.handle.clone()),
+            );
+        }
+        let mut addresses = Vec::new();
+        for h in handles {
+            addresses.extend(self.release_by_handle(&h).await?);
+        }
+        let mut blocks = Vec::new();
+        for (aff, _) in self
+            .list::<BlockAffinity>(&BlockAffinity::prefix_of(node))
+            .await?
+        {
+            if self.release_affinity(node, aff.cidr, false).await? {
+                blocks.push(aff.cidr);
+            }
+        }
+        Ok((blocks, addresses))
+    }
+
+    /// Releases the node's handles that are not live (tunnel handles excepted), claims that
+    /// never finished, and empty blocks past their grace period. Returns the released handles.
+    pub async fn gc(
+        &self,
+        node: &str,
+        live: &HashSet<String>,
+        prefix: &str,
+        dry_run: bool,
+    ) -> Result<Vec<(String, Vec<IpAddr>)>, IpamError> {
+        let blocks = self.all_blocks().await?;
+        let mut dead: BTreeMap<String, Vec<IpAddr>> = BTreeMap::new();
+        for (block, _) in &blocks {
+            for (&o, slot) in &block.slots {
+                if slot.node == node
+                    && slot.handle.starts_with(prefix)
+                    && !slot.handle.starts_with(TUNNEL_HANDLE_PREFIX)
+                    && !live.contains(&slot.handle)
+                {
+                    dead.entry(slot.handle.clone())
+                        .or_default()
+                        .push(block.address(o));
+                }
+            }
+        }
+        if dry_run {
+            return Ok(dead.into_iter().collect());
+        }
+        let mut out = Vec::new();
+        for (handle, _) in dead {
+            let freed = self.release_by_handle(&handle).await?;
+            out.push((handle, freed));
+        }
+        // Claims that never finished (a crash between the two steps of a claim).
+        let existing: HashSet<IpNet> = self
+            .all_blocks()
+            .await?
+            .into_iter()
+            .map(|(b, _)| b.cidr)
+            .collect();
+        for (aff, rev) in self
+            .list::<BlockAffinity>(&BlockAffinity::prefix_of(node))
+            .await?
+        {
+            if aff.state != AffinityState::Confirmed && !existing.contains(&aff.cidr) {
+                let _ = self
+                    .store
+                    .delete(&BlockAffinity::key_of(node, &aff.cidr), rev)
+                    .await;
+            }
+        }
+        self.reclaim_empty_blocks(node).await?;
+        Ok(out)
+    }
+
+    /// Gives the node's empty blocks back to the pool once empty for the grace period.
+    pub async fn reclaim_empty_blocks(&self, node: &str) -> Result<Vec<IpNet>, IpamError> {
+        let grace = self.config().await?.empty_block_grace_s;
+        let now = now();
+        let mut out = Vec::new();
+        for (aff, _) in self
+            .list::<BlockAffinity>(&BlockAffinity::prefix_of(node))
+            .await?
+        {
+            if aff.state != AffinityState::Confirmed {
+                continue;
+            }
+            if let Some((b, _)) = self.get::<Block>(&block_key(&aff.cidr)).await?
+                && b.is_empty()
+                && b.emptied_at.is_some_and(|t| t.saturating_add(grace) <= now)
+                && self.release_affinity(node, aff.cidr, true).await?
+            {
+                out.push(aff.cidr);
+            }
+        }
+        Ok(out)
+    }
+
+    // ---- show and check ----
+
+    pub async fn usage(
+        &self,
+        pool_filter: &str,
+    ) -> Result<(Vec<PoolUsage>, Vec<BlockUsage>), IpamError> {
+        let pools = self.list_pools().await?;
+        let blocks = self.all_blocks().await?;
+        let affinities = self.list::<BlockAffinity>(BlockAffinity::PREFIX).await?;
+        let mut pool_rows = Vec::new();
+        let mut block_rows = Vec::new();
+        for (pool, _) in pools.iter().filter(|(p, _)| {
+            pool_filter.is_empty() || p.name == pool_filter || p.cidr.to_string() == pool_filter
+        }) {
+            let mine: Vec<&Block> = blocks
+                .iter()
+                .map(|(b, _)| b)
+                .filter(|b| b.pool == pool.name)
+                .collect();
+            pool_rows.push(PoolUsage {
+                name: pool.name.clone(),
+                cidr: pool.cidr,
+                size: 1u128 << (pool.cidr.max_prefix_len() - pool.cidr.prefix_len()).min(127),
+                used: mine.iter().map(|b| b.used() as u64).sum(),
+                blocks: mine.len() as u32,
+            });
+            for b in mine {
+                let state = b.affinity.as_ref().and_then(|n| {
+                    affinities
+                        .iter()
+                        .find(|(a, _)| &a.node == n && a.cidr == b.cidr)
+                        .map(|(a, _)| a.state)
+                });
+                block_rows.push(BlockUsage {
+                    cidr: b.cidr,
+                    pool: b.pool.clone(),
+                    affinity: b.affinity.clone(),
+                    state,
+                    used: b.used(),
+                    free: b.free_count(),
+                    borrowed: b.borrowed(),
+                });
+            }
+        }
+        Ok((pool_rows, block_rows))
+    }
+
+    /// Every allocation has its handle and every handle its allocations; blocks and
+    /// affinities agree; no address is both free and allocated.
+    pub async fn check(&self) -> Result<CheckReport, IpamError> {
+        let blocks = self.all_blocks().await?;
+        let handles = self.list::<Handle>(Handle::PREFIX).await?;
+        let affinities = self.list::<BlockAffinity>(BlockAffinity::PREFIX).await?;
+        let pools = self.list_pools().await?;
+        let mut report = CheckReport {
+            handles: handles.len() as u64,
+            ..CheckReport::default()
+        };
+        let mut seen: BTreeMap<(String, String), u32> = BTreeMap::new();
+        for (b, _) in &blocks {
+            report.allocations += b.used() as u64;
+            let free: BTreeSet<u32> = b.free.iter().copied().collect();
+            if free.len() != b.free.len() {
+                report
+                    .problems
+                    .push(format!("block {}: an address is listed free twice", b.cidr));
+            }
+            if let Some(o) = b.slots.keys().find(|o| free.contains(o)) {
+                report.problems.push(format!(
+                    "block {}: {} is both free and allocated",
+                    b.cidr,
+                    b.address(*o)
+                ));
+            }
+            if free.len() + b.slots.len() != b.size() as usize {
+                report.problems.push(format!(
+                    "block {}: {} free + {} allocated != {} addresses",
+                    b.cidr,
+                    free.len(),
+                    b.slots.len(),
+                    b.size()
+                ));
+            }
+            for slot in b.slots.values() {
+                *seen
+                    .entry((slot.handle.clone(), b.cidr.to_string()))
+                    .or_default() += 1;
+            }
+            if !pools
+                .iter()
+                .any(|(p, _)| p.cidr.contains(&b.cidr.network()))
+            {
+                report
+                    .problems
+                    .push(format!("block {} belongs to no pool", b.cidr));
+            }
+            if let Some(node) = &b.affinity
+                && !affinities
+                    .iter()
+                    .any(|(a, _)| &a.node == node && a.cidr == b.cidr)
+            {
+                report.problems.push(format!(
+                    "block {} is affine to {node} but has no affinity record",
+                    b.cidr
+                ));
+            }
+        }
+        for ((handle, cidr), n) in &seen {
+            let recorded = handles
+                .iter()
+                .find(|(h, _)| &h.id == handle)
+                .and_then(|(h, _)| h.blocks.get(cidr))
+                .copied();
+            match recorded {
+                None => report.problems.push(format!(
+                    "{n} address(es) in {cidr} under handle {handle}, which does not record them"
+                )),
+                Some(r) if r != *n => report.problems.push(format!(
+                    "handle {handle} records {r} address(es) in {cidr}, the block holds {n}"
+                )),
+                _ => {}
+            }
+        }
+        for (h, _) in &handles {
+            for (cidr, n) in &h.blocks {
+                if !seen.contains_key(&(h.id.clone(), cidr.clone())) {
+                    report.problems.push(format!(
+                        "handle {} records {n} address(es) in {cidr}, the block holds none",
+                        h.id
+                    ));
+                }
+            }
+        }
+        for (a, _) in &affinities {
+            let block = blocks.iter().find(|(b, _)| b.cidr == a.cidr);
+            match (a.state, block) {
+                (AffinityState::Confirmed, Some((b, _)))
+                    if b.affinity.as_deref() != Some(a.node.as_str()) =>
+                {
+                    report.problems.push(format!(
+                        "affinity of {} to {} but the block is affine to {}",
+                        a.node,
+                        a.cidr,
+                        b.affinity.as_deref().unwrap_or("no node")
+                    ));
+                }
+                (AffinityState::Confirmed, None) => report.problems.push(format!(
+                    "confirmed affinity of {} to {} but no such block",
+                    a.node, a.cidr
+                )),
+                (AffinityState::Pending, _) => report.problems.push(format!(
+                    "unfinished claim of {} by {} (run ipam gc for that node)",
+                    a.cidr, a.node
+                )),
+                _ => {}
+            }
+        }
+        Ok(report)
+    }
+}
+
+/// The first unclaimed block of the pool in the node's own order: a walk from a start point
+/// hashed from the node name, so nodes spread over the pool and rarely race for one block.
+pub fn free_block(pool: &IpPool, node: &str, taken: &HashSet<IpNet>) -> Option<IpNet> {
+    let count = pool.block_count();
+    let start = fnv1a(node.as_bytes()) as u128 % count;
+    // Bounded: a huge IPv6 pool is not walked to its end.
+    let limit = count.min(1 << 20);
+    (0..limit)
+        .map(|i| pool.block_at((start + i) % count))
+        .find(|c| !taken.contains(c))
+}
+
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf29ce484222325u64, |h, b| {
+        (h ^ *b as u64).wrapping_mul(0x100000001b3)
+    })
+}

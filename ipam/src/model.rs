@@ -1,0 +1,358 @@
+//! The cluster's resources as stored in the datastore: IP pools, nodes, the IPAM
+//! configuration; and their validation. Blocks, affinities and handles live in `block`.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+
+use crate::error::IpamError;
+use crate::resource::Resource;
+use crate::selector::Selector;
+
+/// Encapsulation mode of a pool (Calico's vxlanMode / ipipMode).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum EncapMode {
+    #[default]
+    Never,
+    Always,
+    CrossSubnet,
+}
+
+impl EncapMode {
+    pub fn is_on(self) -> bool {
+        self != EncapMode::Never
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum AllowedUse {
+    Workload,
+    Tunnel,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum AssignmentMode {
+    #[default]
+    Automatic,
+    /// Only requests naming the pool take addresses from it.
+    Manual,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IpPool {
+    pub name: String,
+    pub cidr: IpNet,
+    pub block_size: u8,
+    #[serde(default)]
+    pub vxlan_mode: EncapMode,
+    #[serde(default)]
+    pub ipip_mode: EncapMode,
+    #[serde(default)]
+    pub nat_outgoing: bool,
+    #[serde(default)]
+    pub disabled: bool,
+    #[serde(default)]
+    pub disable_bgp_export: bool,
+    #[serde(default)]
+    pub node_selector: String,
+    #[serde(default = "default_uses")]
+    pub allowed_uses: Vec<AllowedUse>,
+    #[serde(default)]
+    pub assignment_mode: AssignmentMode,
+}
+
+fn default_uses() -> Vec<AllowedUse> {
+    vec![AllowedUse::Workload, AllowedUse::Tunnel]
+}
+
+impl Resource for IpPool {
+    const KIND: &'static str = "IPPool";
+    const SCHEMA: u32 = 1;
+    const PREFIX: &'static str = "/margay/v1/ippools/";
+}
+
+/// The default block size of a pool of this family.
+pub fn default_block_size(cidr: &IpNet) -> u8 {
+    match cidr {
+        IpNet::V4(_) => 26,
+        IpNet::V6(_) => 122,
+    }
+}
+
+fn invalid(field: &'static str, reason: impl Into<String>) -> IpamError {
+    IpamError::InvalidArgument {
+        field,
+        reason: reason.into(),
+    }
+}
+
+/// A resource name: DNS-label-like, as Kubernetes names.
+pub fn validate_name(field: &'static str, name: &str) -> Result<(), IpamError> {
+    let ok = !name.is_empty()
+        && name.len() <= 253
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        && !name.starts_with(['-', '.'])
+        && !name.ends_with(['-', '.']);
+    if ok {
+        Ok(())
+    } else {
+        Err(invalid(
+            field,
+            format!(
+                "{name:?} is not a valid name (lower-case letters, digits, '-' and '.', at most 253)"
+            ),
+        ))
+    }
+}
+
+impl IpPool {
+    /// A pool with defaults for everything but name and CIDR.
+    pub fn new(name: &str, cidr: IpNet) -> Self {
+        Self {
+            name: name.into(),
+            cidr,
+            block_size: default_block_size(&cidr),
+            vxlan_mode: EncapMode::Never,
+            ipip_mode: EncapMode::Never,
+            nat_outgoing: false,
+            disabled: false,
+            disable_bgp_export: false,
+            node_selector: String::new(),
+            allowed_uses: default_uses(),
+            assignment_mode: AssignmentMode::Automatic,
+        }
+    }
+
+    /// Checks the pool on its own (overlaps with other pools are checked by the caller).
+    pub fn validate(&self) -> Result<(), IpamError> {
+        validate_name("name", &self.name)?;
+        if self.cidr.trunc() != self.cidr {
+            return Err(invalid(
+                "cidr",
+                format!(
+                    "{} is not a network address (did you mean {}?)",
+                    self.cidr,
+                    self.cidr.trunc()
+                ),
+            ));
+        }
+        let (min, max) = match self.cidr {
+            IpNet::V4(_) => (20, 32),
+            IpNet::V6(_) => (116, 128),
+        };
+        if !(min..=max).contains(&self.block_size) {
+            return Err(invalid(
+                "block_size",
+                format!(
+                    "{} is out of range: {min} to {max} for this family",
+                    self.block_size
+                ),
+            ));
+        }
+        if self.block_size < self.cidr.prefix_len() {
+            return Err(invalid(
+                "block_size",
+                format!(
+                    "blocks of /{} do not fit in the pool {}",
+                    self.block_size, self.cidr
+                ),
+            ));
+        }
+        let link_local: IpNet = match self.cidr {
+            IpNet::V4(_) => "169.254.0.0/16".parse().expect("constant"),
+            IpNet::V6(_) => "fe80::/10".parse().expect("constant"),
+        };
+        if overlaps(&self.cidr, &link_local) {
+            return Err(invalid(
+                "cidr",
+                format!("{} overlaps the link-local range {link_local}", self.cidr),
+            ));
+        }
+        if self.vxlan_mode.is_on() && self.ipip_mode.is_on() {
+            return Err(invalid("ipip_mode", "a pool uses VXLAN or IPIP, not both"));
+        }
+        if self.ipip_mode.is_on() && self.cidr.addr().is_ipv6() {
+            return Err(invalid("ipip_mode", "IPIP carries IPv4 only"));
+        }
+        Selector::parse(&self.node_selector)
+            .map_err(|e| invalid("node_selector", e.to_string()))?;
+        if self.allowed_uses.is_empty() {
+            return Err(invalid("allowed_uses", "needs Workload, Tunnel or both"));
+        }
+        Ok(())
+    }
+
+    /// The number of blocks the pool holds.
+    pub fn block_count(&self) -> u128 {
+        1u128 << (self.block_size - self.cidr.prefix_len()).min(127)
+    }
+
+    /// The `index`-th block of the pool.
+    pub fn block_at(&self, index: u128) -> IpNet {
+        let shift = self.cidr.max_prefix_len() - self.block_size;
+        match self.cidr {
+            IpNet::V4(net) => {
+                let base = u32::from(net.network()) as u128 + (index << shift);
+                IpNet::new(IpAddr::V4((base as u32).into()), self.block_size).expect("valid prefix")
+            }
+            IpNet::V6(net) => {
+                let base = u128::from(net.network()) + (index << shift);
+                IpNet::new(IpAddr::V6(base.into()), self.block_size).expect("valid prefix")
+            }
+        }
+    }
+
+    /// The block of the pool that holds `addr`.
+    pub fn block_of(&self, addr: IpAddr) -> Option<IpNet> {
+        if !self.cidr.contains(&addr) {
+            return None;
+        }
+        IpNet::new(addr, self.block_size).ok().map(|n| n.trunc())
+    }
+
+    pub fn allows(&self, use_: AllowedUse) -> bool {
+        self.allowed_uses.contains(&use_)
+    }
+}
+
+pub fn overlaps(a: &IpNet, b: &IpNet) -> bool {
+    a.contains(&b.network()) || b.contains(&a.network())
+}
+
+/// A node of the cluster, registered by its bgpd.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Node {
+    pub name: String,
+    pub ipv4: Option<ipnet::Ipv4Net>,
+    pub ipv6: Option<ipnet::Ipv6Net>,
+    /// `None`: the cluster's AS.
+    pub asn: Option<u32>,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub vxlan_tunnel_address: Option<IpAddr>,
+    #[serde(default)]
+    pub vxlan_tunnel_mac: Option<String>,
+    #[serde(default)]
+    pub route_reflector_cluster_id: Option<std::net::Ipv4Addr>,
+}
+
+impl Resource for Node {
+    const KIND: &'static str = "Node";
+    const SCHEMA: u32 = 1;
+    const PREFIX: &'static str = "/margay/v1/nodes/";
+}
+
+impl Node {
+    pub fn new(name: &str) -> Self {
+        Self {
+            name: name.into(),
+            ipv4: None,
+            ipv6: None,
+            asn: None,
+            labels: BTreeMap::new(),
+            vxlan_tunnel_address: None,
+            vxlan_tunnel_mac: None,
+            route_reflector_cluster_id: None,
+        }
+    }
+}
+
+/// Cluster-wide IPAM settings.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IpamConfig {
+    /// Never borrow addresses from another node's block.
+    pub strict_affinity: bool,
+    pub max_blocks_per_host: u32,
+    /// How long an empty block stays affine to its node before going back to the pool.
+    pub empty_block_grace_s: u64,
+}
+
+impl Default for IpamConfig {
+    fn default() -> Self {
+        Self {
+            strict_affinity: false,
+            max_blocks_per_host: 20,
+            empty_block_grace_s: 300,
+        }
+    }
+}
+
+impl Resource for IpamConfig {
+    const KIND: &'static str = "IPAMConfig";
+    const SCHEMA: u32 = 1;
+    const PREFIX: &'static str = "/margay/v1/ipam/config/";
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool(cidr: &str) -> IpPool {
+        IpPool::new("p", cidr.parse().unwrap())
+    }
+
+    #[test]
+    fn validation_names_the_field() {
+        let mut p = pool("172.20.0.1/16");
+        assert!(matches!(
+            p.validate(),
+            Err(IpamError::InvalidArgument { field: "cidr", .. })
+        ));
+        p = pool("172.20.0.0/16");
+        p.validate().unwrap();
+        for (size, ok) in [(19, false), (20, true), (32, true), (33, false)] {
+            p.block_size = size;
+            assert_eq!(p.validate().is_ok(), ok, "block size {size}");
+        }
+        let mut v6 = pool("fd00::/48");
+        assert_eq!(v6.block_size, 122);
+        v6.validate().unwrap();
+        v6.block_size = 115;
+        assert!(v6.validate().is_err());
+        let mut both = pool("10.0.0.0/16");
+        both.vxlan_mode = EncapMode::Always;
+        both.ipip_mode = EncapMode::CrossSubnet;
+        assert!(matches!(
+            both.validate(),
+            Err(IpamError::InvalidArgument {
+                field: "ipip_mode",
+                ..
+            })
+        ));
+        let mut sel = pool("10.0.0.0/16");
+        sel.node_selector = "zone = 'a'".into();
+        let e = sel.validate().unwrap_err().to_string();
+        assert!(
+            e.contains("node_selector") && e.contains("position 5"),
+            "{e}"
+        );
+        assert!(pool("169.254.0.0/16").validate().is_err());
+        let mut bad = pool("10.0.0.0/16");
+        bad.name = "Bad_Name".into();
+        assert!(bad.validate().is_err());
+    }
+
+    #[test]
+    fn blocks_of_a_pool() {
+        let p = pool("172.20.0.0/16");
+        assert_eq!(p.block_count(), 1024);
+        assert_eq!(p.block_at(0).to_string(), "172.20.0.0/26");
+        assert_eq!(p.block_at(5).to_string(), "172.20.1.64/26");
+        assert_eq!(p.block_at(1023).to_string(), "172.20.255.192/26");
+        assert_eq!(
+            p.block_of("172.20.1.77".parse().unwrap())
+                .unwrap()
+                .to_string(),
+            "172.20.1.64/26"
+        );
+        assert_eq!(p.block_of("10.0.0.1".parse().unwrap()), None);
+        let v6 = pool("fd00:1::/120");
+        assert_eq!(v6.block_count(), 4);
+        assert_eq!(v6.block_at(3).to_string(), "fd00:1::c0/122");
+    }
+}
