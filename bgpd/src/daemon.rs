@@ -34,6 +34,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         .await
         .map_err(DaemonError::Datastore)?;
     let api = Api::bind(&config.api).await?;
+    tokio::spawn(crate::registration::run(config.clone(), datastore.clone()));
     let info = DaemonInfo {
         node: config.node.name.clone(),
         datastore,

@@ -7,6 +7,7 @@
 //! - `datastore`: the connection to the cluster datastore, kept current and reported.
 //! - `ctl`: the client side used by bgpctl (and by tests).
 //! - `logging`: one line per event through `tracing`.
+//! - `registration`: this node and the configured default pools, written at start.
 
 pub mod api;
 pub mod config;
@@ -14,6 +15,7 @@ pub mod ctl;
 pub mod daemon;
 pub mod datastore;
 pub mod logging;
+pub mod registration;
 
 /// The version of margay this binary was built from.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -12,13 +12,24 @@ fn store_bench_smoke_prints_every_row() {
         .output()
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     println!("{text}");
-    for backend in ["sqlite (sync=full)", "sqlite (sync=normal)", "etcd (1 member)"] {
+    for backend in [
+        "sqlite (sync=full)",
+        "sqlite (sync=normal)",
+        "etcd (1 member)",
+    ] {
         for writers in [1, 8] {
             let row = text
                 .lines()
-                .find(|l| l.starts_with(backend) && l.split_whitespace().rev().nth(2) == Some(&writers.to_string()))
+                .find(|l| {
+                    l.starts_with(backend)
+                        && l.split_whitespace().rev().nth(2) == Some(&writers.to_string())
+                })
                 .unwrap_or_else(|| panic!("no row for {backend} with {writers} writers:\n{text}"));
             let rate: f64 = row.split_whitespace().last().unwrap().parse().unwrap();
             assert!(rate > 0.0, "{row}");
@@ -26,7 +37,8 @@ fn store_bench_smoke_prints_every_row() {
     }
     for watcher in ["sqlite, same process", "sqlite, other process", "etcd"] {
         assert!(
-            text.lines().any(|l| l.starts_with(watcher) && l.ends_with("ms")),
+            text.lines()
+                .any(|l| l.starts_with(watcher) && l.ends_with("ms")),
             "no latency row for {watcher}:\n{text}"
         );
     }

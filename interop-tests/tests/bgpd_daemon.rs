@@ -79,8 +79,8 @@ fn services_not_built_yet_answer_unimplemented() {
     let d = Daemon::start("");
     runtime().block_on(async {
         let channel = bgpd::ctl::connect_unix(&d.socket).await.unwrap();
-        let err = proto::v1::pools_client::PoolsClient::new(channel)
-            .list_pools(proto::v1::ListPoolsRequest {})
+        let err = proto::v1::bgp_client::BgpClient::new(channel)
+            .list_peers(proto::v1::ListPeersRequest {})
             .await
             .unwrap_err();
         assert_eq!(err.code(), tonic::Code::Unimplemented);

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use interop_tests::{conformance, lab};
-use ipam::store::etcd::{EtcdOptions, EtcdStore};
+use ipam::store::etcd::EtcdOptions;
 use ipam::store::sqlite::{SqliteOptions, SqliteStore};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -20,9 +20,7 @@ async fn sqlite_conforms() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_conforms() {
     let etcd = lab::etcd::EtcdCluster::start(1);
-    let store = EtcdStore::connect(&etcd.endpoints(), EtcdOptions::default())
-        .await
-        .unwrap();
+    let store = etcd.store(EtcdOptions::default()).await;
     let failures = conformance::run(Arc::new(store), "/conformance/").await;
     assert!(failures.is_empty(), "{failures:#?}");
 }

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use interop_tests::lab::etcd::EtcdCluster;
-use ipam::store::etcd::{EtcdOptions, EtcdStore};
+use ipam::store::etcd::EtcdOptions;
 use ipam::store::{Datastore, StoreError};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -18,11 +18,7 @@ async fn writers_survive_a_member_being_killed_and_restarted() {
         request_timeout: Duration::from_secs(2),
         tls: None,
     };
-    let store = Arc::new(
-        EtcdStore::connect(&etcd.endpoints(), options)
-            .await
-            .unwrap(),
-    );
+    let store = Arc::new(etcd.store(options).await);
     let stop = Arc::new(AtomicBool::new(false));
     let acks = Arc::new(AtomicUsize::new(0));
     let mut writers = Vec::new();

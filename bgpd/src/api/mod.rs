@@ -1,18 +1,24 @@
 //! bgpd's gRPC server. It serves the contract of the `proto` crate on a unix socket and,
 //! when configured, on TCP with mutual TLS; both listeners carry the same services, the
 //! standard health service and server reflection (v1 and v1alpha). Services of the contract
-//! that are not implemented yet are not registered, so tonic answers them UNIMPLEMENTED.
+//! that are not implemented yet (Bgp, Dataplane) are not registered, so tonic answers them
+//! UNIMPLEMENTED.
 //!
 //! The API layer owns no state of its own: each service holds handles to the parts of the
 //! daemon that own the state.
 
+pub mod convert;
 mod daemon_service;
+mod ipam_service;
 pub mod socket;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use proto::v1::daemon_server::DaemonServer;
+use proto::v1::ipam_server::IpamServer;
+use proto::v1::nodes_server::NodesServer;
+use proto::v1::pools_server::PoolsServer;
 use tokio::sync::watch;
 use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
 use tonic::service::Routes;
@@ -144,9 +150,13 @@ async fn routes(info: DaemonInfo) -> Result<Routes, ApiError> {
         .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
         .build_v1alpha()?;
 
+    let ipam = ipam_service::IpamService::new(info.datastore.clone(), info.node.clone());
     Ok(Routes::new(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
+        .add_service(PoolsServer::new(ipam.clone()))
+        .add_service(NodesServer::new(ipam.clone()))
+        .add_service(IpamServer::new(ipam))
         .add_service(DaemonServer::new(daemon_service::DaemonService::new(info))))
 }
 

@@ -1,11 +1,12 @@
 //! `bgpctl`: the operator's CLI for bgpd, over its gRPC API on the unix socket.
 //! Human tables by default, `--json` for scripts; errors are one line on stderr and exit 1.
 
-use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use bgpd::ctl::{self, CtlError};
+use bgpd::ctl::ipam::IpamCommand;
+use bgpd::ctl::pool::PoolCommand;
+use bgpd::ctl::{self, CtlError, Output};
 use clap::{Parser, Subcommand};
 use proto::v1::GetStatusRequest;
 use proto::v1::daemon_client::DaemonClient;
@@ -28,6 +29,12 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// IP pools: add, del, ls.
+    #[command(subcommand)]
+    Pool(PoolCommand),
+    /// Addresses: show, assign, release, check, gc.
+    #[command(subcommand)]
+    Ipam(IpamCommand),
 }
 
 fn main() -> ExitCode {
@@ -58,7 +65,7 @@ fn main() -> ExitCode {
 
 async fn run(socket: PathBuf, command: Command) -> Result<(), CtlError> {
     let channel = ctl::connect_unix(&socket).await?;
-    let mut out = std::io::stdout().lock();
+    let mut out = Output::stdout();
     match command {
         Command::Status { json } => {
             let status = DaemonClient::new(channel)
@@ -66,11 +73,12 @@ async fn run(socket: PathBuf, command: Command) -> Result<(), CtlError> {
                 .await?
                 .into_inner();
             if json {
-                writeln!(out, "{}", ctl::status::to_json(&status))?;
+                out.line(&ctl::status::to_json(&status))
             } else {
-                write!(out, "{}", ctl::status::to_table(&status))?;
+                out.text(&ctl::status::to_table(&status))
             }
         }
+        Command::Pool(c) => ctl::pool::run(channel, c, &mut out).await,
+        Command::Ipam(c) => ctl::ipam::run(channel, c, &mut out).await,
     }
-    Ok(())
 }

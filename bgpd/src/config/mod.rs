@@ -43,8 +43,52 @@ pub struct Config {
     pub node: NodeConfig,
     pub api: ApiConfig,
     pub datastore: DatastoreConfig,
+    pub ipam: IpamSection,
     pub bgp: BgpConfig,
     pub log: LogConfig,
+}
+
+/// IPAM settings of this node's configuration.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct IpamSection {
+    /// Pools bgpd creates at start when no pool of that name exists (existing ones are left
+    /// as they are).
+    pub default_pools: Vec<DefaultPool>,
+}
+
+/// A pool named in the configuration, with Calico's spelling of the modes.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct DefaultPool {
+    pub name: String,
+    pub cidr: ipnet::IpNet,
+    pub block_size: Option<u8>,
+    #[serde(default)]
+    pub vxlan_mode: ipam::model::EncapMode,
+    #[serde(default)]
+    pub ipip_mode: ipam::model::EncapMode,
+    #[serde(default)]
+    pub nat_outgoing: bool,
+    #[serde(default)]
+    pub disable_bgp_export: bool,
+    #[serde(default)]
+    pub node_selector: String,
+}
+
+impl DefaultPool {
+    pub fn to_pool(&self) -> ipam::model::IpPool {
+        let mut p = ipam::model::IpPool::new(&self.name, self.cidr);
+        if let Some(size) = self.block_size {
+            p.block_size = size;
+        }
+        p.vxlan_mode = self.vxlan_mode;
+        p.ipip_mode = self.ipip_mode;
+        p.nat_outgoing = self.nat_outgoing;
+        p.disable_bgp_export = self.disable_bgp_export;
+        p.node_selector = self.node_selector.clone();
+        p
+    }
 }
 
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
@@ -56,6 +100,8 @@ pub struct NodeConfig {
     pub address: Option<Ipv4Net>,
     /// IPv6 address with prefix length.
     pub address6: Option<Ipv6Net>,
+    /// Labels that pools' node selectors match, e.g. { zone = "a" }.
+    pub labels: std::collections::BTreeMap<String, String>,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -248,6 +294,8 @@ impl Config {
                 "must not be empty (set it or give the host a name)",
             ));
         }
+        ipam::model::validate_name("node.name", &self.node.name)
+            .map_err(|e| field("node.name", e.to_string()))?;
         if self.api.socket.as_os_str().is_empty() {
             return Err(field("api.socket", "must not be empty"));
         }
@@ -256,6 +304,14 @@ impl Config {
                 "api.tcp_listen",
                 "TCP is served only with mutual TLS: set api.tls_cert, api.tls_key and api.tls_client_ca",
             ));
+        }
+        for (i, pool) in self.ipam.default_pools.iter().enumerate() {
+            pool.to_pool().validate().map_err(|e| {
+                field(
+                    "ipam.default_pools",
+                    format!("pool {} (entry {i}): {e}", pool.name),
+                )
+            })?;
         }
         if self.bgp.as_number == 0 {
             return Err(field("bgp.as", "AS 0 is reserved (RFC 7607)"));
@@ -278,8 +334,9 @@ impl Config {
 
 /// The host name, or "" when the kernel has none.
 fn hostname() -> String {
+    // Node names are lower case, as Kubernetes node names.
     std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_owned())
+        .map(|s| s.trim().to_lowercase())
         .unwrap_or_default()
 }
 

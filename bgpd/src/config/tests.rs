@@ -25,6 +25,26 @@ fn the_sample_configuration_loads() {
     assert_eq!(c.datastore.kind, DatastoreKind::Sqlite);
     assert_eq!(c.bgp.as_number, 64512);
     assert_eq!(c.bgp.router_id, Some(Ipv4Addr::new(10, 0, 0, 5)));
+    let pool = &c.ipam.default_pools[0];
+    assert_eq!(pool.cidr.to_string(), "172.20.0.0/16");
+    assert_eq!(pool.vxlan_mode, ipam::model::EncapMode::CrossSubnet);
+    assert!(pool.nat_outgoing);
+}
+
+#[test]
+fn a_bad_default_pool_is_refused_at_load() {
+    let f = write("[[ipam.default_pools]]\nname = \"p\"\ncidr = \"10.0.0.1/16\"\n");
+    let err = Config::load_with_env(Some(f.path()), env(&[("MARGAY_NODE__NAME", "n")]))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("ipam.default_pools") && err.contains("not a network address"),
+        "{err}"
+    );
+    let err = Config::load_with_env(None, env(&[("MARGAY_NODE__NAME", "Bad_Name")]))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("node.name"), "{err}");
 }
 
 #[test]

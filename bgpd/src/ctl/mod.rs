@@ -2,7 +2,10 @@
 //! turning transport and status errors into one line an operator can act on, and rendering
 //! answers as small tables or JSON.
 
+pub mod ipam;
+pub mod pool;
 pub mod status;
+pub mod table;
 
 use std::path::{Path, PathBuf};
 
@@ -15,10 +18,44 @@ pub enum CtlError {
         "cannot reach bgpd at {path}: {reason} (is bgpd running? --socket or MARGAY_API__SOCKET name another socket)"
     )]
     Unreachable { path: PathBuf, reason: String },
-    #[error("bgpd answered {code:?}: {message}")]
+    #[error("{message} ({code:?})")]
     Status { code: tonic::Code, message: String },
     #[error("cannot write the output: {0}")]
     Output(#[from] std::io::Error),
+    #[error("{0} inconsistencies found")]
+    Inconsistent(usize),
+}
+
+/// Where a command writes its answer: text for people or one JSON document.
+pub struct Output {
+    out: Box<dyn std::io::Write>,
+}
+
+impl Output {
+    pub fn stdout() -> Self {
+        Self {
+            out: Box::new(std::io::stdout().lock()),
+        }
+    }
+
+    pub fn to_writer(out: Box<dyn std::io::Write>) -> Self {
+        Self { out }
+    }
+
+    pub fn text(&mut self, text: &str) -> Result<(), CtlError> {
+        self.out.write_all(text.as_bytes())?;
+        Ok(())
+    }
+
+    pub fn line(&mut self, line: &str) -> Result<(), CtlError> {
+        writeln!(self.out, "{line}")?;
+        Ok(())
+    }
+
+    pub fn json(&mut self, value: &serde_json::Value) -> Result<(), CtlError> {
+        writeln!(self.out, "{value}")?;
+        Ok(())
+    }
 }
 
 impl From<tonic::Status> for CtlError {

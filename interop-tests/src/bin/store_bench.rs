@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand, ValueEnum};
 use interop_tests::lab;
-use ipam::store::etcd::{EtcdOptions, EtcdStore};
+use ipam::store::etcd::EtcdOptions;
 use ipam::store::sqlite::{SqliteOptions, SqliteStore, Sync};
 use ipam::store::{Datastore, Op, StoreError};
 
@@ -293,7 +293,7 @@ async fn bench(smoke: bool) -> Result<(), StoreError> {
     }
 
     let etcd = lab::etcd::EtcdCluster::start(1);
-    let store = Arc::new(EtcdStore::connect(&etcd.endpoints(), EtcdOptions::default()).await?);
+    let store = Arc::new(etcd.store(EtcdOptions::default()).await);
     bench_backend(store.clone(), "etcd (1 member)", n, &mut rows).await?;
     let l = watch_latency(store.clone(), store, "/bench/w/", watches).await?;
     latency.push(("etcd".to_string(), l));

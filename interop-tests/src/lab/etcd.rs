@@ -113,6 +113,24 @@ impl EtcdCluster {
         m.child = Some(child);
     }
 
+    /// A store on this cluster, once it answers (a new cluster elects a leader first).
+    pub async fn store(
+        &self,
+        options: ipam::store::etcd::EtcdOptions,
+    ) -> ipam::store::etcd::EtcdStore {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            match ipam::store::etcd::EtcdStore::connect(&self.endpoints(), options.clone()).await {
+                Ok(store) => return store,
+                Err(e) if Instant::now() < deadline => {
+                    let _ = e;
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => panic!("etcd at {:?} does not answer: {e}", self.endpoints()),
+            }
+        }
+    }
+
     /// Kills member `i` with SIGKILL.
     pub fn kill(&mut self, i: usize) {
         if let Some(mut child) = self.members[i].child.take() {

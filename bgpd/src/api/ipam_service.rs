@@ -1,0 +1,287 @@
+//! The `Pools`, `Nodes` and `Ipam` services: thin translations onto `ipam::allocator`, over
+//! the datastore bgpd is connected to (UNAVAILABLE while it is not).
+
+use std::collections::HashSet;
+
+use ipam::allocator::{AssignRequest, Ipam, ReleaseRequest};
+use ipam::store::{Revision, Store};
+use proto::v1 as pb;
+use proto::v1::ipam_server::Ipam as IpamApi;
+use proto::v1::nodes_server::Nodes as NodesApi;
+use proto::v1::pools_server::Pools as PoolsApi;
+use tonic::{Request, Response, Status};
+
+use super::convert::{self, invalid, parse_addr, status};
+use crate::datastore::DatastoreHandle;
+
+/// Serves the three IPAM-side services; cheap to clone.
+#[derive(Clone)]
+pub struct IpamService {
+    datastore: DatastoreHandle,
+    /// This daemon's node: the default for requests that name none.
+    node: String,
+}
+
+type Reply<T> = Result<Response<T>, Status>;
+
+impl IpamService {
+    pub fn new(datastore: DatastoreHandle, node: String) -> Self {
+        Self { datastore, node }
+    }
+
+    fn ipam(&self) -> Result<Ipam<Store>, Status> {
+        match self.datastore.store() {
+            Some(store) => Ok(Ipam::new(store)),
+            None => Err(Status::unavailable(format!(
+                "datastore {} unavailable: {:?}",
+                self.datastore.describe(),
+                self.datastore.state()
+            ))),
+        }
+    }
+
+    fn node_or_default<'a>(&'a self, node: &'a str) -> &'a str {
+        if node.is_empty() { &self.node } else { node }
+    }
+}
+
+#[tonic::async_trait]
+impl PoolsApi for IpamService {
+    async fn create_pool(&self, r: Request<pb::CreatePoolRequest>) -> Reply<pb::IpPool> {
+        let p = r
+            .into_inner()
+            .pool
+            .ok_or_else(|| invalid("pool", "missing"))?;
+        let pool = convert::pool_from(&p)?;
+        let ipam = self.ipam()?;
+        let rev = ipam.create_pool(&pool).await.map_err(status)?;
+        Ok(Response::new(convert::pool_to(&pool, rev)))
+    }
+
+    async fn update_pool(&self, r: Request<pb::UpdatePoolRequest>) -> Reply<pb::IpPool> {
+        let p = r
+            .into_inner()
+            .pool
+            .ok_or_else(|| invalid("pool", "missing"))?;
+        let pool = convert::pool_from(&p)?;
+        let expected = (p.revision != 0).then_some(Revision(p.revision));
+        let rev = self
+            .ipam()?
+            .update_pool(&pool, expected)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(convert::pool_to(&pool, rev)))
+    }
+
+    async fn delete_pool(
+        &self,
+        r: Request<pb::DeletePoolRequest>,
+    ) -> Reply<pb::DeletePoolResponse> {
+        self.ipam()?
+            .delete_pool(&r.into_inner().name)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(pb::DeletePoolResponse {}))
+    }
+
+    async fn get_pool(&self, r: Request<pb::GetPoolRequest>) -> Reply<pb::IpPool> {
+        let (pool, rev) = self
+            .ipam()?
+            .get_pool(&r.into_inner().name)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(convert::pool_to(&pool, rev)))
+    }
+
+    async fn list_pools(&self, _r: Request<pb::ListPoolsRequest>) -> Reply<pb::ListPoolsResponse> {
+        let pools = self.ipam()?.list_pools().await.map_err(status)?;
+        Ok(Response::new(pb::ListPoolsResponse {
+            pools: pools.iter().map(|(p, r)| convert::pool_to(p, *r)).collect(),
+        }))
+    }
+}
+
+#[tonic::async_trait]
+impl NodesApi for IpamService {
+    async fn register_node(&self, r: Request<pb::RegisterNodeRequest>) -> Reply<pb::Node> {
+        let n = r
+            .into_inner()
+            .node
+            .ok_or_else(|| invalid("node", "missing"))?;
+        let node = convert::node_from(&n)?;
+        let expected = (n.revision != 0).then_some(Revision(n.revision));
+        let rev = self
+            .ipam()?
+            .register_node(&node, expected)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(convert::node_to(&node, rev)))
+    }
+
+    async fn get_node(&self, r: Request<pb::GetNodeRequest>) -> Reply<pb::Node> {
+        let (node, rev) = self
+            .ipam()?
+            .get_node(&r.into_inner().name)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(convert::node_to(&node, rev)))
+    }
+
+    async fn list_nodes(&self, _r: Request<pb::ListNodesRequest>) -> Reply<pb::ListNodesResponse> {
+        let nodes = self.ipam()?.list_nodes().await.map_err(status)?;
+        Ok(Response::new(pb::ListNodesResponse {
+            nodes: nodes.iter().map(|(n, r)| convert::node_to(n, *r)).collect(),
+        }))
+    }
+
+    async fn delete_node(
+        &self,
+        r: Request<pb::DeleteNodeRequest>,
+    ) -> Reply<pb::DeleteNodeResponse> {
+        let name = r.into_inner().name;
+        let ipam = self.ipam()?;
+        ipam.get_node(&name).await.map_err(status)?;
+        let (blocks, addresses) = ipam.delete_node(&name).await.map_err(status)?;
+        Ok(Response::new(pb::DeleteNodeResponse {
+            released_blocks: blocks.iter().map(ToString::to_string).collect(),
+            released_addresses: addresses.iter().map(ToString::to_string).collect(),
+        }))
+    }
+}
+
+#[tonic::async_trait]
+impl IpamApi for IpamService {
+    async fn auto_assign(
+        &self,
+        r: Request<pb::AutoAssignRequest>,
+    ) -> Reply<pb::AutoAssignResponse> {
+        let r = r.into_inner();
+        let req = AssignRequest {
+            handle: r.handle,
+            attrs: r.attributes.into_iter().collect(),
+            num_v4: r.num_ipv4,
+            num_v6: r.num_ipv6,
+            node: self.node_or_default(&r.node).to_owned(),
+            v4_pools: r.ipv4_pools,
+            v6_pools: r.ipv6_pools,
+            use_tunnel: r.r#use == i32::from(pb::AllowedUse::Tunnel),
+            strict_affinity: r.strict_affinity,
+        };
+        let (v4, v6) = self.ipam()?.auto_assign(&req).await.map_err(status)?;
+        Ok(Response::new(pb::AutoAssignResponse {
+            ipv4: v4.iter().map(convert::allocation_to).collect(),
+            ipv6: v6.iter().map(convert::allocation_to).collect(),
+        }))
+    }
+
+    async fn assign_ip(&self, r: Request<pb::AssignIpRequest>) -> Reply<pb::Allocation> {
+        let r = r.into_inner();
+        let address = parse_addr("address", &r.address)?;
+        let attrs = r.attributes.into_iter().collect();
+        let node = self.node_or_default(&r.node).to_owned();
+        let a = self
+            .ipam()?
+            .assign_ip(address, &r.handle, &attrs, &node)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(convert::allocation_to(&a)))
+    }
+
+    async fn release_by_handle(
+        &self,
+        r: Request<pb::ReleaseByHandleRequest>,
+    ) -> Reply<pb::ReleaseResponse> {
+        let handle = r.into_inner().handle;
+        if handle.is_empty() {
+            return Err(invalid("handle", "must not be empty"));
+        }
+        let freed = self
+            .ipam()?
+            .release_by_handle(&handle)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(pb::ReleaseResponse {
+            released: freed.iter().map(ToString::to_string).collect(),
+        }))
+    }
+
+    async fn release_ips(&self, r: Request<pb::ReleaseIpsRequest>) -> Reply<pb::ReleaseResponse> {
+        let releases = r
+            .into_inner()
+            .ips
+            .into_iter()
+            .map(|ip| {
+                Ok(ReleaseRequest {
+                    address: parse_addr("address", &ip.address)?,
+                    handle: (!ip.handle.is_empty()).then_some(ip.handle),
+                    seq: (ip.sequence != 0).then_some(ip.sequence),
+                })
+            })
+            .collect::<Result<Vec<_>, Status>>()?;
+        let freed = self.ipam()?.release_ips(&releases).await.map_err(status)?;
+        Ok(Response::new(pb::ReleaseResponse {
+            released: freed.iter().map(ToString::to_string).collect(),
+        }))
+    }
+
+    async fn get_handle(&self, r: Request<pb::GetHandleRequest>) -> Reply<pb::HandleAllocations> {
+        let handle = r.into_inner().handle;
+        let allocations = self
+            .ipam()?
+            .handle_allocations(&handle)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(pb::HandleAllocations {
+            handle,
+            allocations: allocations.iter().map(convert::allocation_to).collect(),
+        }))
+    }
+
+    async fn show_blocks(
+        &self,
+        r: Request<pb::ShowBlocksRequest>,
+    ) -> Reply<pb::ShowBlocksResponse> {
+        let r = r.into_inner();
+        let (pools, blocks) = self.ipam()?.usage(&r.pool).await.map_err(status)?;
+        Ok(Response::new(pb::ShowBlocksResponse {
+            pools: pools.iter().map(convert::pool_usage_to).collect(),
+            blocks: if r.show_blocks {
+                blocks.iter().map(convert::block_usage_to).collect()
+            } else {
+                vec![]
+            },
+        }))
+    }
+
+    async fn garbage_collect(
+        &self,
+        r: Request<pb::GarbageCollectRequest>,
+    ) -> Reply<pb::GarbageCollectResponse> {
+        let r = r.into_inner();
+        let node = self.node_or_default(&r.node).to_owned();
+        let live: HashSet<String> = r.live_handles.into_iter().collect();
+        let released = self
+            .ipam()?
+            .gc(&node, &live, &r.handle_prefix, r.dry_run)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(pb::GarbageCollectResponse {
+            released: released
+                .into_iter()
+                .map(|(handle, addrs)| pb::ReleasedHandle {
+                    handle,
+                    addresses: addrs.iter().map(ToString::to_string).collect(),
+                })
+                .collect(),
+        }))
+    }
+
+    async fn check(&self, _r: Request<pb::CheckRequest>) -> Reply<pb::CheckResponse> {
+        let report = self.ipam()?.check().await.map_err(status)?;
+        Ok(Response::new(pb::CheckResponse {
+            allocations_checked: report.allocations,
+            handles_checked: report.handles,
+            problems: report.problems,
+        }))
+    }
+}

@@ -1,0 +1,71 @@
+//! What bgpd writes into the cluster state on its own: its node (name, addresses, AS, labels
+//! from the configuration, keeping what others recorded, e.g. the tunnel address) and the
+//! default pools the configuration names. Done whenever the datastore (re)connects, retried
+//! with backoff while it fails.
+
+use std::time::Duration;
+
+use ipam::IpamError;
+use ipam::allocator::Ipam;
+use ipam::model::Node;
+use ipam::store::Datastore;
+
+use crate::config::Config;
+use crate::datastore::{DatastoreHandle, DatastoreState};
+
+/// Registers the node and ensures the default pools, every time the datastore connects.
+pub async fn run(config: Config, mut datastore: DatastoreHandle) {
+    loop {
+        if let Some(store) = datastore.store() {
+            let ipam = Ipam::new(store);
+            let mut delay = Duration::from_millis(250);
+            loop {
+                match register(&config, &ipam).await {
+                    Ok(()) => break,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot register the node yet; retrying");
+                        tokio::time::sleep(delay).await;
+                        delay = (delay * 2).min(Duration::from_secs(30));
+                        if datastore.store().is_none() {
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+        // Wait for the next connection.
+        loop {
+            let state = datastore.changed().await;
+            if !datastore.is_alive() {
+                return;
+            }
+            if state == DatastoreState::Connected {
+                break;
+            }
+        }
+    }
+}
+
+/// One registration pass.
+pub async fn register<D: Datastore>(config: &Config, ipam: &Ipam<D>) -> Result<(), IpamError> {
+    let name = &config.node.name;
+    let mut node = match ipam.get_node(name).await {
+        Ok((n, _)) => n,
+        Err(IpamError::NotFound(_)) => Node::new(name),
+        Err(e) => return Err(e),
+    };
+    node.ipv4 = config.node.address;
+    node.ipv6 = config.node.address6;
+    node.asn = Some(config.bgp.as_number);
+    node.labels = config.node.labels.clone();
+    ipam.register_node(&node, None).await?;
+    tracing::info!(node = %name, "node registered");
+    for pool in &config.ipam.default_pools {
+        match ipam.create_pool(&pool.to_pool()).await {
+            Ok(_) => tracing::info!(pool = %pool.name, cidr = %pool.cidr, "default pool created"),
+            Err(IpamError::AlreadyExists(_)) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
