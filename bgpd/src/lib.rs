@@ -8,6 +8,7 @@
 //! - `ctl`: the client side used by bgpctl (and by tests).
 //! - `logging`: one line per event through `tracing`.
 //! - `registration`: this node and the configured default pools, written at start.
+//! - `routewriter`: the dataplane agent that makes the kernel match the desired state.
 
 pub mod api;
 pub mod config;
@@ -16,6 +17,7 @@ pub mod daemon;
 pub mod datastore;
 pub mod logging;
 pub mod registration;
+pub mod routewriter;
 
 /// The version of margay this binary was built from.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -2,6 +2,7 @@
 
 pub mod bgpd;
 pub mod etcd;
+pub mod netns;
 
 use std::path::PathBuf;
 

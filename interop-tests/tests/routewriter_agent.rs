@@ -1,0 +1,1522 @@
+//! routewriter against a real kernel, in network namespaces made per test: the routewriter
+//! binary runs inside a "node" namespace (`ip netns exec`), fed by a Dataplane server the test
+//! runs on a unix socket, and every result is read back with iproute2 (`ip route`, `ip -d
+//! link`, `bridge fdb`, `ip neigh`) and nft, not with routewriter's own netlink code.
+//!
+//! Topology of most tests: node namespace `n` with uplink `eth0` 10.0.0.1/24, a peer namespace
+//! `x` on the other end (10.0.0.2/24), pods in namespaces of their own behind `cali*` veths.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use interop_tests::lab::{
+    self,
+    netns::{Netns, NsProcess, VethPair},
+};
+use proto::v1::{
+    DataplaneUpdate, DesiredItem, DesiredKey, KernelRoute, LocalVtep, NatPool, RouteKind, Vtep,
+    WatchRequest,
+    dataplane_server::{Dataplane, DataplaneServer},
+    desired_item::Item,
+    desired_key::Key,
+};
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::{ReceiverStream, UnixListenerStream};
+use tonic::{Request, Response, Status};
+
+// ---------------------------------------------------------------------------------------------
+// A Dataplane server the test drives: it keeps the desired items and every change, answers a
+// watch from revision 0 with a snapshot and a watch from a known revision with what followed.
+
+#[derive(Default)]
+struct FeedState {
+    revision: u64,
+    items: BTreeMap<String, DesiredItem>,
+    history: Vec<DataplaneUpdate>,
+    watchers: Vec<mpsc::Sender<Result<DataplaneUpdate, Status>>>,
+    /// The from_revision of every watch received.
+    watches: Vec<u64>,
+}
+
+#[derive(Clone, Default)]
+struct Feed(Arc<Mutex<FeedState>>);
+
+#[tonic::async_trait]
+impl Dataplane for Feed {
+    type WatchStream = ReceiverStream<Result<DataplaneUpdate, Status>>;
+
+    async fn watch(
+        &self,
+        req: Request<WatchRequest>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        let from = req.into_inner().from_revision;
+        let (tx, rx) = mpsc::channel(4096);
+        let mut s = self.0.lock().unwrap();
+        s.watches.push(from);
+        if from > 0 && from <= s.revision {
+            for u in s.history.iter().filter(|u| u.revision > from) {
+                let _ = tx.try_send(Ok(u.clone()));
+            }
+        } else {
+            let snap = DataplaneUpdate {
+                revision: s.revision,
+                snapshot: true,
+                upsert: s.items.values().cloned().collect(),
+                remove: vec![],
+            };
+            let _ = tx.try_send(Ok(snap));
+        }
+        s.watchers.push(tx);
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}
+
+fn item_key(item: &DesiredItem) -> String {
+    match item.item.as_ref().unwrap() {
+        Item::Route(r) => format!("route:{}", r.destination),
+        Item::Vtep(v) => format!("vtep:{}", v.node),
+        Item::LocalVtep(_) => "local".into(),
+        Item::NatPool(p) => format!("pool:{}", p.cidr),
+    }
+}
+
+fn key_key(key: &DesiredKey) -> String {
+    match key.key.as_ref().unwrap() {
+        Key::Route(d) => format!("route:{d}"),
+        Key::Vtep(n) => format!("vtep:{n}"),
+        Key::LocalVtep(_) => "local".into(),
+        Key::NatPool(c) => format!("pool:{c}"),
+    }
+}
+
+impl Feed {
+    /// Records a change (a new revision) and sends it to every watcher.
+    fn publish(&self, upsert: Vec<DesiredItem>, remove: Vec<DesiredKey>) -> u64 {
+        let mut s = self.0.lock().unwrap();
+        s.revision += 1;
+        for k in &remove {
+            let k = key_key(k);
+            s.items.remove(&k);
+        }
+        for i in &upsert {
+            s.items.insert(item_key(i), i.clone());
+        }
+        let u = DataplaneUpdate {
+            revision: s.revision,
+            snapshot: false,
+            upsert,
+            remove,
+        };
+        s.history.push(u.clone());
+        s.watchers.retain(|w| w.try_send(Ok(u.clone())).is_ok());
+        s.revision
+    }
+
+    fn watches(&self) -> Vec<u64> {
+        self.0.lock().unwrap().watches.clone()
+    }
+}
+
+/// The feed served on a unix socket; stopping it drops every stream (bgpd gone).
+struct Server {
+    feed: Feed,
+    socket: PathBuf,
+    stop: Option<oneshot::Sender<()>>,
+    /// Keeps the runtime that serves alive.
+    _rt: Arc<tokio::runtime::Runtime>,
+}
+
+impl Server {
+    fn start(rt: Arc<tokio::runtime::Runtime>, socket: &Path, feed: Feed) -> Server {
+        let _ = std::fs::remove_file(socket);
+        let listener = {
+            let _g = rt.enter();
+            tokio::net::UnixListener::bind(socket).unwrap()
+        };
+        let (stop, stopped) = oneshot::channel::<()>();
+        let svc = DataplaneServer::new(feed.clone());
+        rt.spawn(async move {
+            let _ = tonic::transport::Server::builder()
+                .add_service(svc)
+                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async {
+                    let _ = stopped.await;
+                })
+                .await;
+        });
+        Server {
+            feed,
+            socket: socket.to_owned(),
+            stop: Some(stop),
+            _rt: rt,
+        }
+    }
+
+    /// Stops serving and ends the open streams.
+    fn stop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(());
+        }
+        self.feed.0.lock().unwrap().watchers.clear();
+        let _ = std::fs::remove_file(&self.socket);
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Desired items
+
+fn route(dest: &str, kind: RouteKind, gw: &str, dev: &str, onlink: bool) -> DesiredItem {
+    DesiredItem {
+        item: Some(Item::Route(KernelRoute {
+            destination: dest.into(),
+            kind: kind as i32,
+            gateway: gw.into(),
+            device: dev.into(),
+            onlink,
+            source: "test".into(),
+        })),
+    }
+}
+
+fn blackhole(dest: &str) -> DesiredItem {
+    route(dest, RouteKind::Blackhole, "", "", false)
+}
+
+fn workload(dest: &str, dev: &str) -> DesiredItem {
+    route(dest, RouteKind::Workload, "", dev, false)
+}
+
+fn vxlan(dest: &str, tunnel: &str) -> DesiredItem {
+    route(dest, RouteKind::Vxlan, tunnel, "", true)
+}
+
+fn local_vtep(underlay: &str, tunnel: &str) -> DesiredItem {
+    DesiredItem {
+        item: Some(Item::LocalVtep(LocalVtep {
+            underlay_address: underlay.into(),
+            mac: String::new(),
+            tunnel_address: tunnel.into(),
+            vni: 0,
+            port: 0,
+            mtu: 0,
+        })),
+    }
+}
+
+fn vtep(node: &str, underlay: &str, tunnel: &str) -> DesiredItem {
+    DesiredItem {
+        item: Some(Item::Vtep(Vtep {
+            node: node.into(),
+            underlay_address: underlay.into(),
+            mac: mac_of(node),
+            tunnel_address: tunnel.into(),
+        })),
+    }
+}
+
+fn pool(cidr: &str, nat: bool) -> DesiredItem {
+    DesiredItem {
+        item: Some(Item::NatPool(NatPool {
+            cidr: cidr.into(),
+            nat_outgoing: nat,
+        })),
+    }
+}
+
+fn rm_route(dest: &str) -> DesiredKey {
+    DesiredKey {
+        key: Some(Key::Route(dest.into())),
+    }
+}
+
+fn mac_of(node: &str) -> String {
+    bgpd::routewriter::mac::format_mac(&bgpd::routewriter::mac::vtep_mac(node))
+}
+
+// ---------------------------------------------------------------------------------------------
+// The node: namespaces, the routewriter process, its status
+
+const METRICS: &str = "127.0.0.1:9464";
+
+struct Node {
+    name: String,
+    ns: Netns,
+    dir: tempfile::TempDir,
+    rw: Option<NsProcess>,
+    runs: usize,
+}
+
+impl Node {
+    fn new(short: &str, node_name: &str) -> Node {
+        Node {
+            name: node_name.to_owned(),
+            ns: Netns::new(short).unwrap(),
+            dir: tempfile::tempdir().unwrap(),
+            rw: None,
+            runs: 0,
+        }
+    }
+
+    fn config(&self, socket: &Path, extra: &str) -> PathBuf {
+        let path = self.dir.path().join("routewriter.toml");
+        std::fs::write(
+            &path,
+            format!(
+                "[node]\nname = \"{}\"\n[log]\nlevel = \"debug\"\n[routewriter]\nsocket = \"{}\"\n\
+                 metrics_listen = \"{METRICS}\"\n{extra}",
+                self.name,
+                socket.display()
+            ),
+        )
+        .unwrap();
+        path
+    }
+
+    /// Starts routewriter inside the namespace; its log goes to `routewriter.<n>.log`.
+    fn start(&mut self, socket: &Path, extra: &str) {
+        let config = self.config(socket, extra);
+        self.runs += 1;
+        let log = std::fs::File::create(self.log_path(self.runs)).unwrap();
+        let mut cmd = self.ns.command(lab::binary("routewriter"));
+        cmd.arg("--config")
+            .arg(&config)
+            .stdout(Stdio::null())
+            .stderr(log);
+        for (k, _) in std::env::vars_os() {
+            if k.to_string_lossy().starts_with("MARGAY_") {
+                cmd.env_remove(k);
+            }
+        }
+        self.rw = Some(self.ns.spawn(&mut cmd).unwrap());
+    }
+
+    fn log_path(&self, run: usize) -> PathBuf {
+        self.dir.path().join(format!("routewriter.{run}.log"))
+    }
+
+    fn log(&self) -> String {
+        (1..=self.runs)
+            .map(|r| std::fs::read_to_string(self.log_path(r)).unwrap_or_default())
+            .collect::<Vec<_>>()
+            .join("\n----- restart -----\n")
+    }
+
+    /// routewriter's `/status`, read from inside the namespace.
+    fn status(&self) -> Option<serde_json::Value> {
+        let body = self.http("/status")?;
+        serde_json::from_str(&body).ok()
+    }
+
+    fn metrics(&self) -> String {
+        self.http("/metrics").unwrap_or_default()
+    }
+
+    fn http(&self, path: &str) -> Option<String> {
+        self.ns
+            .run_in(|| {
+                let addr: SocketAddr = METRICS.parse().unwrap();
+                let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
+                s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+                write!(s, "GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").ok()?;
+                let mut out = String::new();
+                s.read_to_string(&mut out).ok()?;
+                out.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())
+            })
+            .ok()
+            .flatten()
+    }
+
+    /// Waits until routewriter reports `revision` applied and the kernel synced.
+    fn wait_synced(&self, revision: u64) -> serde_json::Value {
+        let mut last = None;
+        let ok = wait_until(Duration::from_secs(20), || {
+            last = self.status();
+            last.as_ref()
+                .is_some_and(|s| s["synced"] == true && s["revision"] == revision)
+        });
+        assert!(
+            ok,
+            "routewriter did not sync to revision {revision}: {last:?}\n{}",
+            self.log()
+        );
+        last.unwrap()
+    }
+
+    fn ip(&self, args: &[&str]) -> String {
+        self.ns
+            .ip(args)
+            .unwrap_or_else(|e| panic!("{e}\n{}", self.log()))
+    }
+
+    fn stop(&mut self) -> Option<std::process::ExitStatus> {
+        let mut rw = self.rw.take()?;
+        rw.signal_and_wait(libc::SIGTERM, Duration::from_secs(10))
+    }
+}
+
+fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if f() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Lines of iproute2 output, trimmed, sorted.
+fn lines(s: &str) -> Vec<String> {
+    let mut v: Vec<String> = s
+        .lines()
+        .map(|l| l.trim().to_owned())
+        .filter(|l| !l.is_empty())
+        .collect();
+    v.sort();
+    v
+}
+
+fn runtime() -> Arc<tokio::runtime::Runtime> {
+    Arc::new(
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap(),
+    )
+}
+
+/// Node `n` (eth0 10.0.0.1/24) and peer `x` (eth0 10.0.0.2/24).
+fn node_and_peer() -> (Node, Netns, VethPair) {
+    let node = Node::new("n", "node-a");
+    let x = Netns::new("x").unwrap();
+    let veth = VethPair::new(&node.ns, "eth0", &x, "eth0").unwrap();
+    node.ns
+        .ip(&["addr", "add", "10.0.0.1/24", "dev", "eth0"])
+        .unwrap();
+    x.ip(&["addr", "add", "10.0.0.2/24", "dev", "eth0"])
+        .unwrap();
+    // A host has a default route; proxy ARP for 169.254.1.1 needs one.
+    node.ns
+        .ip(&["route", "add", "default", "via", "10.0.0.2"])
+        .unwrap();
+    (node, x, veth)
+}
+
+/// A pod namespace with `eth0` = `addr`/32 behind `cali` in the node, default via 169.254.1.1
+/// (the CNI plugin's wiring).
+fn pod(node: &Netns, short: &str, cali: &str, addr: &str) -> (Netns, VethPair) {
+    let p = Netns::new(short).unwrap();
+    let veth = VethPair::new(node, cali, &p, "eth0").unwrap();
+    p.ip(&["addr", "add", &format!("{addr}/32"), "dev", "eth0"])
+        .unwrap();
+    p.ip(&[
+        "route",
+        "add",
+        "169.254.1.1",
+        "dev",
+        "eth0",
+        "scope",
+        "link",
+    ])
+    .unwrap();
+    p.ip(&[
+        "route",
+        "add",
+        "default",
+        "via",
+        "169.254.1.1",
+        "dev",
+        "eth0",
+    ])
+    .unwrap();
+    (p, veth)
+}
+
+/// One TCP connection from namespace `from` to `to_addr:port` served in `to`; the source
+/// address the listener saw.
+fn tcp_source(from: &Netns, to: &Netns, to_addr: Ipv4Addr, port: u16) -> Result<Ipv4Addr, String> {
+    let listener = to
+        .run_in(|| TcpListener::bind((to_addr, port)))
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    listener.set_nonblocking(false).unwrap();
+    let accept = std::thread::spawn(move || {
+        let (mut s, peer) = listener.accept().map_err(|e| e.to_string())?;
+        let _ = s.write_all(b"hi");
+        Ok::<_, String>(peer)
+    });
+    let connected = from
+        .run_in(|| {
+            let mut s = TcpStream::connect_timeout(
+                &SocketAddr::from((to_addr, port)),
+                Duration::from_secs(3),
+            )
+            .map_err(|e| e.to_string())?;
+            let mut buf = [0u8; 2];
+            s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
+            s.read_exact(&mut buf).map_err(|e| e.to_string())?;
+            Ok::<_, String>(())
+        })
+        .map_err(|e| e.to_string())?;
+    if let Err(e) = connected {
+        // Unblock the accept with a local connection so the thread ends.
+        let _ = to.run_in(|| TcpStream::connect((to_addr, port)));
+        let _ = accept.join();
+        return Err(e);
+    }
+    match accept.join().unwrap()? {
+        SocketAddr::V4(a) => Ok(*a.ip()),
+        other => Err(format!("unexpected peer {other}")),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tests
+
+/// Every route kind, the VXLAN device, its FDB and neighbour entries, exactly as iproute2
+/// shows them; the workload interface's sysctls and forwarding.
+#[test]
+fn every_route_kind_as_iproute2_shows_it() {
+    let rt = runtime();
+    let (mut node, _x, _uplink) = node_and_peer();
+    let (_p, _pv) = pod(&node.ns, "p", "cali0123456789a", "10.65.0.5");
+    let feed = Feed::default();
+    feed.publish(
+        vec![
+            pool("10.65.0.0/16", true),
+            local_vtep("10.0.0.1", "10.65.0.0"),
+            vtep("node-b", "10.0.0.3", "10.65.2.0"),
+            blackhole("10.65.0.0/26"),
+            workload("10.65.0.5/32", "cali0123456789a"),
+            route("10.65.1.0/26", RouteKind::Gateway, "10.0.0.2", "eth0", true),
+            vxlan("10.65.2.0/26", "10.65.2.0"),
+            route("10.65.3.0/26", RouteKind::Gateway, "10.0.0.2", "", false),
+        ],
+        vec![],
+    );
+    let socket = node.dir.path().join("bgpd.sock");
+    let _server = Server::start(rt.clone(), &socket, feed.clone());
+    node.start(&socket, "");
+    let status = node.wait_synced(1);
+    assert_eq!(status["routes_failing"], 0, "{status}");
+
+    assert_eq!(
+        lines(&node.ip(&["route", "show", "proto", "80"])),
+        lines(
+            "10.65.0.5 dev cali0123456789a scope link\n\
+             10.65.1.0/26 via 10.0.0.2 dev eth0 onlink\n\
+             10.65.2.0/26 via 10.65.2.0 dev vxlan.calico onlink\n\
+             10.65.3.0/26 via 10.0.0.2 dev eth0\n\
+             blackhole 10.65.0.0/26"
+        ),
+        "{}",
+        node.log()
+    );
+    let link = node.ip(&["-d", "link", "show", "vxlan.calico"]);
+    let mac = mac_of("node-a");
+    assert!(link.contains("mtu 1450 "), "uplink 1500 - 50: {link}");
+    assert!(link.contains(&format!("link/ether {mac} ")), "{link}");
+    assert!(
+        link.contains("vxlan id 4096 local 10.0.0.1 dev eth0 srcport 0 0 dstport 4789 nolearning"),
+        "{link}"
+    );
+    assert!(link.contains(",UP,"), "{link}");
+    let addr = node.ip(&["-4", "addr", "show", "dev", "vxlan.calico"]);
+    assert!(addr.contains("inet 10.65.0.0/32 "), "{addr}");
+    let fdb = node
+        .ns
+        .exec("bridge", &["fdb", "show", "dev", "vxlan.calico"])
+        .unwrap();
+    assert_eq!(
+        lines(&fdb),
+        vec![format!("{} dst 10.0.0.3 self permanent", mac_of("node-b"))]
+    );
+    let neigh = node.ip(&["neigh", "show", "dev", "vxlan.calico"]);
+    assert_eq!(
+        lines(&neigh),
+        vec![format!("10.65.2.0 lladdr {} PERMANENT", mac_of("node-b"))]
+    );
+    for (path, want) in [
+        ("/proc/sys/net/ipv4/ip_forward", "1"),
+        ("/proc/sys/net/ipv4/conf/cali0123456789a/proxy_arp", "1"),
+        ("/proc/sys/net/ipv4/conf/cali0123456789a/forwarding", "1"),
+        (
+            "/proc/sys/net/ipv4/conf/cali0123456789a/route_localnet",
+            "1",
+        ),
+        ("/proc/sys/net/ipv4/neigh/cali0123456789a/proxy_delay", "0"),
+    ] {
+        assert_eq!(node.ns.exec("cat", &[path]).unwrap().trim(), want, "{path}");
+    }
+    let m = node.metrics();
+    assert!(m.contains("routewriter_routes{kind=\"vxlan\"} 1\n"), "{m}");
+    assert!(
+        m.contains("routewriter_routes{kind=\"gateway\"} 2\n"),
+        "{m}"
+    );
+    assert_eq!(
+        node.stop().map(|s| s.success()),
+        Some(true),
+        "SIGTERM exits 0"
+    );
+}
+
+/// Changes after the snapshot are applied as they come: a new gateway, a removal, a new VTEP,
+/// a moved VTEP, and the device's MTU from the stream.
+#[test]
+fn changes_follow_the_stream() {
+    let rt = runtime();
+    let (mut node, _x, _uplink) = node_and_peer();
+    let feed = Feed::default();
+    feed.publish(
+        vec![
+            local_vtep("10.0.0.1", "10.65.0.0"),
+            vtep("node-b", "10.0.0.3", "10.65.2.0"),
+            vxlan("10.65.2.0/26", "10.65.2.0"),
+            route("10.65.1.0/26", RouteKind::Gateway, "10.0.0.2", "eth0", true),
+            blackhole("10.65.0.0/26"),
+        ],
+        vec![],
+    );
+    let socket = node.dir.path().join("bgpd.sock");
+    let _server = Server::start(rt.clone(), &socket, feed.clone());
+    node.start(&socket, "resync_interval_s = 600\n");
+    node.wait_synced(1);
+    feed.publish(
+        vec![
+            route("10.65.1.0/26", RouteKind::Gateway, "10.0.0.3", "eth0", true),
+            vtep("node-c", "10.0.0.4", "10.65.3.0"),
+            vxlan("10.65.3.0/26", "10.65.3.0"),
+            vtep("node-b", "10.0.0.5", "10.65.2.0"),
+        ],
+        vec![rm_route("10.65.0.0/26")],
+    );
+    let mut local = match local_vtep("10.0.0.1", "10.65.0.0").item {
+        Some(Item::LocalVtep(l)) => l,
+        _ => unreachable!(),
+    };
+    local.mtu = 1400;
+    let rev = feed.publish(
+        vec![DesiredItem {
+            item: Some(Item::LocalVtep(local)),
+        }],
+        vec![],
+    );
+    node.wait_synced(rev);
+    assert_eq!(
+        lines(&node.ip(&["route", "show", "proto", "80"])),
+        lines(
+            "10.65.1.0/26 via 10.0.0.3 dev eth0 onlink\n\
+             10.65.2.0/26 via 10.65.2.0 dev vxlan.calico onlink\n\
+             10.65.3.0/26 via 10.65.3.0 dev vxlan.calico onlink"
+        ),
+        "{}",
+        node.log()
+    );
+    let fdb = node
+        .ns
+        .exec("bridge", &["fdb", "show", "dev", "vxlan.calico"])
+        .unwrap();
+    assert_eq!(
+        lines(&fdb),
+        lines(&format!(
+            "{} dst 10.0.0.5 self permanent\n{} dst 10.0.0.4 self permanent",
+            mac_of("node-b"),
+            mac_of("node-c")
+        ))
+    );
+    assert!(
+        node.ip(&["link", "show", "vxlan.calico"])
+            .contains("mtu 1400 ")
+    );
+    // Everything went: nothing of ours is left (the device goes with the local VTEP).
+    let rev = feed.publish(
+        vec![],
+        vec![
+            rm_route("10.65.1.0/26"),
+            rm_route("10.65.2.0/26"),
+            rm_route("10.65.3.0/26"),
+            DesiredKey {
+                key: Some(Key::LocalVtep(true)),
+            },
+        ],
+    );
+    node.wait_synced(rev);
+    assert_eq!(node.ip(&["route", "show", "proto", "80"]).trim(), "");
+    assert!(
+        node.ns.ip(&["link", "show", "vxlan.calico"]).is_err(),
+        "device removed"
+    );
+}
+
+/// Drift made by hand is repaired through the netlink watch (the periodic resync is 10
+/// minutes away): a deleted route, a changed next hop (with and without protocol 80), a
+/// deleted FDB entry, a deleted neighbour, the device's MTU, the device itself, and a stray
+/// route of our protocol.
+#[test]
+fn drift_is_repaired_at_once() {
+    let rt = runtime();
+    let (mut node, _x, _uplink) = node_and_peer();
+    let feed = Feed::default();
+    feed.publish(
+        vec![
+            local_vtep("10.0.0.1", "10.65.0.0"),
+            vtep("node-b", "10.0.0.3", "10.65.2.0"),
+            vxlan("10.65.2.0/26", "10.65.2.0"),
+            route("10.65.1.0/26", RouteKind::Gateway, "10.0.0.2", "eth0", true),
+            blackhole("10.65.0.0/26"),
+        ],
+        vec![],
+    );
+    let socket = node.dir.path().join("bgpd.sock");
+    let _server = Server::start(rt.clone(), &socket, feed.clone());
+    node.start(&socket, "resync_interval_s = 600\n");
+    node.wait_synced(1);
+    let want_routes = node.ip(&["route", "show", "proto", "80"]);
+    let want_fdb = node
+        .ns
+        .exec("bridge", &["fdb", "show", "dev", "vxlan.calico"])
+        .unwrap();
+    let want_neigh = node.ip(&["neigh", "show", "dev", "vxlan.calico"]);
+    let b = mac_of("node-b");
+    let routes_ok =
+        |n: &Node| lines(&n.ip(&["route", "show", "proto", "80"])) == lines(&want_routes);
+    let cases: Vec<(&str, Vec<Vec<&str>>)> = vec![
+        (
+            "delete a route",
+            vec![vec!["ip", "route", "del", "10.65.1.0/26"]],
+        ),
+        (
+            "change a next hop, keeping proto 80",
+            vec![vec![
+                "ip",
+                "route",
+                "change",
+                "10.65.1.0/26",
+                "via",
+                "10.0.0.9",
+                "dev",
+                "eth0",
+                "onlink",
+                "proto",
+                "80",
+            ]],
+        ),
+        (
+            "change a next hop by hand (proto boot)",
+            vec![vec![
+                "ip",
+                "route",
+                "replace",
+                "10.65.2.0/26",
+                "via",
+                "10.0.0.9",
+                "dev",
+                "eth0",
+                "onlink",
+            ]],
+        ),
+        (
+            "replace a blackhole",
+            vec![vec![
+                "ip",
+                "route",
+                "replace",
+                "unreachable",
+                "10.65.0.0/26",
+                "proto",
+                "80",
+            ]],
+        ),
+        (
+            "add a stray route of our protocol",
+            vec![vec![
+                "ip",
+                "route",
+                "add",
+                "10.99.0.0/24",
+                "via",
+                "10.0.0.2",
+                "proto",
+                "80",
+            ]],
+        ),
+        (
+            "delete the FDB entry",
+            vec![vec![
+                "bridge",
+                "fdb",
+                "del",
+                &b,
+                "dev",
+                "vxlan.calico",
+                "dst",
+                "10.0.0.3",
+                "self",
+            ]],
+        ),
+        (
+            "delete the neighbour entry",
+            vec![vec![
+                "ip",
+                "neigh",
+                "del",
+                "10.65.2.0",
+                "dev",
+                "vxlan.calico",
+            ]],
+        ),
+        (
+            "set the device's MTU",
+            vec![vec!["ip", "link", "set", "vxlan.calico", "mtu", "1400"]],
+        ),
+        (
+            "take the device down",
+            vec![vec!["ip", "link", "set", "vxlan.calico", "down"]],
+        ),
+        (
+            "delete the device",
+            vec![vec!["ip", "link", "del", "vxlan.calico"]],
+        ),
+    ];
+    for (what, commands) in cases {
+        let before = node.metrics();
+        for c in &commands {
+            node.ns
+                .exec(c[0], &c[1..])
+                .unwrap_or_else(|e| panic!("{what}: {e}"));
+        }
+        let started = Instant::now();
+        let repaired = wait_until(Duration::from_secs(5), || {
+            routes_ok(&node)
+                && lines(
+                    &node
+                        .ns
+                        .exec("bridge", &["fdb", "show", "dev", "vxlan.calico"])
+                        .unwrap_or_default(),
+                ) == lines(&want_fdb)
+                && lines(
+                    &node
+                        .ns
+                        .ip(&["neigh", "show", "dev", "vxlan.calico"])
+                        .unwrap_or_default(),
+                ) == lines(&want_neigh)
+                && node
+                    .ns
+                    .ip(&["link", "show", "vxlan.calico"])
+                    .is_ok_and(|l| l.contains("mtu 1450 ") && l.contains(",UP,"))
+        });
+        assert!(
+            repaired,
+            "{what}: not repaired\nroutes:\n{}\nfdb:\n{}\nneigh:\n{}\nbefore:\n{before}\n{}",
+            node.ip(&["route", "show", "proto", "80"]),
+            node.ns
+                .exec("bridge", &["fdb", "show", "dev", "vxlan.calico"])
+                .unwrap_or_default(),
+            node.ns
+                .ip(&["neigh", "show", "dev", "vxlan.calico"])
+                .unwrap_or_default(),
+            node.log()
+        );
+        eprintln!("{what}: repaired in {:?}", started.elapsed());
+        // Nothing else of ours: the stray route is gone too.
+        assert!(!node.ip(&["route"]).contains("10.99.0.0"), "{what}");
+    }
+    let m = node.metrics();
+    for object in ["route", "fdb", "neigh", "device"] {
+        assert!(
+            m.contains(&format!(
+                "routewriter_corrections_total{{object=\"{object}\"}}"
+            )),
+            "{object}: {m}"
+        );
+    }
+}
+
+/// Routes of other protocols stay, also inside the pools' range and across resyncs and
+/// snapshots; the same for other tables.
+#[test]
+fn routes_of_other_protocols_are_left_alone() {
+    let rt = runtime();
+    let (mut node, _x, _uplink) = node_and_peer();
+    let foreign = [
+        vec![
+            "route",
+            "add",
+            "10.65.0.128/26",
+            "via",
+            "10.0.0.2",
+            "proto",
+            "static",
+        ],
+        vec!["route", "add", "10.65.0.7/32", "dev", "eth0"],
+        vec![
+            "route",
+            "add",
+            "10.65.1.0/26",
+            "via",
+            "10.0.0.2",
+            "metric",
+            "100",
+            "proto",
+            "bird",
+        ],
+        vec![
+            "route",
+            "add",
+            "10.65.5.0/26",
+            "via",
+            "10.0.0.2",
+            "table",
+            "100",
+            "proto",
+            "80",
+        ],
+        vec![
+            "route",
+            "add",
+            "blackhole",
+            "10.66.0.0/24",
+            "proto",
+            "static",
+        ],
+    ];
+    for args in &foreign {
+        node.ip(args);
+    }
+    let before_static = node.ip(&["route", "show", "proto", "static"]);
+    let before_all = node.ip(&["route", "show", "table", "all"]);
+    let feed = Feed::default();
+    feed.publish(
+        vec![
+            blackhole("10.65.0.0/26"),
+            route("10.65.1.0/26", RouteKind::Gateway, "10.0.0.2", "eth0", true),
+        ],
+        vec![],
+    );
+    let socket = node.dir.path().join("bgpd.sock");
+    let _server = Server::start(rt.clone(), &socket, feed.clone());
+    node.start(&socket, "resync_interval_s = 1\n");
+    node.wait_synced(1);
+    // Several periodic resyncs and a change.
+    let rev = feed.publish(
+        vec![blackhole("10.65.9.0/26")],
+        vec![rm_route("10.65.0.0/26")],
+    );
+    node.wait_synced(rev);
+    let resyncs = |n: &Node| {
+        n.status()
+            .map(|s| s["resyncs"].as_u64().unwrap_or(0))
+            .unwrap_or(0)
+    };
+    let start = resyncs(&node);
+    assert!(
+        wait_until(Duration::from_secs(10), || resyncs(&node) >= start + 3),
+        "{}",
+        node.log()
+    );
+    assert_eq!(
+        node.ip(&["route", "show", "proto", "static"]),
+        before_static
+    );
+    let after_all = node.ip(&["route", "show", "table", "all"]);
+    for line in before_all.lines() {
+        if line.contains("proto 80") && !line.contains("table 100") {
+            continue; // ours
+        }
+        assert!(
+            after_all.contains(line),
+            "foreign route gone: {line}\n{after_all}"
+        );
+    }
+    assert_eq!(
+        lines(&node.ip(&["route", "show", "proto", "80"])),
+        lines("10.65.1.0/26 via 10.0.0.2 dev eth0 onlink\nblackhole 10.65.9.0/26")
+    );
+}
+
+/// SIGTERM leaves everything in place; a restart with nothing changed makes no write at all
+/// (counted by routewriter, and `ip monitor` sees no event).
+#[test]
+fn restart_with_nothing_changed_writes_nothing() {
+    let rt = runtime();
+    let (mut node, _x, _uplink) = node_and_peer();
+    let (_p, _pv) = pod(&node.ns, "p", "cali0123456789a", "10.65.0.5");
+    let feed = Feed::default();
+    feed.publish(
+        vec![
+            pool("10.65.0.0/16", true),
+            pool("10.70.0.0/16", false),
+            local_vtep("10.0.0.1", "10.65.0.0"),
+            vtep("node-b", "10.0.0.3", "10.65.2.0"),
+            vtep("node-c", "10.0.0.4", "10.65.3.0"),
+            vxlan("10.65.2.0/26", "10.65.2.0"),
+            vxlan("10.65.3.0/26", "10.65.3.0"),
+            blackhole("10.65.0.0/26"),
+            workload("10.65.0.5/32", "cali0123456789a"),
+            route("10.65.1.0/26", RouteKind::Gateway, "10.0.0.2", "eth0", true),
+        ],
+        vec![],
+    );
+    let socket = node.dir.path().join("bgpd.sock");
+    let _server = Server::start(rt.clone(), &socket, feed.clone());
+    node.start(&socket, "");
+    let first = node.wait_synced(1);
+    assert!(first["netlink_writes"].as_u64().unwrap() > 0, "{first}");
+    assert!(first["nft_writes"].as_u64().unwrap() > 0, "{first}");
+    let state = |n: &Node| {
+        (
+            n.ip(&["route", "show", "proto", "80"]),
+            n.ip(&["-d", "link", "show", "vxlan.calico"]),
+            n.ns.exec("bridge", &["fdb", "show", "dev", "vxlan.calico"])
+                .unwrap(),
+            n.ip(&["neigh", "show", "dev", "vxlan.calico"]),
+            n.ns.exec("nft", &["list", "table", "ip", "margay"])
+                .unwrap(),
+        )
+    };
+    let before = state(&node);
+    assert_eq!(
+        node.stop().map(|s| s.success()),
+        Some(true),
+        "{}",
+        node.log()
+    );
+    assert_eq!(state(&node), before, "SIGTERM left everything in place");
+
+    // iproute2's own witnesses: IPv4 routes, links, neighbours, addresses, and the FDB.
+    // (IPv4 only: the kernel's IPv6 autoconfiguration of the test's links may finish now.)
+    let watch = |args: &[&str], file: &str| {
+        let log = node.dir.path().join(file);
+        let cmd = node.ns.command(args[0]);
+        let mut cmd = cmd;
+        cmd.args(&args[1..])
+            .stdout(std::fs::File::create(&log).unwrap());
+        (node.ns.spawn(&mut cmd).unwrap(), log)
+    };
+    let (mut ip_mon, ip_log) = watch(
+        &["ip", "-4", "monitor", "route", "link", "neigh", "address"],
+        "ip.log",
+    );
+    let (mut fdb_mon, fdb_log) = watch(&["bridge", "monitor", "fdb"], "fdb.log");
+    std::thread::sleep(Duration::from_millis(300));
+    node.start(&socket, "");
+    let second = node.wait_synced(1);
+    std::thread::sleep(Duration::from_millis(500));
+    ip_mon.signal_and_wait(libc::SIGTERM, Duration::from_secs(5));
+    fdb_mon.signal_and_wait(libc::SIGTERM, Duration::from_secs(5));
+    for counter in ["netlink_writes", "nft_writes", "sysctl_writes"] {
+        assert_eq!(
+            second[counter],
+            0,
+            "{counter} after a restart: {second}\n{}",
+            node.log()
+        );
+    }
+    for log in [ip_log, fdb_log] {
+        let events: Vec<String> = std::fs::read_to_string(&log)
+            .unwrap()
+            .lines()
+            .filter(|l| !l.contains("inet6") && !l.contains("fe80:"))
+            .map(str::to_owned)
+            .collect();
+        assert!(
+            events.iter().all(|l| l.trim().is_empty()),
+            "iproute2 saw changes during the restart: {events:?}"
+        );
+    }
+    assert_eq!(state(&node), before);
+}
+
+/// natOutgoing: a pod reaches an outside namespace as the node's address; pod to pod keeps
+/// the pod's address; a pool change updates set elements and leaves the rule alone.
+#[test]
+fn nat_outgoing_masquerades_to_the_outside_only() {
+    let rt = runtime();
+    let (mut node, x, _uplink) = node_and_peer();
+    let (p1, _v1) = pod(&node.ns, "p1", "cali1111111111a", "10.65.0.5");
+    let (p2, _v2) = pod(&node.ns, "p2", "cali2222222222b", "10.65.0.6");
+    let feed = Feed::default();
+    feed.publish(
+        vec![
+            pool("10.65.0.0/16", true),
+            blackhole("10.65.0.0/26"),
+            workload("10.65.0.5/32", "cali1111111111a"),
+            workload("10.65.0.6/32", "cali2222222222b"),
+        ],
+        vec![],
+    );
+    let socket = node.dir.path().join("bgpd.sock");
+    let _server = Server::start(rt.clone(), &socket, feed.clone());
+    node.start(&socket, "");
+    node.wait_synced(1);
+    let table = node
+        .ns
+        .exec("nft", &["list", "table", "ip", "margay"])
+        .unwrap();
+    assert!(table.contains("elements = { 10.65.0.0/16 }"), "{table}");
+    assert!(
+        table.contains("type nat hook postrouting priority srcnat; policy accept;"),
+        "{table}"
+    );
+    assert!(
+        table.contains("ip saddr @masq-pools ip daddr != @all-pools masquerade fully-random"),
+        "{table}"
+    );
+    let outside = Ipv4Addr::new(10, 0, 0, 2);
+    assert_eq!(
+        tcp_source(&p1, &x, outside, 8080),
+        Ok(Ipv4Addr::new(10, 0, 0, 1)),
+        "{}",
+        node.log()
+    );
+    assert_eq!(
+        tcp_source(&p1, &p2, Ipv4Addr::new(10, 65, 0, 6), 8081),
+        Ok(Ipv4Addr::new(10, 65, 0, 5))
+    );
+    // A pool change: set elements change, the rule (its handle) does not.
+    let handle = |n: &Node| {
+        let t =
+            n.ns.exec(
+                "nft",
+                &["-a", "list", "chain", "ip", "margay", "nat-outgoing"],
+            )
+            .unwrap();
+        t.lines()
+            .find(|l| l.contains("masquerade"))
+            .and_then(|l| l.rsplit("# handle ").next().map(str::to_owned))
+            .unwrap()
+    };
+    let h = handle(&node);
+    let rev = feed.publish(
+        vec![pool("10.70.0.0/16", false), pool("10.65.0.0/16", false)],
+        vec![],
+    );
+    node.wait_synced(rev);
+    let table = node
+        .ns
+        .exec("nft", &["list", "table", "ip", "margay"])
+        .unwrap();
+    assert!(table.contains("10.65.0.0/16, 10.70.0.0/16"), "{table}");
+    assert_eq!(handle(&node), h);
+    // natOutgoing off: the outside sees the pod's address, and cannot answer it (no route
+    // back), so the connection fails.
+    assert!(tcp_source(&p1, &x, outside, 8082).is_err());
+}
+
+/// IPIP routes fail with a message that names the missing kernel feature; everything else
+/// is programmed all the same.
+#[test]
+fn ipip_routes_fail_clearly_and_the_rest_works() {
+    let rt = runtime();
+    let (mut node, _x, _uplink) = node_and_peer();
+    let feed = Feed::default();
+    feed.publish(
+        vec![
+            blackhole("10.65.0.0/26"),
+            route("10.65.4.0/26", RouteKind::Ipip, "10.0.0.2", "", true),
+            route("10.65.1.0/26", RouteKind::Gateway, "10.0.0.2", "eth0", true),
+        ],
+        vec![],
+    );
+    let socket = node.dir.path().join("bgpd.sock");
+    let _server = Server::start(rt.clone(), &socket, feed.clone());
+    node.start(&socket, "");
+    let status = node.wait_synced(1);
+    assert_eq!(
+        lines(&node.ip(&["route", "show", "proto", "80"])),
+        lines("10.65.1.0/26 via 10.0.0.2 dev eth0 onlink\nblackhole 10.65.0.0/26")
+    );
+    let err = status["last_error"].as_str().unwrap_or_default();
+    assert!(
+        err.contains(
+            "kernel has no ipip support (module ipip): pools in IPIP mode cannot be programmed"
+        ),
+        "{status}"
+    );
+    assert_eq!(status["routes_unsupported"]["ipip"], 1, "{status}");
+    assert!(
+        node.log()
+            .contains("kernel has no ipip support (module ipip)")
+    );
+    let m = node.metrics();
+    assert!(
+        m.contains("routewriter_routes_unsupported{feature=\"ipip\"} 1"),
+        "{m}"
+    );
+    // The operator's view: `routewriter status` asks the running agent.
+    let config = node.dir.path().join("routewriter.toml");
+    let shown = node
+        .ns
+        .exec(
+            lab::binary("routewriter").to_str().unwrap(),
+            &["--config", config.to_str().unwrap(), "status"],
+        )
+        .unwrap();
+    assert!(shown.contains("synced              yes"), "{shown}");
+    assert!(shown.contains("unsupported: ipip 1"), "{shown}");
+    assert!(shown.contains("kernel has no ipip support"), "{shown}");
+}
+
+/// A route the kernel refuses fails alone, is reported with its reason, and is retried with
+/// backoff until the kernel takes it.
+#[test]
+fn a_refused_route_fails_alone_and_is_retried() {
+    let rt = runtime();
+    let (mut node, _x, _uplink) = node_and_peer();
+    let feed = Feed::default();
+    feed.publish(
+        vec![
+            blackhole("10.65.0.0/26"),
+            // 192.0.2.1 is not reachable and the route is not onlink: the kernel refuses it.
+            route(
+                "10.65.7.0/26",
+                RouteKind::Gateway,
+                "192.0.2.1",
+                "eth0",
+                false,
+            ),
+            route("10.65.1.0/26", RouteKind::Gateway, "10.0.0.2", "eth0", true),
+        ],
+        vec![],
+    );
+    let socket = node.dir.path().join("bgpd.sock");
+    let _server = Server::start(rt.clone(), &socket, feed.clone());
+    node.start(&socket, "resync_interval_s = 600\n");
+    let status = node.wait_synced(1);
+    assert_eq!(status["routes_failing"], 1, "{status}");
+    let example = status["failing_examples"][0]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        example.contains("10.65.7.0/26") && example.contains("192.0.2.1"),
+        "{status}"
+    );
+    assert_eq!(
+        lines(&node.ip(&["route", "show", "proto", "80"])),
+        lines("10.65.1.0/26 via 10.0.0.2 dev eth0 onlink\nblackhole 10.65.0.0/26")
+    );
+    assert!(node.log().contains("kernel refused route 10.65.7.0/26"));
+    // Make the gateway reachable: a retry takes it.
+    node.ip(&["addr", "add", "192.0.2.10/24", "dev", "eth0"]);
+    let ok = wait_until(Duration::from_secs(20), || {
+        node.ip(&["route", "show", "proto", "80"])
+            .contains("10.65.7.0/26 via 192.0.2.1 dev eth0")
+    });
+    assert!(ok, "{}", node.log());
+    assert!(wait_until(Duration::from_secs(5), || node
+        .status()
+        .is_some_and(|s| s["routes_failing"] == 0)));
+}
+
+/// Without bgpd nothing is written (not even before the first snapshot); when bgpd goes
+/// away the kernel keeps its state; routewriter reconnects with backoff and resumes from the
+/// last revision it had (the server sees that revision, and sends only what followed).
+#[test]
+fn bgpd_away_keeps_the_kernel_and_resume_is_from_the_last_revision() {
+    let rt = runtime();
+    let (mut node, _x, _uplink) = node_and_peer();
+    // A route of ours from an earlier life: without a snapshot it must stay.
+    node.ip(&[
+        "route",
+        "add",
+        "10.65.8.0/26",
+        "via",
+        "10.0.0.2",
+        "proto",
+        "80",
+    ]);
+    let socket = node.dir.path().join("bgpd.sock");
+    node.start(&socket, "reconnect_max_ms = 400\n");
+    assert!(wait_until(Duration::from_secs(10), || node
+        .status()
+        .is_some()));
+    std::thread::sleep(Duration::from_millis(800));
+    let s = node.status().unwrap();
+    assert_eq!(s["netlink_writes"], 0, "{s}");
+    assert_eq!(s["stream_connected"], false);
+    assert!(
+        node.ip(&["route", "show", "proto", "80"])
+            .contains("10.65.8.0/26")
+    );
+
+    let feed = Feed::default();
+    feed.publish(vec![blackhole("10.65.0.0/26")], vec![]);
+    feed.publish(vec![blackhole("10.65.9.0/26")], vec![]);
+    let mut server = Server::start(rt.clone(), &socket, feed.clone());
+    node.wait_synced(2);
+    assert_eq!(
+        lines(&node.ip(&["route", "show", "proto", "80"])),
+        lines("blackhole 10.65.0.0/26\nblackhole 10.65.9.0/26"),
+        "the snapshot decides: the old route goes"
+    );
+    server.stop();
+    assert!(wait_until(Duration::from_secs(5), || node
+        .status()
+        .is_some_and(|s| s["stream_connected"] == false)));
+    std::thread::sleep(Duration::from_millis(1000));
+    assert_eq!(
+        lines(&node.ip(&["route", "show", "proto", "80"])),
+        lines("blackhole 10.65.0.0/26\nblackhole 10.65.9.0/26"),
+        "bgpd away: the kernel keeps its state"
+    );
+    // Changes made while routewriter was away arrive after the reconnect.
+    feed.publish(
+        vec![blackhole("10.65.10.0/26")],
+        vec![rm_route("10.65.9.0/26")],
+    );
+    let rev = feed.publish(vec![blackhole("10.65.11.0/26")], vec![]);
+    let _server = Server::start(rt.clone(), &socket, feed.clone());
+    node.wait_synced(rev);
+    assert_eq!(
+        lines(&node.ip(&["route", "show", "proto", "80"])),
+        lines("blackhole 10.65.0.0/26\nblackhole 10.65.10.0/26\nblackhole 10.65.11.0/26")
+    );
+    let watches = feed.watches();
+    assert_eq!(watches.first(), Some(&0), "{watches:?}");
+    assert_eq!(
+        watches.last(),
+        Some(&2),
+        "resumed from the last revision: {watches:?}"
+    );
+    let s = node.status().unwrap();
+    assert!(s["stream_reconnects"].as_u64().unwrap() >= 1, "{s}");
+}
+
+/// The periodic resync repairs what the netlink watch cannot see (nftables) at the latest.
+#[test]
+fn resync_repairs_nat_drift() {
+    let rt = runtime();
+    let (mut node, _x, _uplink) = node_and_peer();
+    let feed = Feed::default();
+    feed.publish(
+        vec![pool("10.65.0.0/16", true), blackhole("10.65.0.0/26")],
+        vec![],
+    );
+    let socket = node.dir.path().join("bgpd.sock");
+    let _server = Server::start(rt.clone(), &socket, feed.clone());
+    node.start(&socket, "resync_interval_s = 1\n");
+    node.wait_synced(1);
+    let want = node
+        .ns
+        .exec("nft", &["list", "table", "ip", "margay"])
+        .unwrap();
+    for drift in [
+        vec!["flush", "set", "ip", "margay", "masq-pools"],
+        vec!["flush", "chain", "ip", "margay", "nat-outgoing"],
+        vec!["delete", "table", "ip", "margay"],
+    ] {
+        node.ns.exec("nft", &drift).unwrap();
+        let ok = wait_until(Duration::from_secs(5), || {
+            node.ns
+                .exec("nft", &["list", "table", "ip", "margay"])
+                .ok()
+                .as_deref()
+                == Some(want.as_str())
+        });
+        assert!(ok, "{drift:?} not repaired\n{}", node.log());
+    }
+    // Counted once each (the counter moves just after the table is right again).
+    let counted = wait_until(Duration::from_secs(3), || {
+        node.metrics()
+            .contains("routewriter_corrections_total{object=\"nat\"} 3")
+    });
+    assert!(counted, "{}", node.metrics());
+}
+
+/// Two nodes, each with its own routewriter and feed, carry pod traffic over VXLAN: the
+/// device, FDB, neighbour entries and routes are right enough for the kernel to use them.
+#[test]
+fn vxlan_carries_pod_traffic_between_two_nodes() {
+    let rt = runtime();
+    let mut a = Node::new("na", "node-a");
+    let mut b = Node::new("nb", "node-b");
+    let _uplink = VethPair::new(&a.ns, "eth0", &b.ns, "eth0").unwrap();
+    a.ip(&["addr", "add", "10.0.0.1/24", "dev", "eth0"]);
+    b.ip(&["addr", "add", "10.0.0.2/24", "dev", "eth0"]);
+    // No default route between the nodes (pod traffic must take the tunnel); proxy ARP for
+    // the pods' gateway needs a route to it that is not through the pod's interface.
+    for n in [&a, &b] {
+        n.ip(&[
+            "route",
+            "add",
+            "169.254.1.1",
+            "dev",
+            "eth0",
+            "scope",
+            "link",
+        ]);
+    }
+    let (pa, _va) = pod(&a.ns, "pa", "caliaaaaaaaaaaa", "10.65.0.5");
+    let (pb, _vb) = pod(&b.ns, "pb", "calibbbbbbbbbbb", "10.65.1.5");
+    let fa = Feed::default();
+    fa.publish(
+        vec![
+            local_vtep("10.0.0.1", "10.65.0.0"),
+            vtep("node-b", "10.0.0.2", "10.65.1.0"),
+            blackhole("10.65.0.0/26"),
+            workload("10.65.0.5/32", "caliaaaaaaaaaaa"),
+            vxlan("10.65.1.0/26", "10.65.1.0"),
+        ],
+        vec![],
+    );
+    let fb = Feed::default();
+    fb.publish(
+        vec![
+            local_vtep("10.0.0.2", "10.65.1.0"),
+            vtep("node-a", "10.0.0.1", "10.65.0.0"),
+            blackhole("10.65.1.0/26"),
+            workload("10.65.1.5/32", "calibbbbbbbbbbb"),
+            vxlan("10.65.0.0/26", "10.65.0.0"),
+        ],
+        vec![],
+    );
+    let sa = a.dir.path().join("bgpd.sock");
+    let sb = b.dir.path().join("bgpd.sock");
+    let _servera = Server::start(rt.clone(), &sa, fa);
+    let _serverb = Server::start(rt.clone(), &sb, fb);
+    a.start(&sa, "");
+    b.start(&sb, "");
+    a.wait_synced(1);
+    b.wait_synced(1);
+    assert_eq!(
+        tcp_source(&pa, &pb, Ipv4Addr::new(10, 65, 1, 5), 9000),
+        Ok(Ipv4Addr::new(10, 65, 0, 5)),
+        "{}\n{}",
+        a.log(),
+        b.log()
+    );
+    // The tunnel carried it: the only way between the pods' blocks.
+    let stats: serde_json::Value =
+        serde_json::from_str(&a.ip(&["-j", "-s", "link", "show", "vxlan.calico"])).unwrap();
+    assert!(
+        stats[0]["stats64"]["tx"]["packets"].as_u64().unwrap() > 0,
+        "{stats}"
+    );
+}
+
+/// A bad configuration is refused with the field and the fix, before anything is touched.
+#[test]
+fn a_bad_configuration_is_refused_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("rw.toml");
+    std::fs::write(&path, "[node]\nname = \"n\"\n[routewriter]\nprotocol = 3\n").unwrap();
+    let out = Command::new(lab::binary("routewriter"))
+        .arg("--config")
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("routewriter.protocol") && err.contains("exclusive"),
+        "{err}"
+    );
+}
+
+/// A large snapshot converges once: the notifications of routewriter's own writes (which
+/// overflow the watch) cause a resync that finds nothing to do, not a loop of writes.
+#[test]
+fn a_large_snapshot_converges_once() {
+    let rt = runtime();
+    let (mut node, _x, _uplink) = node_and_peer();
+    let n = 20_000u32;
+    let feed = Feed::default();
+    feed.publish(
+        (0..n)
+            .map(|i| {
+                let a = Ipv4Addr::from(0x0A80_0000 + (i << 6));
+                route(
+                    &format!("{a}/26"),
+                    RouteKind::Gateway,
+                    "10.0.0.2",
+                    "eth0",
+                    true,
+                )
+            })
+            .collect(),
+        vec![],
+    );
+    let socket = node.dir.path().join("bgpd.sock");
+    let _server = Server::start(rt.clone(), &socket, feed.clone());
+    node.start(&socket, "nat = false\n");
+    let s = node.wait_synced(1);
+    let writes = s["netlink_writes"].as_u64().unwrap();
+    assert_eq!(writes, u64::from(n), "{s}");
+    std::thread::sleep(Duration::from_secs(2));
+    let s = node.status().unwrap();
+    assert_eq!(
+        s["netlink_writes"].as_u64().unwrap(),
+        writes,
+        "no writes after convergence: {s}"
+    );
+    assert_eq!(
+        node.ip(&["route", "show", "proto", "80"]).lines().count(),
+        n as usize
+    );
+    // Drift is still repaired after the storm.
+    node.ip(&["route", "del", "10.128.0.64/26"]);
+    assert!(wait_until(Duration::from_secs(5), || node
+        .ip(&["route", "show", "10.128.0.64/26"])
+        .contains("via 10.0.0.2")));
+}
+
+/// The CNI plugin writes a pod's route (protocol 80) before bgpd desires it: routewriter
+/// leaves routes on a new workload interface alone for a grace period, keeps the one bgpd
+/// then desires, and removes the one nobody desires once the grace has passed.
+#[test]
+fn a_new_pods_route_gets_a_grace_period() {
+    let rt = runtime();
+    let (mut node, _x, _uplink) = node_and_peer();
+    let feed = Feed::default();
+    feed.publish(vec![blackhole("10.65.0.0/26")], vec![]);
+    let socket = node.dir.path().join("bgpd.sock");
+    let _server = Server::start(rt.clone(), &socket, feed.clone());
+    node.start(&socket, "workload_grace_s = 2\n");
+    node.wait_synced(1);
+    let (_pa, _va) = pod(&node.ns, "pa", "caliaaaaaaaaaaa", "10.65.0.5");
+    let (_pb, _vb) = pod(&node.ns, "pb", "calibbbbbbbbbbb", "10.65.0.6");
+    // What the CNI plugin does at ADD.
+    for (addr, dev) in [
+        ("10.65.0.5", "caliaaaaaaaaaaa"),
+        ("10.65.0.6", "calibbbbbbbbbbb"),
+    ] {
+        node.ip(&[
+            "route", "add", addr, "dev", dev, "proto", "80", "scope", "link",
+        ]);
+    }
+    std::thread::sleep(Duration::from_millis(700));
+    let routes = node.ip(&["route", "show", "proto", "80"]);
+    assert!(
+        routes.contains("10.65.0.5 dev caliaaaaaaaaaaa")
+            && routes.contains("10.65.0.6 dev calibbbbbbbbbbb"),
+        "{routes}"
+    );
+    let rev = feed.publish(vec![workload("10.65.0.5/32", "caliaaaaaaaaaaa")], vec![]);
+    node.wait_synced(rev);
+    let gone = wait_until(Duration::from_secs(8), || {
+        !node
+            .ip(&["route", "show", "proto", "80"])
+            .contains("10.65.0.6")
+    });
+    assert!(gone, "{}", node.log());
+    assert_eq!(
+        lines(&node.ip(&["route", "show", "proto", "80"])),
+        lines("10.65.0.5 dev caliaaaaaaaaaaa scope link\nblackhole 10.65.0.0/26")
+    );
+}
