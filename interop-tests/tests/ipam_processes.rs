@@ -112,9 +112,10 @@ async fn kill_9_mid_allocation_never_hands_out_an_address_twice() {
     let dir = tempfile::tempdir().unwrap();
     let spec = format!("sqlite:{}", dir.path().join("ipam.db").display());
     let ipam = Ipam::new(lab::open_store(&spec).await.unwrap());
-    // Small blocks, so the workers claim new ones often and get killed mid-claim too.
+    // Small blocks, so the workers claim new ones often and get killed mid-claim too; ten
+    // nodes of 20 such blocks hold more than 50 rounds allocate.
     let mut pool = IpPool::new("p", "10.101.0.0/16".parse().unwrap());
-    pool.block_size = 29;
+    pool.block_size = 27;
     ipam.create_pool(&pool).await.unwrap();
 
     let mut acks: Vec<(String, String)> = Vec::new();
@@ -123,7 +124,7 @@ async fn kill_9_mid_allocation_never_hands_out_an_address_twice() {
         seed = seed
             .wrapping_mul(6364136223846793005)
             .wrapping_add(1442695040888963407);
-        let node = format!("node-{}", round % 3);
+        let node = format!("node-{}", round % 10);
         let mut child = worker(&spec, &node, 1_000_000, &format!("r{round}"));
         std::thread::sleep(Duration::from_millis(20 + (seed >> 33) % 80));
         child.kill().unwrap();
@@ -151,8 +152,12 @@ async fn kill_9_mid_allocation_never_hands_out_an_address_twice() {
     // the kill came is a leak GC collects), the store is consistent.
     let live: HashSet<String> = acks.iter().map(|(h, _)| h.clone()).collect();
     let mut collected = 0;
-    for node in ["node-0", "node-1", "node-2"] {
-        collected += ipam.gc(node, &live, "r", false).await.unwrap().len();
+    for n in 0..10 {
+        collected += ipam
+            .gc(&format!("node-{n}"), &live, "r", false)
+            .await
+            .unwrap()
+            .len();
     }
     let report = ipam.check().await.unwrap();
     assert!(report.problems.is_empty(), "{:?}", report.problems);

@@ -10,6 +10,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use ipnet::IpNet;
 
@@ -132,6 +133,12 @@ pub struct Ipam<D> {
     /// The block each node allocated from last: read along with the rest of a step, so the
     /// common case is one read and one write. Only a hint; correctness rests on the CAS.
     hints: std::sync::Mutex<std::collections::HashMap<String, IpNet>>,
+    /// What this process last read and wrote for a node, to allocate the next address with
+    /// no read at all: the transaction re-checks every assumption (see `Fast`).
+    fast: std::sync::Mutex<std::collections::HashMap<String, Fast>>,
+    /// Serialises one node's allocations within this process, so they do not race each other
+    /// for the node's block (other processes still race, and lose or win by CAS).
+    node_locks: std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 /// Everything one allocation step reads, at one revision and in one round trip.
@@ -139,9 +146,27 @@ struct View {
     pools: Vec<IpPool>,
     labels: BTreeMap<String, String>,
     config: IpamConfig,
-    affinities: Vec<BlockAffinity>,
+    affinities: Vec<(BlockAffinity, Revision)>,
     handle: Option<(Handle, Revision)>,
     hinted: Option<(Block, Revision)>,
+    /// Checks that the pools, the node and the configuration are still as read.
+    checks: Vec<Op>,
+}
+
+/// What a step read that a later fast allocation relies on: pools, labels, checks.
+type FastSeed = (Vec<IpPool>, BTreeMap<String, String>, Vec<Op>);
+
+/// A node's last allocation state: the view it was made under and the block as written.
+/// An allocation from it writes the block and creates the handle together with `Check`s of
+/// the pools guard, node, configuration and affinity revisions: if anything changed, the
+/// transaction fails as a conflict and the normal path reads again.
+#[derive(Clone)]
+struct Fast {
+    pools: Vec<IpPool>,
+    labels: BTreeMap<String, String>,
+    checks: Vec<Op>,
+    block: Block,
+    block_rev: Revision,
 }
 
 impl<D: Datastore> Ipam<D> {
@@ -149,6 +174,84 @@ impl<D: Datastore> Ipam<D> {
         Self {
             store,
             hints: Default::default(),
+            fast: Default::default(),
+            node_locks: Default::default(),
+        }
+    }
+
+    fn node_lock(&self, node: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = self.node_locks.lock().unwrap_or_else(|p| p.into_inner());
+        locks.entry(node.to_owned()).or_default().clone()
+    }
+
+    /// Allocates from the node's cached state with no read; `None` when there is no usable
+    /// cached state or the store changed since (then the normal path runs).
+    async fn try_fast(
+        &self,
+        req: &AssignRequest,
+        use_: AllowedUse,
+    ) -> Result<Option<Vec<Assigned>>, IpamError> {
+        let (family, n, named) = match (req.num_v4, req.num_v6) {
+            (n, 0) => (Family::V4, n as usize, &req.v4_pools),
+            (0, n) => (Family::V6, n as usize, &req.v6_pools),
+            _ => return Ok(None),
+        };
+        let Some(fast) = self
+            .fast
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&req.node)
+        else {
+            return Ok(None);
+        };
+        let Ok(pools) = select_pools(&fast.pools, &fast.labels, family, named, use_) else {
+            return Ok(None);
+        };
+        let mut block = fast.block.clone();
+        if Family::of(&block.cidr) != family
+            || (block.free_count() as usize) < n
+            || !pools.iter().any(|p| p.name == block.pool)
+        {
+            return Ok(None);
+        }
+        let got = block.allocate(n, &req.handle, &req.node, &req.attrs);
+        let mut handle = Handle {
+            id: req.handle.clone(),
+            ..Handle::default()
+        };
+        handle.add(&block.cidr, got.len() as u32);
+        let mut ops = vec![
+            Self::put(block_key(&block.cidr), &block, Some(fast.block_rev)),
+            Self::put(Handle::key(&req.handle), &handle, None),
+        ];
+        ops.extend(fast.checks.iter().cloned());
+        match self.store.txn(ops).await {
+            Ok(rev) => {
+                let assigned = got
+                    .into_iter()
+                    .map(|(address, seq)| Assigned {
+                        address,
+                        block: block.cidr,
+                        pool: block.pool.clone(),
+                        borrowed: false,
+                        handle: req.handle.clone(),
+                        seq,
+                        attrs: req.attrs.clone(),
+                    })
+                    .collect();
+                let next = Fast {
+                    block,
+                    block_rev: rev,
+                    ..fast
+                };
+                self.fast
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(req.node.clone(), next);
+                Ok(Some(assigned))
+            }
+            Err(StoreError::Conflict { .. }) => Ok(None),
+            Err(e) => Err(e.into()),
         }
     }
 
@@ -170,6 +273,7 @@ impl<D: Datastore> Ipam<D> {
             Read::Get(CONFIG_KEY.into()),
             Read::List(BlockAffinity::prefix_of(node)),
             Read::Get(Handle::key(handle)),
+            Read::Get(POOLS_GUARD.into()),
         ];
         if let Some(cidr) = &hint {
             reads.push(Read::Get(block_key(cidr)));
@@ -185,23 +289,35 @@ impl<D: Datastore> Ipam<D> {
             .iter()
             .map(|kv| decode(&kv.value))
             .collect::<Result<_, _>>()?;
-        let labels = match next()?.into_get() {
+        let node_kv = next()?.into_get();
+        let labels = match &node_kv {
             Some(kv) => decode::<Node>(&kv.value)?.labels,
             None => BTreeMap::new(),
         };
-        let config = match next()?.into_get() {
+        let config_kv = next()?.into_get();
+        let config = match &config_kv {
             Some(kv) => decode::<IpamConfig>(&kv.value)?,
             None => IpamConfig::default(),
         };
         let affinities = next()?
             .into_list()
             .iter()
-            .map(|kv| decode(&kv.value))
-            .collect::<Result<_, _>>()?;
+            .map(|kv| Ok((decode(&kv.value)?, kv.mod_revision)))
+            .collect::<Result<_, IpamError>>()?;
         let handle = match next()?.into_get() {
             Some(kv) => Some((decode::<Handle>(&kv.value)?, kv.mod_revision)),
             None => None,
         };
+        let guard_kv = next()?.into_get();
+        let check = |key: &str, kv: &Option<crate::store::KeyValue>| Op::Check {
+            key: key.to_owned(),
+            expected: kv.as_ref().map(|kv| kv.mod_revision),
+        };
+        let checks = vec![
+            check(POOLS_GUARD, &guard_kv),
+            check(&Node::key(node), &node_kv),
+            check(CONFIG_KEY, &config_kv),
+        ];
         let hinted = match hint {
             Some(_) => match next()?.into_get() {
                 Some(kv) => Some((decode::<Block>(&kv.value)?, kv.mod_revision)),
@@ -216,6 +332,7 @@ impl<D: Datastore> Ipam<D> {
             affinities,
             handle,
             hinted,
+            checks,
         })
     }
 
@@ -575,6 +692,14 @@ impl<D: Datastore> Ipam<D> {
         } else {
             AllowedUse::Workload
         };
+        let lock = self.node_lock(&req.node);
+        let _serial = lock.lock().await;
+        if let Some(got) = self.try_fast(req, use_).await? {
+            return Ok(match Family::of(&got[0].block) {
+                Family::V4 => (got, vec![]),
+                Family::V6 => (vec![], got),
+            });
+        }
         // Read once up front so a request naming a wrong pool fails before anything is written.
         let view = self.view(&req.node, &req.handle).await?;
         for (n, family, named) in [
@@ -692,34 +817,47 @@ impl<D: Datastore> Ipam<D> {
         let config = &view.config;
         let strict = req.strict_affinity || config.strict_affinity;
         let affinities = &view.affinities;
-        let handle = view.handle;
+        let handle = view.handle.clone();
         let in_pools = |cidr: &IpNet| pools.iter().any(|p| p.cidr.contains(&cidr.network()));
-        let usable = |b: &Block| {
-            b.affinity.as_deref() == Some(node)
-                && b.free_count() > 0
-                && in_pools(&b.cidr)
-                && affinities
-                    .iter()
-                    .any(|a| a.cidr == b.cidr && a.state == AffinityState::Confirmed)
+        // The confirmed affinity of an affine block with room: its check keeps a fast
+        // allocation from using a block that is being released.
+        let usable = |b: &Block| -> Option<Op> {
+            if b.affinity.as_deref() != Some(node) || b.free_count() == 0 || !in_pools(&b.cidr) {
+                return None;
+            }
+            affinities
+                .iter()
+                .find(|(a, _)| a.cidr == b.cidr && a.state == AffinityState::Confirmed)
+                .map(|(a, rev)| Op::Check {
+                    key: BlockAffinity::key_of(node, &a.cidr),
+                    expected: Some(*rev),
+                })
+        };
+        let seed = |affinity: Op| {
+            let mut checks = view.checks.clone();
+            checks.push(affinity);
+            (view.pools.clone(), view.labels.clone(), checks)
         };
         // The common case: the block used last still has room.
-        if let Some((block, rev)) = view.hinted
-            && usable(&block)
+        if let Some((block, rev)) = view.hinted.clone()
+            && let Some(affinity) = usable(&block)
         {
-            return self.allocate_in(block, rev, n, req, handle).await;
+            return self
+                .allocate_in(block, rev, n, req, handle, Some(seed(affinity)))
+                .await;
         }
         let mine: Vec<Read> = affinities
             .iter()
-            .filter(|a| a.state == AffinityState::Confirmed && in_pools(&a.cidr))
-            .map(|a| Read::Get(block_key(&a.cidr)))
+            .filter(|(a, _)| a.state == AffinityState::Confirmed && in_pools(&a.cidr))
+            .map(|(a, _)| Read::Get(block_key(&a.cidr)))
             .collect();
         if !mine.is_empty() {
             let (blocks, _) = self.store.read(mine).await?;
             for kv in blocks.into_iter().filter_map(ReadResult::into_get) {
                 let block: Block = decode(&kv.value)?;
-                if usable(&block) {
+                if let Some(affinity) = usable(&block) {
                     return self
-                        .allocate_in(block, kv.mod_revision, n, req, handle)
+                        .allocate_in(block, kv.mod_revision, n, req, handle, Some(seed(affinity)))
                         .await;
                 }
             }
@@ -741,7 +879,7 @@ impl<D: Datastore> Ipam<D> {
                     && block.free_count() > 0
                     && block.affinity.as_deref() != Some(node)
                 {
-                    return self.allocate_in(block, rev, n, req, handle).await;
+                    return self.allocate_in(block, rev, n, req, handle, None).await;
                 }
             }
         }
@@ -769,6 +907,7 @@ impl<D: Datastore> Ipam<D> {
 
     /// Allocates up to `n` in `block` and records them under the handle, in one transaction.
     /// `handle` is the handle as read in the same step (`None`: it does not exist yet).
+    /// `seed` (pools, labels, checks) lets the next allocation of the node take the fast path.
     async fn allocate_in(
         &self,
         mut block: Block,
@@ -776,6 +915,7 @@ impl<D: Datastore> Ipam<D> {
         n: usize,
         req: &AssignRequest,
         handle: Option<(Handle, Revision)>,
+        seed: Option<FastSeed>,
     ) -> Result<Step, IpamError> {
         let got = block.allocate(n, &req.handle, &req.node, &req.attrs);
         if got.is_empty() {
@@ -797,14 +937,27 @@ impl<D: Datastore> Ipam<D> {
             Self::put(block_key(&block.cidr), &block, Some(rev)),
             Self::put(handle_key, &handle, hrev),
         ];
-        match self.store.txn(ops).await {
-            Ok(_) => {}
+        let written = match self.store.txn(ops).await {
+            Ok(r) => r,
             Err(StoreError::Conflict { .. }) => return Ok(Step::Again),
             Err(e) => return Err(e.into()),
-        }
+        };
         let borrowed = block.affinity.as_deref() != Some(req.node.as_str());
         if !borrowed {
             self.set_hint(&req.node, block.cidr);
+        }
+        if let Some((pools, labels, checks)) = seed {
+            let fast = Fast {
+                pools,
+                labels,
+                checks,
+                block: block.clone(),
+                block_rev: written,
+            };
+            self.fast
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(req.node.clone(), fast);
         }
         Ok(Step::Allocated(
             got.into_iter()

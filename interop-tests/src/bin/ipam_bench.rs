@@ -203,7 +203,8 @@ async fn measure<D: Datastore + Clone>(
 }
 
 async fn bench(smoke: bool) -> Result<(), IpamError> {
-    let n = if smoke { 80 } else { 2000 };
+    // 1,200 addresses fit in one node's 20 blocks of 64.
+    let n = if smoke { 80 } else { 1200 };
     let dir = tempfile::tempdir().map_err(|e| IpamError::InUse(e.to_string()))?;
     let mut rows = Vec::new();
     let sqlite = SqliteStore::open(dir.path().join("ipam.db"), SqliteOptions::default()).await?;
