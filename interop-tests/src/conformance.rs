@@ -7,7 +7,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ipam::store::{Datastore, Event, Op, Revision, StoreError, Watch};
+use ipam::store::{Datastore, Event, Op, Read, ReadResult, Revision, StoreError, Watch};
 
 type CaseResult = Result<(), String>;
 
@@ -508,6 +508,96 @@ async fn many_writers_never_lose_an_update<D: Datastore>(s: Arc<D>, p: String) -
     Ok(())
 }
 
+async fn reads_are_one_snapshot<D: Datastore>(s: Arc<D>, p: String) -> CaseResult {
+    let (a, b) = (format!("{p}a"), format!("{p}b"));
+    let mut r = e(
+        s.txn(vec![
+            Op::Create {
+                key: a.clone(),
+                value: b"0".to_vec(),
+            },
+            Op::Create {
+                key: b.clone(),
+                value: b"0".to_vec(),
+            },
+        ])
+        .await,
+        "create",
+    )?;
+    let (answers, at) = e(
+        s.read(vec![
+            Read::Get(a.clone()),
+            Read::List(p.clone()),
+            Read::Get(format!("{p}missing")),
+        ])
+        .await,
+        "read",
+    )?;
+    ensure!(at == e(s.revision().await, "revision")?, "read at {at}");
+    ensure!(answers.len() == 3, "{} answers", answers.len());
+    ensure!(
+        matches!(&answers[0], ReadResult::Get(Some(kv)) if kv.key == a),
+        "{:?}",
+        answers[0]
+    );
+    ensure!(
+        matches!(&answers[1], ReadResult::List(kvs) if kvs.len() == 2 && kvs[0].key == a),
+        "{:?}",
+        answers[1]
+    );
+    ensure!(
+        matches!(&answers[2], ReadResult::Get(None)),
+        "{:?}",
+        answers[2]
+    );
+    // A writer moves a and b together; every read sees them equal.
+    let writer = {
+        let (s, a, b) = (s.clone(), a.clone(), b.clone());
+        tokio::spawn(async move {
+            for i in 1..=100u32 {
+                let v = i.to_string().into_bytes();
+                r = s
+                    .txn(vec![
+                        Op::Update {
+                            key: a.clone(),
+                            value: v.clone(),
+                            expected: r,
+                        },
+                        Op::Update {
+                            key: b.clone(),
+                            value: v,
+                            expected: r,
+                        },
+                    ])
+                    .await?;
+            }
+            Ok::<(), StoreError>(())
+        })
+    };
+    let mut reads = 0;
+    while !writer.is_finished() || reads == 0 {
+        let (answers, _) = e(
+            s.read(vec![Read::Get(a.clone()), Read::Get(b.clone())])
+                .await,
+            "read",
+        )?;
+        let values: Vec<Vec<u8>> = answers
+            .into_iter()
+            .map(|r| r.into_get().map(|kv| kv.value).unwrap_or_default())
+            .collect();
+        ensure!(values[0] == values[1], "torn read: {:?}", values);
+        reads += 1;
+    }
+    e(
+        writer
+            .await
+            .map_err(|j| StoreError::Backend(j.to_string()))
+            .and_then(|r| r),
+        "writer",
+    )?;
+    Ok(())
+}
+
 type Case<D> = fn(Arc<D>, String) -> Pin<Box<dyn Future<Output = CaseResult> + Send>>;
 
 macro_rules! cases {
@@ -527,6 +617,7 @@ cases!(
     list_then_watch_misses_nothing,
     compacted_history_is_a_typed_error,
     many_writers_never_lose_an_update,
+    reads_are_one_snapshot,
 );
 
 /// Runs every case against `store`, under keys starting with `root`; prints one line per case

@@ -43,3 +43,37 @@ fn store_bench_smoke_prints_every_row() {
         );
     }
 }
+
+#[test]
+fn ipam_bench_smoke_prints_every_row() {
+    let out = Command::new(lab::binary("ipam-bench"))
+        .args(["bench", "--smoke"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    println!("{text}");
+    for backend in ["sqlite (sync=full)", "etcd (1 member)"] {
+        for clients in ["1", "8"] {
+            let row = text
+                .lines()
+                .find(|l| {
+                    l.starts_with(backend)
+                        && l[backend.len()..].split_whitespace().next() == Some(clients)
+                })
+                .unwrap_or_else(|| panic!("no row for {backend} with {clients} clients:\n{text}"));
+            let allocs: f64 = row[backend.len()..]
+                .split_whitespace()
+                .nth(1)
+                .unwrap()
+                .parse()
+                .unwrap();
+            assert!(allocs > 0.0, "{row}");
+        }
+    }
+    assert!(text.contains("200 pods"), "{text}");
+}

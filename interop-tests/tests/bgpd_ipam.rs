@@ -65,12 +65,20 @@ fn the_node_and_the_default_pool_exist_after_start() {
         let node = node.expect("the node registers itself");
         assert_eq!(node.ipv4_address, "10.0.0.5/24");
         assert_eq!(node.as_number, 64512);
-        let pools = PoolsClient::new(channel)
-            .list_pools(pb::ListPoolsRequest {})
-            .await
-            .unwrap()
-            .into_inner()
-            .pools;
+        // The default pool is written right after the node.
+        let mut pools = Vec::new();
+        for _ in 0..100 {
+            pools = PoolsClient::new(channel.clone())
+                .list_pools(pb::ListPoolsRequest {})
+                .await
+                .unwrap()
+                .into_inner()
+                .pools;
+            if !pools.is_empty() {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
         assert_eq!(pools.len(), 1);
         assert_eq!(pools[0].cidr, "172.20.0.0/16");
         assert_eq!(pools[0].block_size, 26);

@@ -10,6 +10,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use ipnet::IpNet;
 
@@ -18,7 +19,7 @@ use crate::error::IpamError;
 use crate::model::{AllowedUse, AssignmentMode, IpPool, IpamConfig, Node, overlaps};
 use crate::resource::{Resource, decode, encode};
 use crate::selector::Selector;
-use crate::store::{Datastore, Op, Revision, StoreError};
+use crate::store::{Datastore, Op, Read, ReadResult, Revision, StoreError};
 
 /// How often a lost compare-and-swap is retried before giving up.
 pub const RETRIES: u32 = 100;
@@ -129,11 +130,210 @@ enum Step {
 
 pub struct Ipam<D> {
     store: D,
+    /// The block each node allocated from last: read along with the rest of a step, so the
+    /// common case is one read and one write. Only a hint; correctness rests on the CAS.
+    hints: std::sync::Mutex<std::collections::HashMap<String, IpNet>>,
+    /// What this process last read and wrote for a node, to allocate the next address with
+    /// no read at all: the transaction re-checks every assumption (see `Fast`).
+    fast: std::sync::Mutex<std::collections::HashMap<String, Fast>>,
+    /// Serialises one node's allocations within this process, so they do not race each other
+    /// for the node's block (other processes still race, and lose or win by CAS).
+    node_locks: std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+/// Everything one allocation step reads, at one revision and in one round trip.
+struct View {
+    pools: Vec<IpPool>,
+    labels: BTreeMap<String, String>,
+    config: IpamConfig,
+    affinities: Vec<(BlockAffinity, Revision)>,
+    handle: Option<(Handle, Revision)>,
+    hinted: Option<(Block, Revision)>,
+    /// Checks that the pools, the node and the configuration are still as read.
+    checks: Vec<Op>,
+}
+
+/// What a step read that a later fast allocation relies on: pools, labels, checks.
+type FastSeed = (Vec<IpPool>, BTreeMap<String, String>, Vec<Op>);
+
+/// A node's last allocation state: the view it was made under and the block as written.
+/// An allocation from it writes the block and creates the handle together with `Check`s of
+/// the pools guard, node, configuration and affinity revisions: if anything changed, the
+/// transaction fails as a conflict and the normal path reads again.
+#[derive(Clone)]
+struct Fast {
+    pools: Vec<IpPool>,
+    labels: BTreeMap<String, String>,
+    checks: Vec<Op>,
+    block: Block,
+    block_rev: Revision,
 }
 
 impl<D: Datastore> Ipam<D> {
     pub fn new(store: D) -> Self {
-        Self { store }
+        Self {
+            store,
+            hints: Default::default(),
+            fast: Default::default(),
+            node_locks: Default::default(),
+        }
+    }
+
+    fn node_lock(&self, node: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut locks = self.node_locks.lock().unwrap_or_else(|p| p.into_inner());
+        locks.entry(node.to_owned()).or_default().clone()
+    }
+
+    /// Allocates from the node's cached state with no read; `None` when there is no usable
+    /// cached state or the store changed since (then the normal path runs).
+    async fn try_fast(
+        &self,
+        req: &AssignRequest,
+        use_: AllowedUse,
+    ) -> Result<Option<Vec<Assigned>>, IpamError> {
+        let (family, n, named) = match (req.num_v4, req.num_v6) {
+            (n, 0) => (Family::V4, n as usize, &req.v4_pools),
+            (0, n) => (Family::V6, n as usize, &req.v6_pools),
+            _ => return Ok(None),
+        };
+        let Some(fast) = self
+            .fast
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&req.node)
+        else {
+            return Ok(None);
+        };
+        let Ok(pools) = select_pools(&fast.pools, &fast.labels, family, named, use_) else {
+            return Ok(None);
+        };
+        let mut block = fast.block.clone();
+        if Family::of(&block.cidr) != family
+            || (block.free_count() as usize) < n
+            || !pools.iter().any(|p| p.name == block.pool)
+        {
+            return Ok(None);
+        }
+        let got = block.allocate(n, &req.handle, &req.node, &req.attrs);
+        let mut handle = Handle {
+            id: req.handle.clone(),
+            ..Handle::default()
+        };
+        handle.add(&block.cidr, got.len() as u32);
+        let mut ops = vec![
+            Self::put(block_key(&block.cidr), &block, Some(fast.block_rev)),
+            Self::put(Handle::key(&req.handle), &handle, None),
+        ];
+        ops.extend(fast.checks.iter().cloned());
+        match self.store.txn(ops).await {
+            Ok(rev) => {
+                let assigned = got
+                    .into_iter()
+                    .map(|(address, seq)| Assigned {
+                        address,
+                        block: block.cidr,
+                        pool: block.pool.clone(),
+                        borrowed: false,
+                        handle: req.handle.clone(),
+                        seq,
+                        attrs: req.attrs.clone(),
+                    })
+                    .collect();
+                let next = Fast {
+                    block,
+                    block_rev: rev,
+                    ..fast
+                };
+                self.fast
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(req.node.clone(), next);
+                Ok(Some(assigned))
+            }
+            Err(StoreError::Conflict { .. }) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn hint(&self, node: &str) -> Option<IpNet> {
+        self.hints.lock().ok()?.get(node).copied()
+    }
+
+    fn set_hint(&self, node: &str, cidr: IpNet) {
+        if let Ok(mut h) = self.hints.lock() {
+            h.insert(node.to_owned(), cidr);
+        }
+    }
+
+    async fn view(&self, node: &str, handle: &str) -> Result<View, IpamError> {
+        let hint = self.hint(node);
+        let mut reads = vec![
+            Read::List(IpPool::PREFIX.into()),
+            Read::Get(Node::key(node)),
+            Read::Get(CONFIG_KEY.into()),
+            Read::List(BlockAffinity::prefix_of(node)),
+            Read::Get(Handle::key(handle)),
+            Read::Get(POOLS_GUARD.into()),
+        ];
+        if let Some(cidr) = &hint {
+            reads.push(Read::Get(block_key(cidr)));
+        }
+        let (answers, _) = self.store.read(reads).await?;
+        let mut a = answers.into_iter();
+        let mut next = || {
+            a.next()
+                .ok_or_else(|| StoreError::Backend("short read".into()))
+        };
+        let pools = next()?
+            .into_list()
+            .iter()
+            .map(|kv| decode(&kv.value))
+            .collect::<Result<_, _>>()?;
+        let node_kv = next()?.into_get();
+        let labels = match &node_kv {
+            Some(kv) => decode::<Node>(&kv.value)?.labels,
+            None => BTreeMap::new(),
+        };
+        let config_kv = next()?.into_get();
+        let config = match &config_kv {
+            Some(kv) => decode::<IpamConfig>(&kv.value)?,
+            None => IpamConfig::default(),
+        };
+        let affinities = next()?
+            .into_list()
+            .iter()
+            .map(|kv| Ok((decode(&kv.value)?, kv.mod_revision)))
+            .collect::<Result<_, IpamError>>()?;
+        let handle = match next()?.into_get() {
+            Some(kv) => Some((decode::<Handle>(&kv.value)?, kv.mod_revision)),
+            None => None,
+        };
+        let guard_kv = next()?.into_get();
+        let check = |key: &str, kv: &Option<crate::store::KeyValue>| Op::Check {
+            key: key.to_owned(),
+            expected: kv.as_ref().map(|kv| kv.mod_revision),
+        };
+        let checks = vec![
+            check(POOLS_GUARD, &guard_kv),
+            check(&Node::key(node), &node_kv),
+            check(CONFIG_KEY, &config_kv),
+        ];
+        let hinted = match hint {
+            Some(_) => match next()?.into_get() {
+                Some(kv) => Some((decode::<Block>(&kv.value)?, kv.mod_revision)),
+                None => None,
+            },
+            None => None,
+        };
+        Ok(View {
+            pools,
+            labels,
+            config,
+            affinities,
+            handle,
+            hinted,
+            checks,
+        })
     }
 
     pub fn store(&self) -> &D {
@@ -464,73 +664,6 @@ impl<D: Datastore> Ipam<D> {
 
     // ---- allocation ----
 
-    /// The pools a request may take addresses of one family from.
-    async fn candidate_pools(
-        &self,
-        family: Family,
-        named: &[String],
-        node: &str,
-        use_: AllowedUse,
-    ) -> Result<Vec<IpPool>, IpamError> {
-        let pools: Vec<IpPool> = self
-            .list_pools()
-            .await?
-            .into_iter()
-            .map(|(p, _)| p)
-            .collect();
-        let field = match family {
-            Family::V4 => "ipv4_pools",
-            Family::V6 => "ipv6_pools",
-        };
-        if !named.is_empty() {
-            let mut out = Vec::new();
-            for n in named {
-                let pool = pools
-                    .iter()
-                    .find(|p| &p.name == n || p.cidr.to_string() == *n)
-                    .ok_or_else(|| IpamError::InvalidArgument {
-                        field,
-                        reason: format!("no pool named {n}"),
-                    })?;
-                if Family::of(&pool.cidr) != family {
-                    return Err(IpamError::InvalidArgument {
-                        field,
-                        reason: format!("pool {n} is not of this address family"),
-                    });
-                }
-                if pool.disabled {
-                    return Err(IpamError::InvalidArgument {
-                        field,
-                        reason: format!("pool {n} is disabled"),
-                    });
-                }
-                if !pool.allows(use_) {
-                    return Err(IpamError::InvalidArgument {
-                        field,
-                        reason: format!("pool {n} does not allow {use_:?} addresses"),
-                    });
-                }
-                out.push(pool.clone());
-            }
-            return Ok(out);
-        }
-        let labels = self
-            .get::<Node>(&Node::key(node))
-            .await?
-            .map(|(n, _)| n.labels)
-            .unwrap_or_default();
-        Ok(pools
-            .into_iter()
-            .filter(|p| Family::of(&p.cidr) == family && !p.disabled && p.allows(use_))
-            .filter(|p| p.assignment_mode == AssignmentMode::Automatic)
-            .filter(|p| {
-                Selector::parse(&p.node_selector)
-                    .map(|s| s.matches(&labels))
-                    .unwrap_or(false)
-            })
-            .collect())
-    }
-
     /// Allocates addresses for a request; IPv4 and IPv6 together, all or nothing.
     pub async fn auto_assign(
         &self,
@@ -559,25 +692,30 @@ impl<D: Datastore> Ipam<D> {
         } else {
             AllowedUse::Workload
         };
-        let config = self.config().await?;
-        let strict = req.strict_affinity || config.strict_affinity;
-        let v4_pools = if req.num_v4 > 0 {
-            self.candidate_pools(Family::V4, &req.v4_pools, &req.node, use_)
-                .await?
-        } else {
-            vec![]
-        };
-        let v6_pools = if req.num_v6 > 0 {
-            self.candidate_pools(Family::V6, &req.v6_pools, &req.node, use_)
-                .await?
-        } else {
-            vec![]
-        };
+        let lock = self.node_lock(&req.node);
+        let _serial = lock.lock().await;
+        if let Some(got) = self.try_fast(req, use_).await? {
+            return Ok(match Family::of(&got[0].block) {
+                Family::V4 => (got, vec![]),
+                Family::V6 => (vec![], got),
+            });
+        }
+        // Read once up front so a request naming a wrong pool fails before anything is written.
+        let view = self.view(&req.node, &req.handle).await?;
+        for (n, family, named) in [
+            (req.num_v4, Family::V4, &req.v4_pools),
+            (req.num_v6, Family::V6, &req.v6_pools),
+        ] {
+            if n > 0 {
+                select_pools(&view.pools, &view.labels, family, named, use_)?;
+            }
+        }
+        let mut view = Some(view);
         let v4 = self
-            .assign_family(req, &v4_pools, req.num_v4 as usize, strict, &config, "IPv4")
+            .assign_family(req, Family::V4, req.num_v4 as usize, use_, view.take())
             .await?;
         match self
-            .assign_family(req, &v6_pools, req.num_v6 as usize, strict, &config, "IPv6")
+            .assign_family(req, Family::V6, req.num_v6 as usize, use_, view.take())
             .await
         {
             Ok(v6) => Ok((v4, v6)),
@@ -605,21 +743,14 @@ impl<D: Datastore> Ipam<D> {
     async fn assign_family(
         &self,
         req: &AssignRequest,
-        pools: &[IpPool],
+        family: Family,
         n: usize,
-        strict: bool,
-        config: &IpamConfig,
-        family: &str,
+        use_: AllowedUse,
+        mut prefetched: Option<View>,
     ) -> Result<Vec<Assigned>, IpamError> {
         let mut out: Vec<Assigned> = Vec::new();
         if n == 0 {
             return Ok(out);
-        }
-        if pools.is_empty() {
-            return Err(IpamError::Exhausted(format!(
-                "no enabled {family} pool can serve node {} for this request",
-                req.node
-            )));
         }
         let mut attempts = 0;
         while out.len() < n {
@@ -631,7 +762,15 @@ impl<D: Datastore> Ipam<D> {
                     attempts: RETRIES,
                 });
             }
-            let step = match self.step(req, pools, n - out.len(), strict, config).await {
+            let view = match prefetched.take() {
+                Some(v) => Ok(v),
+                None => self.view(&req.node, &req.handle).await,
+            };
+            let step = match view {
+                Ok(view) => self.step(req, family, use_, n - out.len(), view).await,
+                Err(e) => Err(e),
+            };
+            let step = match step {
                 Ok(s) => s,
                 Err(e) => {
                     self.undo(&out).await;
@@ -654,25 +793,73 @@ impl<D: Datastore> Ipam<D> {
     async fn step(
         &self,
         req: &AssignRequest,
-        pools: &[IpPool],
+        family: Family,
+        use_: AllowedUse,
         n: usize,
-        strict: bool,
-        config: &IpamConfig,
+        view: View,
     ) -> Result<Step, IpamError> {
         let node = req.node.as_str();
+        let named = match family {
+            Family::V4 => &req.v4_pools,
+            Family::V6 => &req.v6_pools,
+        };
+        let pools = select_pools(&view.pools, &view.labels, family, named, use_)?;
+        if pools.is_empty() {
+            let family = match family {
+                Family::V4 => "IPv4",
+                Family::V6 => "IPv6",
+            };
+            return Ok(Step::Exhausted(format!(
+                "no enabled {family} pool can serve node {node} for this request"
+            )));
+        }
+        let pools = pools.as_slice();
+        let config = &view.config;
+        let strict = req.strict_affinity || config.strict_affinity;
+        let affinities = &view.affinities;
+        let handle = view.handle.clone();
         let in_pools = |cidr: &IpNet| pools.iter().any(|p| p.cidr.contains(&cidr.network()));
-        let affinities = self
-            .list::<BlockAffinity>(&BlockAffinity::prefix_of(node))
-            .await?;
-        for (aff, _) in affinities
+        // The confirmed affinity of an affine block with room: its check keeps a fast
+        // allocation from using a block that is being released.
+        let usable = |b: &Block| -> Option<Op> {
+            if b.affinity.as_deref() != Some(node) || b.free_count() == 0 || !in_pools(&b.cidr) {
+                return None;
+            }
+            affinities
+                .iter()
+                .find(|(a, _)| a.cidr == b.cidr && a.state == AffinityState::Confirmed)
+                .map(|(a, rev)| Op::Check {
+                    key: BlockAffinity::key_of(node, &a.cidr),
+                    expected: Some(*rev),
+                })
+        };
+        let seed = |affinity: Op| {
+            let mut checks = view.checks.clone();
+            checks.push(affinity);
+            (view.pools.clone(), view.labels.clone(), checks)
+        };
+        // The common case: the block used last still has room.
+        if let Some((block, rev)) = view.hinted.clone()
+            && let Some(affinity) = usable(&block)
+        {
+            return self
+                .allocate_in(block, rev, n, req, handle, Some(seed(affinity)))
+                .await;
+        }
+        let mine: Vec<Read> = affinities
             .iter()
             .filter(|(a, _)| a.state == AffinityState::Confirmed && in_pools(&a.cidr))
-        {
-            let Some((block, rev)) = self.get::<Block>(&block_key(&aff.cidr)).await? else {
-                continue;
-            };
-            if block.affinity.as_deref() == Some(node) && block.free_count() > 0 {
-                return self.allocate_in(block, rev, n, req).await;
+            .map(|(a, _)| Read::Get(block_key(&a.cidr)))
+            .collect();
+        if !mine.is_empty() {
+            let (blocks, _) = self.store.read(mine).await?;
+            for kv in blocks.into_iter().filter_map(ReadResult::into_get) {
+                let block: Block = decode(&kv.value)?;
+                if let Some(affinity) = usable(&block) {
+                    return self
+                        .allocate_in(block, kv.mod_revision, n, req, handle, Some(seed(affinity)))
+                        .await;
+                }
             }
         }
         if (affinities.len() as u32) < config.max_blocks_per_host {
@@ -692,7 +879,7 @@ impl<D: Datastore> Ipam<D> {
                     && block.free_count() > 0
                     && block.affinity.as_deref() != Some(node)
                 {
-                    return self.allocate_in(block, rev, n, req).await;
+                    return self.allocate_in(block, rev, n, req, handle, None).await;
                 }
             }
         }
@@ -719,19 +906,23 @@ impl<D: Datastore> Ipam<D> {
     }
 
     /// Allocates up to `n` in `block` and records them under the handle, in one transaction.
+    /// `handle` is the handle as read in the same step (`None`: it does not exist yet).
+    /// `seed` (pools, labels, checks) lets the next allocation of the node take the fast path.
     async fn allocate_in(
         &self,
         mut block: Block,
         rev: Revision,
         n: usize,
         req: &AssignRequest,
+        handle: Option<(Handle, Revision)>,
+        seed: Option<FastSeed>,
     ) -> Result<Step, IpamError> {
         let got = block.allocate(n, &req.handle, &req.node, &req.attrs);
         if got.is_empty() {
             return Ok(Step::Again);
         }
         let handle_key = Handle::key(&req.handle);
-        let (mut handle, hrev) = match self.get::<Handle>(&handle_key).await? {
+        let (mut handle, hrev) = match handle {
             Some((h, r)) => (h, Some(r)),
             None => (
                 Handle {
@@ -746,12 +937,28 @@ impl<D: Datastore> Ipam<D> {
             Self::put(block_key(&block.cidr), &block, Some(rev)),
             Self::put(handle_key, &handle, hrev),
         ];
-        match self.store.txn(ops).await {
-            Ok(_) => {}
+        let written = match self.store.txn(ops).await {
+            Ok(r) => r,
             Err(StoreError::Conflict { .. }) => return Ok(Step::Again),
             Err(e) => return Err(e.into()),
-        }
+        };
         let borrowed = block.affinity.as_deref() != Some(req.node.as_str());
+        if !borrowed {
+            self.set_hint(&req.node, block.cidr);
+        }
+        if let Some((pools, labels, checks)) = seed {
+            let fast = Fast {
+                pools,
+                labels,
+                checks,
+                block: block.clone(),
+                block_rev: written,
+            };
+            self.fast
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(req.node.clone(), fast);
+        }
         Ok(Step::Allocated(
             got.into_iter()
                 .map(|(address, seq)| Assigned {
@@ -1403,4 +1610,60 @@ fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf29ce484222325u64, |h, b| {
         (h ^ *b as u64).wrapping_mul(0x100000001b3)
     })
+}
+
+/// The pools a request may take addresses of one family from: the ones it names (which must
+/// exist, be enabled, of the family and allow the use), else every enabled automatic pool of
+/// the family whose node selector matches the node's labels.
+fn select_pools(
+    pools: &[IpPool],
+    labels: &BTreeMap<String, String>,
+    family: Family,
+    named: &[String],
+    use_: AllowedUse,
+) -> Result<Vec<IpPool>, IpamError> {
+    let field = match family {
+        Family::V4 => "ipv4_pools",
+        Family::V6 => "ipv6_pools",
+    };
+    if !named.is_empty() {
+        let mut out = Vec::new();
+        for n in named {
+            let pool = pools
+                .iter()
+                .find(|p| &p.name == n || p.cidr.to_string() == *n)
+                .ok_or_else(|| IpamError::InvalidArgument {
+                    field,
+                    reason: format!("no pool named {n}"),
+                })?;
+            let problem = if Family::of(&pool.cidr) != family {
+                Some("is not of this address family".to_owned())
+            } else if pool.disabled {
+                Some("is disabled".to_owned())
+            } else if !pool.allows(use_) {
+                Some(format!("does not allow {use_:?} addresses"))
+            } else {
+                None
+            };
+            if let Some(problem) = problem {
+                return Err(IpamError::InvalidArgument {
+                    field,
+                    reason: format!("pool {n} {problem}"),
+                });
+            }
+            out.push(pool.clone());
+        }
+        return Ok(out);
+    }
+    Ok(pools
+        .iter()
+        .filter(|p| Family::of(&p.cidr) == family && !p.disabled && p.allows(use_))
+        .filter(|p| p.assignment_mode == AssignmentMode::Automatic)
+        .filter(|p| {
+            Selector::parse(&p.node_selector)
+                .map(|s| s.matches(labels))
+                .unwrap_or(false)
+        })
+        .cloned()
+        .collect())
 }

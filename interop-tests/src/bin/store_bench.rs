@@ -10,10 +10,10 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use clap::{Parser, Subcommand, ValueEnum};
-use interop_tests::lab;
+use interop_tests::{bench, lab};
 use ipam::store::etcd::EtcdOptions;
 use ipam::store::sqlite::{SqliteOptions, SqliteStore, Sync};
 use ipam::store::{Datastore, Op, StoreError};
@@ -150,62 +150,11 @@ async fn increment<D: Datastore>(store: &D, key: &str) -> Result<(), StoreError>
     }
 }
 
-/// Nanoseconds of CLOCK_MONOTONIC: comparable across processes of this host.
-fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes into the timespec we own.
-    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
-    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
 struct Row {
     backend: String,
     writers: usize,
     updates: usize,
     per_sec: f64,
-}
-
-/// Conditional updates of 1 KiB values: `writers` tasks, each on its own keys.
-async fn updates<D: Datastore>(
-    store: Arc<D>,
-    prefix: &str,
-    writers: usize,
-    total: usize,
-) -> Result<f64, StoreError> {
-    let each = total / writers;
-    let value = vec![b'x'; 1024];
-    // Each writer owns 8 keys (like a node owning blocks) and cycles through them.
-    let mut revs = Vec::new();
-    for w in 0..writers {
-        let mut mine = Vec::new();
-        for k in 0..8 {
-            let key = format!("{prefix}{w}/{k}");
-            let r = store.create(&key, value.clone()).await?;
-            mine.push((key, r));
-        }
-        revs.push(mine);
-    }
-    let started = Instant::now();
-    let mut tasks = Vec::new();
-    for mut mine in revs {
-        let (store, value) = (store.clone(), value.clone());
-        tasks.push(tokio::spawn(async move {
-            for i in 0..each {
-                let slot = i % mine.len();
-                let (key, expected) = &mine[slot];
-                let r = store.update(key, value.clone(), *expected).await?;
-                mine[slot].1 = r;
-            }
-            Ok::<(), StoreError>(())
-        }));
-    }
-    for t in tasks {
-        t.await.map_err(|e| StoreError::Backend(e.to_string()))??;
-    }
-    Ok((each * writers) as f64 / started.elapsed().as_secs_f64())
 }
 
 /// Latency from a write's start to its delivery to a watcher on `watcher_store`, p50 and p99.
@@ -217,26 +166,29 @@ async fn watch_latency<D: Datastore, W: Datastore>(
 ) -> Result<(Duration, Duration), StoreError> {
     let key = format!("{prefix}k");
     let mut rev = writer_store
-        .create(&key, monotonic_ns().to_string().into_bytes())
+        .create(&key, bench::monotonic_ns().to_string().into_bytes())
         .await?;
     let mut watch = watcher_store.watch(prefix, rev).await?;
     let mut samples = Vec::with_capacity(count);
     for _ in 0..count {
         rev = writer_store
-            .update(&key, monotonic_ns().to_string().into_bytes(), rev)
+            .update(&key, bench::monotonic_ns().to_string().into_bytes(), rev)
             .await?;
         let ev = tokio::time::timeout(Duration::from_secs(10), watch.next())
             .await
             .map_err(|_| StoreError::Backend("watch event did not arrive in 10 s".into()))?
             .ok_or_else(|| StoreError::Backend("watch ended".into()))??;
         let sent = parse(ev.value.as_deref().unwrap_or_default());
-        samples.push(Duration::from_nanos(monotonic_ns().saturating_sub(sent)));
+        samples.push(Duration::from_nanos(
+            bench::monotonic_ns().saturating_sub(sent),
+        ));
         // Spaced writes, as cluster changes come: measure delivery, not queueing.
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
-    samples.sort();
-    let pick = |q: f64| samples[((samples.len() - 1) as f64 * q) as usize];
-    Ok((pick(0.5), pick(0.99)))
+    Ok((
+        bench::percentile(&mut samples, 0.5),
+        bench::percentile(&mut samples, 0.99),
+    ))
 }
 
 async fn bench_backend<D: Datastore>(
@@ -246,7 +198,8 @@ async fn bench_backend<D: Datastore>(
     rows: &mut Vec<Row>,
 ) -> Result<(), StoreError> {
     for writers in [1, 8] {
-        let per_sec = updates(store.clone(), &format!("/bench/u{writers}/"), writers, n).await?;
+        let per_sec =
+            bench::cas_updates(store.clone(), &format!("/bench/u{writers}/"), writers, n).await?;
         rows.push(Row {
             backend: name.into(),
             writers,
@@ -255,10 +208,6 @@ async fn bench_backend<D: Datastore>(
         });
     }
     Ok(())
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.2} ms", d.as_secs_f64() * 1000.0)
 }
 
 async fn bench(smoke: bool) -> Result<(), StoreError> {
@@ -317,7 +266,12 @@ async fn bench(smoke: bool) -> Result<(), StoreError> {
     println!("watch delivery latency ({watches} changes, 2 ms apart)");
     println!("{:<22} {:>10} {:>10}", "watcher", "p50", "p99");
     for (name, (p50, p99)) in &latency {
-        println!("{:<22} {:>10} {:>10}", name, ms(*p50), ms(*p99));
+        println!(
+            "{:<22} {:>10} {:>10}",
+            name,
+            bench::ms(*p50),
+            bench::ms(*p99)
+        );
     }
     Ok(())
 }

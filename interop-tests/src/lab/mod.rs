@@ -30,3 +30,22 @@ pub fn binary(name: &str) -> PathBuf {
     );
     path
 }
+
+/// Opens a store from "sqlite:PATH" or "etcd:URL[,URL...]" (what the load generators take).
+pub async fn open_store(spec: &str) -> Result<ipam::store::Store, ipam::store::StoreError> {
+    use ipam::store::{Store, StoreError, etcd, sqlite};
+    if let Some(path) = spec.strip_prefix("sqlite:") {
+        Ok(Store::Sqlite(
+            sqlite::SqliteStore::open(path, sqlite::SqliteOptions::default()).await?,
+        ))
+    } else if let Some(urls) = spec.strip_prefix("etcd:") {
+        let endpoints: Vec<String> = urls.split(',').map(str::to_owned).collect();
+        Ok(Store::Etcd(
+            etcd::EtcdStore::connect(&endpoints, etcd::EtcdOptions::default()).await?,
+        ))
+    } else {
+        Err(StoreError::Backend(format!(
+            "{spec:?}: expected sqlite:PATH or etcd:URL"
+        )))
+    }
+}

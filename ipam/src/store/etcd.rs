@@ -14,8 +14,8 @@ use etcd_client::{
 use tokio::sync::mpsc;
 
 use super::{
-    Datastore, Event, KeyValue, Listing, Op, Result, Revision, StoreError, Watch, prefix_end,
-    validate_key, validate_ops,
+    Datastore, Event, KeyValue, Listing, Op, Read, ReadResult, Result, Revision, StoreError, Watch,
+    prefix_end, validate_key, validate_ops,
 };
 
 /// Keys read per page of a `list`.
@@ -192,6 +192,53 @@ impl Datastore for EtcdStore {
             // The next page starts just after the last key.
             start = format!("{}\0", items.last().map(|i| i.key.as_str()).unwrap_or(""));
         }
+    }
+
+    async fn read(&self, reads: Vec<Read>) -> Result<(Vec<ReadResult>, Revision)> {
+        // A transaction without conditions: every range read at one revision, one round trip.
+        let mut ops = Vec::with_capacity(reads.len());
+        for r in &reads {
+            ops.push(match r {
+                Read::Get(key) => {
+                    validate_key(key)?;
+                    TxnOp::get(key.as_str(), None)
+                }
+                Read::List(prefix) => {
+                    let end = prefix_end(prefix).unwrap_or_else(|| "\u{7f}".to_owned());
+                    let start = if prefix.is_empty() {
+                        " "
+                    } else {
+                        prefix.as_str()
+                    };
+                    let options = GetOptions::new()
+                        .with_range(end)
+                        .with_sort(SortTarget::Key, SortOrder::Ascend);
+                    TxnOp::get(start, Some(options))
+                }
+            });
+        }
+        let resp = self
+            .client
+            .kv_client()
+            .txn(Txn::new().and_then(ops))
+            .await
+            .map_err(map_err)?;
+        let revision = rev(resp.header().map(|h| h.revision()).unwrap_or(0));
+        let mut out = Vec::with_capacity(reads.len());
+        for (r, answer) in reads.iter().zip(resp.op_responses()) {
+            let TxnOpResponse::Get(g) = answer else {
+                return Err(StoreError::Backend(
+                    "etcd answered a read with a write".into(),
+                ));
+            };
+            out.push(match r {
+                Read::Get(_) => ReadResult::Get(g.kvs().first().map(to_kv).transpose()?),
+                Read::List(_) => {
+                    ReadResult::List(g.kvs().iter().map(to_kv).collect::<Result<Vec<_>>>()?)
+                }
+            });
+        }
+        Ok((out, revision))
     }
 
     async fn txn(&self, ops: Vec<Op>) -> Result<Revision> {

@@ -44,6 +44,39 @@ pub struct Listing {
     pub revision: Revision,
 }
 
+/// One read of a consistent multi-read (`Datastore::read`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Read {
+    Get(String),
+    /// Every key under the prefix, sorted. For small prefixes: large ones take `list`.
+    List(String),
+}
+
+/// The answer to one `Read`, in the same position.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReadResult {
+    Get(Option<KeyValue>),
+    List(Vec<KeyValue>),
+}
+
+impl ReadResult {
+    /// The key of a `Get`; `None` for a missing key or a `List`.
+    pub fn into_get(self) -> Option<KeyValue> {
+        match self {
+            ReadResult::Get(kv) => kv,
+            ReadResult::List(_) => None,
+        }
+    }
+
+    /// The keys of a `List`; empty for a `Get`.
+    pub fn into_list(self) -> Vec<KeyValue> {
+        match self {
+            ReadResult::List(kvs) => kvs,
+            ReadResult::Get(_) => Vec::new(),
+        }
+    }
+}
+
 /// One conditional write of a transaction.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Op {
@@ -183,6 +216,11 @@ pub trait Datastore: Send + Sync + 'static {
     fn get(&self, key: &str) -> impl Future<Output = Result<Option<KeyValue>>> + Send;
     /// Every key starting with `prefix`, sorted, with the revision of the read.
     fn list(&self, prefix: &str) -> impl Future<Output = Result<Listing>> + Send;
+    /// Several reads at one revision, in one round trip; answers in the order asked.
+    fn read(
+        &self,
+        reads: Vec<Read>,
+    ) -> impl Future<Output = Result<(Vec<ReadResult>, Revision)>> + Send;
     /// All the ops or none; returns the revision of the writes (the current revision if the
     /// transaction only checks). The first op whose condition fails is reported as `Conflict`.
     fn txn(&self, ops: Vec<Op>) -> impl Future<Output = Result<Revision>> + Send;
@@ -296,6 +334,9 @@ impl Datastore for Store {
     }
     async fn list(&self, prefix: &str) -> Result<Listing> {
         dispatch!(self, s => s.list(prefix).await)
+    }
+    async fn read(&self, reads: Vec<Read>) -> Result<(Vec<ReadResult>, Revision)> {
+        dispatch!(self, s => s.read(reads).await)
     }
     async fn txn(&self, ops: Vec<Op>) -> Result<Revision> {
         dispatch!(self, s => s.txn(ops).await)

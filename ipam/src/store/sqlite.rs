@@ -17,8 +17,8 @@ use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, pa
 use tokio::sync::{mpsc, watch};
 
 use super::{
-    Datastore, Event, KeyValue, Listing, Op, Result, Revision, StoreError, Watch, prefix_end,
-    validate_key, validate_ops,
+    Datastore, Event, KeyValue, Listing, Op, Read, ReadResult, Result, Revision, StoreError, Watch,
+    prefix_end, validate_key, validate_ops,
 };
 
 /// `PRAGMA application_id` of a margay store ("MRGY").
@@ -427,6 +427,43 @@ impl Datastore for SqliteStore {
                 .query_map([start, end], row_to_kv)?
                 .collect::<rusqlite::Result<Vec<_>>>()?;
             Ok(Listing { items, revision })
+        })
+        .await
+    }
+
+    async fn read(&self, reads: Vec<Read>) -> Result<(Vec<ReadResult>, Revision)> {
+        for r in &reads {
+            if let Read::Get(key) = r {
+                validate_key(key)?;
+            }
+        }
+        self.with_reader(move |conn| {
+            let tx = conn.transaction()?;
+            let revision = read_revision(&tx)?;
+            let mut out = Vec::with_capacity(reads.len());
+            for r in reads {
+                out.push(match r {
+                    Read::Get(key) => ReadResult::Get(
+                        tx.prepare_cached(
+                            "SELECT key, value, create_rev, mod_rev FROM kv WHERE key = ?1",
+                        )?
+                        .query_row([key], row_to_kv)
+                        .optional()?,
+                    ),
+                    Read::List(prefix) => {
+                        let end = prefix_end(&prefix).unwrap_or_else(|| KEY_MAX.to_owned());
+                        ReadResult::List(
+                            tx.prepare_cached(
+                                "SELECT key, value, create_rev, mod_rev FROM kv
+                                 WHERE key >= ?1 AND key < ?2 ORDER BY key",
+                            )?
+                            .query_map([prefix, end], row_to_kv)?
+                            .collect::<rusqlite::Result<Vec<_>>>()?,
+                        )
+                    }
+                });
+            }
+            Ok((out, revision))
         })
         .await
     }

@@ -1,0 +1,237 @@
+//! `ipam-bench`: IPAM's benchmark and load generator.
+//!
+//! - `ipam-bench bench [--smoke]`: one table per backend (SQLite, a real etcd on loopback):
+//!   allocations/s and releases/s with 1 and 8 concurrent clients on one node, each next to
+//!   the backend's raw conditional-update rate; p50/p99 latency of one allocation; the time
+//!   for 200 pods' allocations on one node.
+//! - `ipam-bench worker --store SPEC --node N --count C --prefix P`: allocates C addresses,
+//!   one per handle `P-<i>`, printing `assigned <handle> <address>` once each is stored. For
+//!   the multi-process and kill -9 tests.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::{Parser, Subcommand};
+use interop_tests::{bench, lab};
+use ipam::IpamError;
+use ipam::allocator::{AssignRequest, Ipam};
+use ipam::model::IpPool;
+use ipam::store::Datastore;
+use ipam::store::etcd::EtcdOptions;
+use ipam::store::sqlite::{SqliteOptions, SqliteStore};
+
+#[derive(Parser)]
+#[command(about = "margay IPAM benchmark and load generator")]
+struct Args {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print the benchmark table.
+    Bench {
+        #[arg(long)]
+        smoke: bool,
+    },
+    /// Allocate addresses from a store until done (or killed).
+    Worker {
+        /// sqlite:PATH or etcd:URL[,URL...]
+        #[arg(long)]
+        store: String,
+        #[arg(long)]
+        node: String,
+        #[arg(long)]
+        count: usize,
+        #[arg(long)]
+        prefix: String,
+    },
+}
+
+fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    let result = rt.block_on(async {
+        match args.command {
+            Command::Bench { smoke } => bench(smoke).await,
+            Command::Worker {
+                store,
+                node,
+                count,
+                prefix,
+            } => worker(&store, &node, count, &prefix).await,
+        }
+    });
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ipam-bench: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+fn request(handle: String, node: &str) -> AssignRequest {
+    AssignRequest {
+        handle,
+        node: node.into(),
+        num_v4: 1,
+        ..Default::default()
+    }
+}
+
+async fn worker(spec: &str, node: &str, count: usize, prefix: &str) -> Result<(), IpamError> {
+    let ipam = Ipam::new(lab::open_store(spec).await?);
+    for i in 0..count {
+        let handle = format!("{prefix}-{i}");
+        let (v4, _) = ipam.auto_assign(&request(handle.clone(), node)).await?;
+        println!("assigned {handle} {}", v4[0].address);
+    }
+    Ok(())
+}
+
+struct Rates {
+    alloc: f64,
+    release: f64,
+}
+
+/// `clients` concurrent tasks allocating `total` addresses on one node, then releasing them.
+async fn alloc_release<D: Datastore>(
+    ipam: Arc<Ipam<D>>,
+    run: &str,
+    clients: usize,
+    total: usize,
+) -> Result<(Rates, Vec<Duration>), IpamError> {
+    let each = total / clients;
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let (ipam, run) = (ipam.clone(), run.to_owned());
+        tasks.push(tokio::spawn(async move {
+            let mut latencies = Vec::with_capacity(each);
+            for i in 0..each {
+                let t = Instant::now();
+                ipam.auto_assign(&request(format!("{run}.c{c}-{i}"), "bench-node"))
+                    .await?;
+                latencies.push(t.elapsed());
+            }
+            Ok::<_, IpamError>(latencies)
+        }));
+    }
+    let mut latencies = Vec::new();
+    for t in tasks {
+        latencies.extend(t.await.expect("the task does not panic")?);
+    }
+    let alloc = (each * clients) as f64 / started.elapsed().as_secs_f64();
+
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let (ipam, run) = (ipam.clone(), run.to_owned());
+        tasks.push(tokio::spawn(async move {
+            for i in 0..each {
+                ipam.release_by_handle(&format!("{run}.c{c}-{i}")).await?;
+            }
+            Ok::<_, IpamError>(())
+        }));
+    }
+    for t in tasks {
+        t.await.expect("the task does not panic")?;
+    }
+    let release = (each * clients) as f64 / started.elapsed().as_secs_f64();
+    Ok((Rates { alloc, release }, latencies))
+}
+
+async fn measure<D: Datastore + Clone>(
+    store: D,
+    name: &str,
+    n: usize,
+    rows: &mut Vec<String>,
+) -> Result<(), IpamError> {
+    let mut raw = Vec::new();
+    for writers in [1, 8] {
+        raw.push(
+            bench::cas_updates(
+                Arc::new(store.clone()),
+                &format!("/bench/raw{writers}/"),
+                writers,
+                n,
+            )
+            .await?,
+        );
+    }
+    let ipam = Arc::new(Ipam::new(store));
+    ipam.create_pool(&IpPool::new(
+        "bench",
+        "10.200.0.0/16".parse().expect("constant"),
+    ))
+    .await?;
+    // 200 pods on one node, one after the other, from a fresh node.
+    let started = Instant::now();
+    for i in 0..200 {
+        ipam.auto_assign(&request(format!("pods.{i}"), "pods-node"))
+            .await?;
+    }
+    let pods200 = started.elapsed();
+    for (i, clients) in [1, 8].into_iter().enumerate() {
+        let (rates, mut lat) =
+            alloc_release(ipam.clone(), &format!("run{clients}"), clients, n).await?;
+        let p50 = bench::percentile(&mut lat, 0.5);
+        let p99 = bench::percentile(&mut lat, 0.99);
+        rows.push(format!(
+            "{:<20} {:>7} {:>10.0} {:>9.2} {:>10.0} {:>10.0} {:>10} {:>10} {:>12}",
+            name,
+            clients,
+            rates.alloc,
+            rates.alloc / raw[i],
+            rates.release,
+            raw[i],
+            bench::ms(p50),
+            bench::ms(p99),
+            if i == 0 {
+                bench::ms(pods200)
+            } else {
+                String::new()
+            },
+        ));
+    }
+    Ok(())
+}
+
+async fn bench(smoke: bool) -> Result<(), IpamError> {
+    // 1,200 addresses fit in one node's 20 blocks of 64.
+    let n = if smoke { 80 } else { 1200 };
+    let dir = tempfile::tempdir().map_err(|e| IpamError::InUse(e.to_string()))?;
+    let mut rows = Vec::new();
+    let sqlite = SqliteStore::open(dir.path().join("ipam.db"), SqliteOptions::default()).await?;
+    measure(sqlite, "sqlite (sync=full)", n, &mut rows).await?;
+    let etcd = lab::etcd::EtcdCluster::start(1);
+    let store = etcd.store(EtcdOptions::default()).await;
+    measure(store, "etcd (1 member)", n, &mut rows).await?;
+    drop(etcd);
+
+    println!(
+        "IPAM on one node, one address per request{}",
+        if smoke { " (smoke run)" } else { "" }
+    );
+    println!(
+        "{:<20} {:>7} {:>10} {:>9} {:>10} {:>10} {:>10} {:>10} {:>12}",
+        "backend",
+        "clients",
+        "allocs/s",
+        "vs raw",
+        "releases/s",
+        "raw cas/s",
+        "alloc p50",
+        "alloc p99",
+        "200 pods"
+    );
+    for r in rows {
+        println!("{r}");
+    }
+    Ok(())
+}
