@@ -1,0 +1,123 @@
+//! What the two OPENs negotiated, as far as the wire format is concerned.
+
+use crate::header::{MAX_EXTENDED_MESSAGE_LEN, MAX_MESSAGE_LEN};
+use crate::open::{Capability, Open};
+use crate::types::{Afi, Family};
+
+/// The negotiated state decoding and encoding depend on.
+///
+/// `Default` is the state before (or without) any capability: 2-octet AS numbers, 4096-octet
+/// messages, IPv4 unicast only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct SessionParams {
+    /// Both sides sent the 4-octet AS capability (RFC 6793).
+    pub four_octet_as: bool,
+    /// Both sides sent the extended message capability (RFC 8654): UPDATEs and NOTIFICATIONs
+    /// up to 65535 octets.
+    pub extended_message: bool,
+    /// IPv4 unicast routes are accepted in MP_REACH_NLRI / MP_UNREACH_NLRI. (The classic
+    /// NLRI fields are always IPv4 unicast and always accepted.)
+    pub ipv4_unicast: bool,
+    /// IPv6 unicast was negotiated.
+    pub ipv6_unicast: bool,
+    /// We announced that we accept IPv4 routes with an IPv6 next hop (RFC 8950).
+    pub ipv4_ext_next_hop: bool,
+    /// The peer is external (eBGP outside our confederation): LOCAL_PREF, ORIGINATOR_ID and
+    /// CLUSTER_LIST from it are discarded, confederation segments in AS_PATH are malformed.
+    pub external: bool,
+}
+
+impl Default for SessionParams {
+    fn default() -> Self {
+        SessionParams {
+            four_octet_as: false,
+            extended_message: false,
+            ipv4_unicast: true,
+            ipv6_unicast: false,
+            ipv4_ext_next_hop: false,
+            external: false,
+        }
+    }
+}
+
+/// Families an OPEN offers: its multiprotocol capabilities, or IPv4 unicast if it has none
+/// (RFC 4760 §8).
+fn offered(open: &Open) -> impl Iterator<Item = Family> + '_ {
+    let implicit = open
+        .families()
+        .next()
+        .is_none()
+        .then_some(Family::IPV4_UNICAST);
+    open.families().chain(implicit)
+}
+
+impl SessionParams {
+    /// The largest message the session may send or receive.
+    pub fn max_message_len(&self) -> usize {
+        if self.extended_message {
+            MAX_EXTENDED_MESSAGE_LEN
+        } else {
+            MAX_MESSAGE_LEN
+        }
+    }
+
+    /// Negotiate from the OPEN we sent and the OPEN we received.
+    pub fn negotiate(local: &Open, remote: &Open, external: bool) -> Self {
+        let both = |code: u8| local.has(code) && remote.has(code);
+        let family = |f: Family| offered(local).any(|x| x == f) && offered(remote).any(|x| x == f);
+        SessionParams {
+            four_octet_as: local.four_octet_as().is_some() && remote.four_octet_as().is_some(),
+            extended_message: both(Capability::ExtendedMessage.code()),
+            ipv4_unicast: family(Family::IPV4_UNICAST),
+            ipv6_unicast: family(Family::IPV6_UNICAST),
+            ipv4_ext_next_hop: local.ext_next_hops().any(|t| {
+                t.nlri_afi == Afi::IPV4 && t.nlri_safi == 1 && t.next_hop_afi == Afi::IPV6
+            }),
+            external,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::open::ExtNextHop;
+    use crate::types::Asn;
+    use std::net::Ipv4Addr;
+
+    fn open(caps: Vec<Capability>) -> Open {
+        Open::new(Asn(65001), 90, Ipv4Addr::new(1, 1, 1, 1), caps)
+    }
+
+    #[test]
+    fn negotiation() {
+        let local = open(vec![
+            Capability::Multiprotocol(Family::IPV4_UNICAST),
+            Capability::Multiprotocol(Family::IPV6_UNICAST),
+            Capability::FourOctetAs(Asn(65001)),
+            Capability::ExtendedMessage,
+            Capability::ExtendedNextHop(vec![ExtNextHop {
+                nlri_afi: Afi::IPV4,
+                nlri_safi: 1,
+                next_hop_afi: Afi::IPV6,
+            }]),
+        ]);
+        let remote = open(vec![
+            Capability::Multiprotocol(Family::IPV6_UNICAST),
+            Capability::FourOctetAs(Asn(65002)),
+        ]);
+        let s = SessionParams::negotiate(&local, &remote, true);
+        assert!(s.four_octet_as && !s.extended_message && s.ipv6_unicast && !s.ipv4_unicast);
+        assert!(s.ipv4_ext_next_hop && s.external);
+        assert_eq!(s.max_message_len(), 4096);
+        // No multiprotocol capability at all: IPv4 unicast is implied.
+        let s = SessionParams::negotiate(
+            &open(vec![]),
+            &open(vec![Capability::ExtendedMessage]),
+            false,
+        );
+        assert!(s.ipv4_unicast && !s.ipv6_unicast && !s.four_octet_as);
+        let s = SessionParams::negotiate(&open(vec![]), &local, false);
+        assert!(s.ipv4_unicast && !s.ipv6_unicast);
+    }
+}
