@@ -35,10 +35,17 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         .map_err(DaemonError::Datastore)?;
     let api = Api::bind(&config.api).await?;
     tokio::spawn(crate::registration::run(config.clone(), datastore.clone()));
+    let dataplane = crate::dataplane::Hub::new();
+    tokio::spawn(crate::dataplane::run(
+        config.node.name.clone(),
+        datastore.clone(),
+        dataplane.clone(),
+    ));
     let info = DaemonInfo {
         node: config.node.name.clone(),
         datastore,
         started,
+        dataplane,
     };
     tracing::info!(
         version = crate::VERSION,

@@ -4,6 +4,7 @@
 //! - `config`: the TOML configuration with `MARGAY_` environment overrides.
 //! - `api`: the gRPC server (unix socket, optional TCP with mutual TLS), health and reflection.
 //! - `daemon`: start-up, signals and clean shutdown of bgpd.
+//! - `dataplane`: the desired kernel state of this node, served to routewriter.
 //! - `datastore`: the connection to the cluster datastore, kept current and reported.
 //! - `ctl`: the client side used by bgpctl (and by tests).
 //! - `logging`: one line per event through `tracing`.
@@ -14,6 +15,7 @@ pub mod api;
 pub mod config;
 pub mod ctl;
 pub mod daemon;
+pub mod dataplane;
 pub mod datastore;
 pub mod logging;
 pub mod registration;

@@ -14,6 +14,8 @@ pub struct DaemonInfo {
     pub node: String,
     pub datastore: DatastoreHandle,
     pub started: Instant,
+    /// The desired kernel state served to routewriter.
+    pub dataplane: crate::dataplane::Hub,
 }
 
 #[derive(Clone)]

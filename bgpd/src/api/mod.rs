@@ -1,14 +1,14 @@
 //! bgpd's gRPC server. It serves the contract of the `proto` crate on a unix socket and,
 //! when configured, on TCP with mutual TLS; both listeners carry the same services, the
 //! standard health service and server reflection (v1 and v1alpha). Services of the contract
-//! that are not implemented yet (Bgp, Dataplane) are not registered, so tonic answers them
-//! UNIMPLEMENTED.
+//! that are not implemented yet (Bgp) are not registered, so tonic answers them UNIMPLEMENTED.
 //!
 //! The API layer owns no state of its own: each service holds handles to the parts of the
 //! daemon that own the state.
 
 pub mod convert;
 mod daemon_service;
+mod dataplane_service;
 mod ipam_service;
 pub mod socket;
 
@@ -16,6 +16,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use proto::v1::daemon_server::DaemonServer;
+use proto::v1::dataplane_server::DataplaneServer;
 use proto::v1::ipam_server::IpamServer;
 use proto::v1::nodes_server::NodesServer;
 use proto::v1::pools_server::PoolsServer;
@@ -157,6 +158,9 @@ async fn routes(info: DaemonInfo) -> Result<Routes, ApiError> {
         .add_service(PoolsServer::new(ipam.clone()))
         .add_service(NodesServer::new(ipam.clone()))
         .add_service(IpamServer::new(ipam))
+        .add_service(DataplaneServer::new(
+            dataplane_service::DataplaneService::new(info.dataplane.clone()),
+        ))
         .add_service(DaemonServer::new(daemon_service::DaemonService::new(info))))
 }
 
