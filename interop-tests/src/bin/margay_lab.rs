@@ -1,0 +1,612 @@
+//! `margay-lab`: a local margay cluster in network namespaces, on one machine, as root.
+//!
+//! `up` builds nothing itself (scripts/up builds first) and brings up: three nodes on one L2
+//! segment and a fourth in another subnet behind a router namespace; on each node bgpd and
+//! routewriter, all sharing one embedded SQLite datastore; the default pool 172.20.0.0/16
+//! (/26 blocks, vxlanMode CrossSubnet, natOutgoing); two pods per node created through the
+//! real CNI protocol (the `margay` plugin run with the CNI environment and stdin). It prints a
+//! node's status, blocks and kernel routes, and a ping matrix of every pod to every pod, and
+//! exits non-zero unless every pair answers. `check` re-runs the matrix; `status` shows what
+//! is up; `down` removes every namespace and process it created. `up` twice is safe.
+//!
+//! Everything it makes is named `mlab-*` (namespaces) or lives in /run/margay-lab (configs,
+//! pid files, logs, the datastore file). `MARGAY_LAB_NAME=x` makes that `x-*` and
+//! /run/margay-lab-x, so tests run a lab of their own beside a user's.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use clap::{Parser, Subcommand};
+
+const NETWORK: &str = "k8s-pod-network";
+
+/// The lab's name: the prefix of its namespaces and the suffix of its state directory.
+fn lab_name() -> &'static str {
+    static NAME: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    NAME.get_or_init(|| std::env::var("MARGAY_LAB_NAME").unwrap_or_else(|_| "mlab".into()))
+}
+
+fn prefix() -> String {
+    format!("{}-", lab_name())
+}
+
+fn state() -> PathBuf {
+    match lab_name() {
+        "mlab" => PathBuf::from("/run/margay-lab"),
+        other => PathBuf::from(format!("/run/margay-lab-{other}")),
+    }
+}
+
+#[derive(Parser)]
+#[command(about = "A local margay cluster in network namespaces")]
+struct Args {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Bring the cluster up (or show it, when it is up already).
+    Up,
+    /// Ping every pod from every pod.
+    Check,
+    /// What is up.
+    Status,
+    /// Remove every namespace and process of the lab.
+    Down,
+}
+
+/// One node: its name, namespace, segment, address.
+struct NodeSpec {
+    name: &'static str,
+    segment: &'static str,
+    address: &'static str,
+    gateway: &'static str,
+}
+
+const NODES: [NodeSpec; 4] = [
+    NodeSpec {
+        name: "node-1",
+        segment: "seg1",
+        address: "10.99.1.11/24",
+        gateway: "10.99.1.1",
+    },
+    NodeSpec {
+        name: "node-2",
+        segment: "seg1",
+        address: "10.99.1.12/24",
+        gateway: "10.99.1.1",
+    },
+    NodeSpec {
+        name: "node-3",
+        segment: "seg1",
+        address: "10.99.1.13/24",
+        gateway: "10.99.1.1",
+    },
+    NodeSpec {
+        name: "node-4",
+        segment: "seg2",
+        address: "10.99.2.14/24",
+        gateway: "10.99.2.1",
+    },
+];
+const PODS_PER_NODE: [&str; 2] = ["a", "b"];
+
+fn ns(name: &str) -> String {
+    format!("{}{name}", prefix())
+}
+
+fn pod_ns(node: &str, pod: &str) -> String {
+    format!("{}{node}-{pod}", prefix())
+}
+
+/// Runs a command; its stdout, or an error naming it with its stderr.
+fn run(cmd: &mut Command) -> Result<String, String> {
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("{cmd:?}: {e}"))?;
+    if out.status.success() {
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    } else {
+        Err(format!(
+            "{cmd:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+fn ip(args: &[&str]) -> Result<String, String> {
+    run(Command::new("ip").args(args))
+}
+
+fn in_ns(name: &str, args: &[&str]) -> Result<String, String> {
+    let mut all = vec!["netns", "exec", name];
+    all.extend_from_slice(args);
+    ip(&all)
+}
+
+/// Workspace binaries sit next to this one.
+fn bin(name: &str) -> PathBuf {
+    let me = std::env::current_exe().unwrap_or_default();
+    me.parent()
+        .map(|d| d.join(name))
+        .unwrap_or_else(|| PathBuf::from(name))
+}
+
+fn lab_namespaces() -> Vec<String> {
+    ip(&["netns", "list"])
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|n| n.starts_with(&prefix()))
+        .map(str::to_owned)
+        .collect()
+}
+
+fn pids() -> Vec<(String, i32)> {
+    let Ok(dir) = std::fs::read_dir(state().join("pids")) else {
+        return vec![];
+    };
+    dir.filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let pid = std::fs::read_to_string(e.path())
+                .ok()?
+                .trim()
+                .parse()
+                .ok()?;
+            Some((e.file_name().to_string_lossy().into_owned(), pid))
+        })
+        .collect()
+}
+
+fn alive(pid: i32) -> bool {
+    // SAFETY: signal 0 only checks that the process exists.
+    unsafe { libc::kill(pid, 0) == 0 }
+}
+
+fn down() -> Result<(), String> {
+    let procs = pids();
+    for (_, pid) in &procs {
+        // SAFETY: plain kill(2) of a pid this lab recorded.
+        unsafe { libc::kill(*pid, libc::SIGTERM) };
+    }
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while procs.iter().any(|(_, p)| alive(*p)) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for (_, pid) in &procs {
+        if alive(*pid) {
+            // SAFETY: as above.
+            unsafe { libc::kill(*pid, libc::SIGKILL) };
+        }
+    }
+    for n in lab_namespaces() {
+        // Processes someone started inside by hand would keep the namespace busy.
+        if let Ok(out) = ip(&["netns", "pids", &n]) {
+            for pid in out.split_whitespace().filter_map(|p| p.parse::<i32>().ok()) {
+                // SAFETY: a process inside one of the lab's namespaces.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+        ip(&["netns", "del", &n])?;
+    }
+    let _ = std::fs::remove_dir_all(state());
+    println!("margay-lab: down");
+    Ok(())
+}
+
+fn topology() -> Result<(), String> {
+    for seg in ["seg1", "seg2"] {
+        ip(&["netns", "add", &ns(seg)])?;
+        in_ns(&ns(seg), &["ip", "link", "add", "br0", "type", "bridge"])?;
+        in_ns(&ns(seg), &["ip", "link", "set", "br0", "up"])?;
+    }
+    // The router: a leg in each segment, forwarding between them.
+    let router = ns("router");
+    ip(&["netns", "add", &router])?;
+    in_ns(
+        &router,
+        &["sh", "-c", "echo 1 > /proc/sys/net/ipv4/ip_forward"],
+    )?;
+    for (seg, addr) in [("seg1", "10.99.1.1/24"), ("seg2", "10.99.2.1/24")] {
+        attach(&router, &format!("r-{seg}"), seg, addr)?;
+    }
+    for n in &NODES {
+        let node = ns(n.name);
+        ip(&["netns", "add", &node])?;
+        in_ns(&node, &["ip", "link", "set", "lo", "up"])?;
+        attach(&node, "eth0", n.segment, n.address)?;
+        in_ns(&node, &["ip", "route", "add", "default", "via", n.gateway])?;
+    }
+    Ok(())
+}
+
+/// A veth from `inside` (named `dev`, with `addr`) to segment `seg`'s bridge.
+fn attach(inside: &str, dev: &str, seg: &str, addr: &str) -> Result<(), String> {
+    let port = format!("p{}", &inside[prefix().len()..].replace('-', ""))
+        .chars()
+        .take(15)
+        .collect::<String>();
+    let port = if dev.starts_with("r-") {
+        format!("r{seg}")
+    } else {
+        port
+    };
+    in_ns(
+        &ns(seg),
+        &[
+            "ip", "link", "add", &port, "type", "veth", "peer", "name", dev, "netns", inside,
+        ],
+    )?;
+    in_ns(
+        &ns(seg),
+        &["ip", "link", "set", &port, "master", "br0", "up"],
+    )?;
+    in_ns(inside, &["ip", "addr", "add", addr, "dev", dev])?;
+    in_ns(inside, &["ip", "link", "set", dev, "up"])?;
+    Ok(())
+}
+
+fn node_dir(node: &str) -> PathBuf {
+    state().join(node)
+}
+
+fn socket(node: &str) -> PathBuf {
+    node_dir(node).join("bgpd.sock")
+}
+
+fn write_config(n: &NodeSpec) -> Result<PathBuf, String> {
+    let dir = node_dir(n.name);
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    let config = dir.join("node.toml");
+    let text = format!(
+        "[node]\nname = \"{name}\"\naddress = \"{addr}\"\n\
+         [api]\nsocket = \"{sock}\"\n\
+         [datastore]\nkind = \"sqlite\"\npath = \"{store}\"\n\
+         [[ipam.default_pools]]\nname = \"default-ipv4-ippool\"\ncidr = \"172.20.0.0/16\"\nblock_size = 26\n\
+         vxlan_mode = \"CrossSubnet\"\nnat_outgoing = true\n\
+         [log]\nlevel = \"info\"\n\
+         [routewriter]\nsocket = \"{sock}\"\nuplink = \"eth0\"\n",
+        name = n.name,
+        addr = n.address,
+        sock = socket(n.name).display(),
+        store = state().join("store.db").display(),
+    );
+    std::fs::write(&config, text).map_err(|e| e.to_string())?;
+    Ok(config)
+}
+
+/// Starts `program` inside the node's namespace, detached, logging to the node's directory.
+fn start(node: &str, program: &str, args: &[&str]) -> Result<i32, String> {
+    let dir = node_dir(node);
+    let log =
+        std::fs::File::create(dir.join(format!("{program}.log"))).map_err(|e| e.to_string())?;
+    let err = log.try_clone().map_err(|e| e.to_string())?;
+    let child = Command::new("setsid")
+        .args(["ip", "netns", "exec", &ns(node)])
+        .arg(bin(program))
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(err)
+        .spawn()
+        .map_err(|e| format!("starting {program} on {node}: {e}"))?;
+    let pid = child.id() as i32;
+    let pids = state().join("pids");
+    std::fs::create_dir_all(&pids).map_err(|e| e.to_string())?;
+    std::fs::write(pids.join(format!("{node}-{program}")), pid.to_string())
+        .map_err(|e| e.to_string())?;
+    Ok(pid)
+}
+
+fn wait_for(what: &str, limit: Duration, mut ok: impl FnMut() -> bool) -> Result<(), String> {
+    let start = Instant::now();
+    while !ok() {
+        if start.elapsed() > limit {
+            return Err(format!("not within {limit:?}: {what}"));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Ok(())
+}
+
+fn bgpctl(node: &str, args: &[&str]) -> Result<String, String> {
+    run(Command::new(bin("bgpctl"))
+        .arg("--socket")
+        .arg(socket(node))
+        .args(args))
+}
+
+/// A pod made through the CNI protocol: its namespace, node and address.
+#[derive(Clone)]
+struct Pod {
+    name: String,
+    ns: String,
+    node: String,
+    address: String,
+}
+
+fn cni_add(node: &str, pod: &str) -> Result<Pod, String> {
+    let pns = pod_ns(node, pod);
+    ip(&["netns", "add", &pns])?;
+    in_ns(&pns, &["ip", "link", "set", "lo", "up"])?;
+    let sock = socket(node);
+    let conf = serde_json::json!({
+        "cniVersion": "1.0.0",
+        "name": NETWORK,
+        "type": "margay",
+        "socket": sock,
+        "ipam": { "type": "margay-ipam", "socket": sock },
+    });
+    let pod_name = format!("{node}-{pod}");
+    let cni_path = bin("margay")
+        .parent()
+        .map(|p| p.display().to_string())
+        .unwrap_or_default();
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", &ns(node)])
+        .arg(bin("margay"))
+        .env("CNI_COMMAND", "ADD")
+        .env(
+            "CNI_CONTAINERID",
+            format!("lab{}", pod_name.replace('-', "")),
+        )
+        .env("CNI_NETNS", format!("/var/run/netns/{pns}"))
+        .env("CNI_IFNAME", "eth0")
+        .env("CNI_PATH", cni_path)
+        .env(
+            "CNI_ARGS",
+            format!("K8S_POD_NAMESPACE=default;K8S_POD_NAME={pod_name}"),
+        )
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("running the margay CNI plugin: {e}"))?;
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .ok_or("no stdin")?
+        .write_all(conf.to_string().as_bytes())
+        .map_err(|e| e.to_string())?;
+    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        return Err(format!(
+            "CNI ADD of {pod_name} failed: {text} {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let result: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| format!("CNI result of {pod_name}: {e}: {text}"))?;
+    let address = result["ips"][0]["address"]
+        .as_str()
+        .and_then(|a| a.split('/').next())
+        .ok_or_else(|| format!("no address in the CNI result of {pod_name}: {text}"))?
+        .to_owned();
+    Ok(Pod {
+        name: pod_name,
+        ns: pns,
+        node: node.into(),
+        address,
+    })
+}
+
+fn save_pods(pods: &[Pod]) -> Result<(), String> {
+    let v: Vec<serde_json::Value> = pods
+        .iter()
+        .map(|p| serde_json::json!({"name": p.name, "ns": p.ns, "node": p.node, "address": p.address}))
+        .collect();
+    std::fs::write(
+        state().join("pods.json"),
+        serde_json::Value::Array(v).to_string(),
+    )
+    .map_err(|e| e.to_string())
+}
+
+fn load_pods() -> Vec<Pod> {
+    let Ok(text) = std::fs::read_to_string(state().join("pods.json")) else {
+        return vec![];
+    };
+    let v: Vec<serde_json::Value> = serde_json::from_str(&text).unwrap_or_default();
+    v.iter()
+        .filter_map(|p| {
+            Some(Pod {
+                name: p["name"].as_str()?.into(),
+                ns: p["ns"].as_str()?.into(),
+                node: p["node"].as_str()?.into(),
+                address: p["address"].as_str()?.into(),
+            })
+        })
+        .collect()
+}
+
+/// Every pod pings every other pod once; the matrix and whether all answered.
+fn matrix(pods: &[Pod]) -> (String, bool) {
+    let results: BTreeMap<(usize, usize), bool> = std::thread::scope(|s| {
+        let handles: Vec<_> = pods
+            .iter()
+            .enumerate()
+            .flat_map(|(i, from)| {
+                pods.iter()
+                    .enumerate()
+                    .filter(move |(j, _)| *j != i)
+                    .map(move |(j, to)| (i, j, from, to))
+            })
+            .map(|(i, j, from, to)| {
+                s.spawn(move || {
+                    let ok =
+                        in_ns(&from.ns, &["ping", "-c", "1", "-W", "1", "-q", &to.address]).is_ok();
+                    ((i, j), ok)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or(((0, 0), false)))
+            .collect()
+    });
+    let width = pods.iter().map(|p| p.name.len()).max().unwrap_or(6).max(6);
+    let mut out = format!("{:<width$}", "from\\to");
+    for p in pods {
+        out.push_str(&format!("  {:<width$}", p.name));
+    }
+    out.push('\n');
+    for (i, from) in pods.iter().enumerate() {
+        out.push_str(&format!("{:<width$}", from.name));
+        for j in 0..pods.len() {
+            let cell = if i == j {
+                "-"
+            } else if results[&(i, j)] {
+                "ok"
+            } else {
+                "FAIL"
+            };
+            out.push_str(&format!("  {cell:<width$}"));
+        }
+        out.push('\n');
+    }
+    (out, results.values().all(|&ok| ok))
+}
+
+fn is_up() -> bool {
+    let procs = pids();
+    !procs.is_empty() && procs.iter().all(|(_, p)| alive(*p)) && !load_pods().is_empty()
+}
+
+fn up() -> Result<bool, String> {
+    if is_up() {
+        println!("margay-lab: already up");
+        status()?;
+        return check(Duration::from_secs(10));
+    }
+    if !lab_namespaces().is_empty() || state().exists() {
+        println!("margay-lab: cleaning up a previous, incomplete lab");
+        down()?;
+    }
+    for b in ["bgpd", "bgpctl", "routewriter", "margay", "margay-ipam"] {
+        if !bin(b).exists() {
+            return Err(format!(
+                "{} is not built: run scripts/up (it builds first)",
+                bin(b).display()
+            ));
+        }
+    }
+    std::fs::create_dir_all(state()).map_err(|e| e.to_string())?;
+    println!(
+        "margay-lab: topology (3 nodes on 10.99.1.0/24, node-4 on 10.99.2.0/24 behind a router)"
+    );
+    topology()?;
+    for n in &NODES {
+        let config = write_config(n)?;
+        start(n.name, "bgpd", &["--config", &config.display().to_string()])?;
+    }
+    for n in &NODES {
+        wait_for(
+            &format!("bgpd on {}", n.name),
+            Duration::from_secs(30),
+            || bgpctl(n.name, &["status"]).is_ok(),
+        )?;
+    }
+    for n in &NODES {
+        let config = node_dir(n.name).join("node.toml");
+        start(
+            n.name,
+            "routewriter",
+            &["--config", &config.display().to_string()],
+        )?;
+    }
+    println!(
+        "margay-lab: bgpd and routewriter up on {} nodes; creating pods through CNI",
+        NODES.len()
+    );
+    let mut pods = Vec::new();
+    for n in &NODES {
+        for p in PODS_PER_NODE {
+            pods.push(cni_add(n.name, p)?);
+        }
+    }
+    save_pods(&pods)?;
+    println!();
+    println!("== bgpctl status (node-1)");
+    print!("{}", bgpctl("node-1", &["status"])?);
+    println!("\n== bgpctl ipam show --show-blocks (node-1)");
+    print!("{}", bgpctl("node-1", &["ipam", "show", "--show-blocks"])?);
+    println!("\n== kernel routes of node-1 (ip route)");
+    print!("{}", in_ns(&ns("node-1"), &["ip", "route"])?);
+    println!();
+    check(Duration::from_secs(30))
+}
+
+/// The ping matrix, retried until every pair answers or `settle` passes.
+fn check(settle: Duration) -> Result<bool, String> {
+    let pods = load_pods();
+    if pods.is_empty() {
+        return Err("the lab is not up: run margay-lab up".into());
+    }
+    let start = Instant::now();
+    loop {
+        let (table, all) = matrix(&pods);
+        if all || start.elapsed() > settle {
+            println!("== ping matrix ({} pods)", pods.len());
+            print!("{table}");
+            println!(
+                "{}",
+                if all {
+                    "every pod answers every pod"
+                } else {
+                    "some pairs do not answer"
+                }
+            );
+            return Ok(all);
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+fn status() -> Result<(), String> {
+    let namespaces = lab_namespaces();
+    println!(
+        "namespaces: {}",
+        if namespaces.is_empty() {
+            "none".into()
+        } else {
+            namespaces.join(" ")
+        }
+    );
+    for (name, pid) in pids() {
+        println!(
+            "{name:<24} pid {pid:<8} {}",
+            if alive(pid) { "running" } else { "DEAD" }
+        );
+    }
+    for p in load_pods() {
+        println!("pod {:<12} {:<16} on {}", p.name, p.address, p.node);
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("margay-lab: run as root (it creates network namespaces)");
+        return ExitCode::FAILURE;
+    }
+    let result = match Args::parse().command {
+        Cmd::Up => up(),
+        Cmd::Check => check(Duration::from_secs(5)),
+        Cmd::Status => status().map(|_| true),
+        Cmd::Down => down().map(|_| true),
+    };
+    match result {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("margay-lab: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
