@@ -1,7 +1,8 @@
 //! What bgpd writes into the cluster state on its own: its node (name, addresses, AS, labels
 //! from the configuration, keeping what others recorded, e.g. the tunnel address) and the
 //! default pools the configuration names. Done whenever the datastore (re)connects, retried
-//! with backoff while it fails.
+//! with backoff while it fails. While connected, it also gives this node's blocks that stayed
+//! empty for the configured grace period back to the pool.
 
 use std::time::Duration;
 
@@ -12,6 +13,9 @@ use ipam::store::Datastore;
 
 use crate::config::Config;
 use crate::datastore::{DatastoreHandle, DatastoreState};
+
+/// How often this node looks for empty blocks past their grace period.
+const RECLAIM_EVERY: Duration = Duration::from_secs(60);
 
 /// Registers the node and ensures the default pools, every time the datastore connects.
 pub async fn run(config: Config, mut datastore: DatastoreHandle) {
@@ -33,9 +37,21 @@ pub async fn run(config: Config, mut datastore: DatastoreHandle) {
                 }
             }
         }
-        // Wait for the next connection.
+        // Until the next (re)connection: reclaim empty blocks now and then.
         loop {
-            let state = datastore.changed().await;
+            let state = tokio::select! {
+                state = datastore.changed() => state,
+                _ = tokio::time::sleep(RECLAIM_EVERY) => {
+                    if let Some(store) = datastore.store() {
+                        match Ipam::new(store).reclaim_empty_blocks(&config.node.name).await {
+                            Ok(blocks) if !blocks.is_empty() => tracing::info!(?blocks, "empty blocks given back to the pool"),
+                            Ok(_) => {}
+                            Err(e) => tracing::warn!(error = %e, "cannot reclaim empty blocks"),
+                        }
+                    }
+                    continue;
+                }
+            };
             if !datastore.is_alive() {
                 return;
             }

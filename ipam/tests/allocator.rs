@@ -528,3 +528,40 @@ async fn node_selectors_pick_the_pools() {
         .unwrap_err();
     assert!(matches!(e, IpamError::Exhausted(_)), "{e}");
 }
+
+#[tokio::test]
+async fn an_empty_block_goes_back_to_the_pool_after_the_grace_period() {
+    let (ipam, _d) = ipam().await;
+    ipam.create_pool(&pool("p", "10.18.0.0/24", 26))
+        .await
+        .unwrap();
+    ipam.auto_assign(&req("net.a", "node-a", 1, 0))
+        .await
+        .unwrap();
+    ipam.release_by_handle("net.a").await.unwrap();
+    // Within the grace period (default 300 s) the empty block stays the node's.
+    assert!(
+        ipam.reclaim_empty_blocks("node-a")
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(ipam.usage("").await.unwrap().1.len(), 1);
+    ipam.set_config(&IpamConfig {
+        empty_block_grace_s: 0,
+        ..IpamConfig::default()
+    })
+    .await
+    .unwrap();
+    let back = ipam.reclaim_empty_blocks("node-a").await.unwrap();
+    assert_eq!(back.len(), 1);
+    assert!(
+        ipam.usage("").await.unwrap().1.is_empty(),
+        "the block is gone"
+    );
+    assert!(ipam.check().await.unwrap().problems.is_empty());
+    // And a new allocation claims a block again.
+    ipam.auto_assign(&req("net.b", "node-a", 1, 0))
+        .await
+        .unwrap();
+}
