@@ -1,59 +1,260 @@
-//! The local cluster of the README's first command, end to end: `margay-lab up` on a lab of
-//! this run's own name, every pod reaches every pod (same node, same subnet, other subnet over
-//! VXLAN), `up` again is safe, `check` passes, `down` leaves nothing.
+//! The local cluster of the README's first command, end to end, on a lab of this run's own
+//! name: every pod reaches every pod (same node, same subnet directly, the other subnet over
+//! VXLAN), natOutgoing hides pod addresses from the outside but not from other pods, a
+//! deleted pod leaves nothing, restarts of bgpd and routewriter lose no ping, a removed node
+//! leaves every kernel table; `up` twice is safe and `down` leaves nothing.
 
+use std::io::Read;
+use std::net::TcpListener;
+use std::os::fd::AsRawFd;
 use std::process::Command;
+use std::time::{Duration, Instant};
 
 use interop_tests::lab;
 
-fn lab(name: &str, verb: &str) -> (bool, String) {
-    let out = Command::new(lab::binary("margay-lab"))
-        .arg(verb)
-        .env("MARGAY_LAB_NAME", name)
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
+struct Lab {
+    name: String,
 }
 
-/// Removes this run's lab even when an assertion fails.
-struct Down(String);
-impl Drop for Down {
-    fn drop(&mut self) {
-        let _ = lab(&self.0, "down");
+impl Lab {
+    fn run(&self, args: &[&str]) -> (bool, String) {
+        let out = Command::new(lab::binary("margay-lab"))
+            .args(args)
+            .env("MARGAY_LAB_NAME", &self.name)
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.success(), text)
+    }
+
+    fn ok(&self, args: &[&str]) -> String {
+        let (ok, text) = self.run(args);
+        if !ok {
+            let log =
+                std::fs::read_to_string(format!("/run/margay-lab-{}/node-1/bgpd.log", self.name))
+                    .unwrap_or_default();
+            panic!("margay-lab {args:?} failed:\n{text}\nnode-1's bgpd log:\n{log}");
+        }
+        text
+    }
+
+    fn ns(&self, short: &str) -> String {
+        format!("{}-{short}", self.name)
+    }
+
+    /// Runs a command inside one of the lab's namespaces.
+    fn exec(&self, short: &str, args: &[&str]) -> (bool, String) {
+        let out = Command::new("ip")
+            .args(["netns", "exec", &self.ns(short)])
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            ),
+        )
+    }
+
+    /// A pod's address from `margay-lab status`.
+    fn pod_address(&self, pod: &str) -> String {
+        let status = self.ok(&["status"]);
+        status
+            .lines()
+            .find_map(|l| {
+                let mut w = l.split_whitespace();
+                (w.next() == Some("pod") && w.next() == Some(pod))
+                    .then(|| w.next().unwrap().to_owned())
+            })
+            .unwrap_or_else(|| panic!("no pod {pod} in:\n{status}"))
+    }
+
+    /// TX packets of node's vxlan.calico.
+    fn vxlan_tx(&self, node: &str) -> u64 {
+        let (ok, out) = self.exec(node, &["ip", "-s", "-j", "link", "show", "vxlan.calico"]);
+        assert!(ok, "{out}");
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        v[0]["stats64"]["tx"]["packets"].as_u64().unwrap()
+    }
+
+    /// `count` pings at 100 ms from one pod to an address; (sent, received).
+    fn ping_train(&self, from: &str, to: &str, count: u32) -> (u32, u32) {
+        let (_, out) = self.exec(
+            from,
+            &["ping", "-i", "0.1", "-c", &count.to_string(), "-q", to],
+        );
+        let line = out
+            .lines()
+            .find(|l| l.contains("packets transmitted"))
+            .unwrap_or_else(|| panic!("{out}"));
+        let nums: Vec<u32> = line
+            .split(|c: char| !c.is_ascii_digit())
+            .filter_map(|t| t.parse().ok())
+            .collect();
+        (nums[0], nums[1])
     }
 }
 
+impl Drop for Lab {
+    fn drop(&mut self) {
+        let _ = self.run(&["down"]);
+    }
+}
+
+/// A TCP listener inside a namespace: the address of the first peer that connects.
+fn peer_seen_in(netns: &str, bind: &str) -> std::thread::JoinHandle<String> {
+    let path = format!("/var/run/netns/{netns}");
+    let bind = bind.to_owned();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let h = std::thread::spawn(move || {
+        let f = std::fs::File::open(&path).unwrap();
+        // SAFETY: moves only this thread into the namespace.
+        assert_eq!(
+            unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) },
+            0,
+            "setns {path}"
+        );
+        let l = TcpListener::bind(&bind).unwrap();
+        ready_tx.send(()).unwrap();
+        let (mut s, peer) = l.accept().unwrap();
+        let mut buf = [0u8; 16];
+        let _ = s.read(&mut buf);
+        peer.ip().to_string()
+    });
+    ready_rx.recv_timeout(Duration::from_secs(10)).unwrap();
+    h
+}
+
+fn connect_from(lab: &Lab, pod: &str, ip: &str, port: u16) {
+    let (ok, out) = lab.exec(
+        pod,
+        &[
+            "bash",
+            "-c",
+            &format!("exec 3<>/dev/tcp/{ip}/{port}; echo hi >&3"),
+        ],
+    );
+    assert!(ok, "connect from {pod} to {ip}:{port}: {out}");
+}
+
 #[test]
-fn up_check_up_again_down() {
-    let name = format!("mlt{}", std::process::id());
-    let _down = Down(name.clone());
-    let (ok, text) = lab(&name, "up");
+fn the_local_cluster_end_to_end() {
+    let lab = Lab {
+        name: format!("mlt{}", std::process::id()),
+    };
+    let text = lab.ok(&["up"]);
     println!("{text}");
-    assert!(ok, "margay-lab up failed:\n{text}");
     assert!(text.contains("every pod answers every pod"), "{text}");
     assert_eq!(text.matches(" FAIL").count(), 0, "{text}");
-    // Same subnet goes direct, the other subnet over VXLAN: both are in node-1's table.
     assert!(text.contains("dev vxlan.calico proto 80 onlink"), "{text}");
     assert!(text.contains("via 10.99.1.12 dev eth0 proto 80"), "{text}");
     assert!(text.contains("blackhole"), "{text}");
 
-    let (ok, text) = lab(&name, "up");
-    assert!(ok && text.contains("already up"), "{text}");
-    let (ok, text) = lab(&name, "check");
-    assert!(ok, "{text}");
+    // Same subnet is plain IP: node-1's VXLAN device sends nothing for node-2's pods; the
+    // other subnet goes over VXLAN.
+    let n2 = lab.pod_address("node-2-a");
+    let n4 = lab.pod_address("node-4-a");
+    let before = lab.vxlan_tx("node-1");
+    assert_eq!(lab.ping_train("node-1-a", &n2, 5), (5, 5));
+    assert_eq!(
+        lab.vxlan_tx("node-1"),
+        before,
+        "same-subnet traffic went through VXLAN"
+    );
+    assert_eq!(lab.ping_train("node-1-a", &n4, 5), (5, 5));
+    assert!(
+        lab.vxlan_tx("node-1") >= before + 5,
+        "cross-subnet traffic did not use VXLAN"
+    );
 
-    let (ok, text) = lab(&name, "down");
-    assert!(ok, "{text}");
+    // natOutgoing: the outside sees node-1's address; another pod sees the pod's.
+    let outside = peer_seen_in(&lab.ns("internet"), "203.0.113.10:8080");
+    connect_from(&lab, "node-1-a", "203.0.113.10", 8080);
+    assert_eq!(outside.join().unwrap(), "10.99.1.11");
+    let inside = peer_seen_in(&lab.ns("node-2-a"), &format!("{n2}:8081"));
+    connect_from(&lab, "node-1-a", &n2, 8081);
+    assert_eq!(inside.join().unwrap(), lab.pod_address("node-1-a"));
+
+    // A pod deleted: its route, veth and address go.
+    let gone = lab.pod_address("node-1-b");
+    lab.ok(&["pod-del", "node-1", "b"]);
+    let (_, routes) = lab.exec("node-1", &["ip", "route"]);
+    assert!(!routes.contains(&format!("{gone} dev cali")), "{routes}");
+    let (_, links) = lab.exec("node-1", &["ip", "-o", "link"]);
+    let calis = links
+        .lines()
+        .filter(|l| l.split(": ").nth(1).is_some_and(|n| n.starts_with("cali")))
+        .count();
+    assert_eq!(calis, 1, "one pod left on node-1: {links}");
+    let sock = format!("/run/margay-lab-{}/node-1/bgpd.sock", lab.name);
+    let show = Command::new(lab::binary("bgpctl"))
+        .args(["--socket", &sock, "ipam", "show", "--json"])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&show.stdout).unwrap();
+    // 7 pods and 4 tunnel addresses.
+    assert_eq!(v["pools"][0]["used"], 11, "{v}");
+    lab.ok(&["pod-add", "node-1", "c"]);
+
+    // Restarts lose no ping: routewriter (leaving the kernel as it is, rewriting nothing),
+    // then bgpd.
+    let (_, routes_before) = lab.exec("node-2", &["ip", "route", "show", "proto", "80"]);
+    for (node, daemon) in [("node-2", "routewriter"), ("node-1", "bgpd")] {
+        let lab2 = Lab {
+            name: lab.name.clone(),
+        };
+        let to = n2.clone();
+        let train = std::thread::spawn(move || {
+            let r = lab2.ping_train("node-1-a", &to, 40);
+            std::mem::forget(lab2); // not its lab to tear down
+            r
+        });
+        std::thread::sleep(Duration::from_millis(800));
+        lab.ok(&["restart", node, daemon]);
+        let (sent, received) = train.join().unwrap();
+        assert_eq!(sent, received, "{daemon} restart on {node} lost pings");
+    }
+    let (_, routes_after) = lab.exec("node-2", &["ip", "route", "show", "proto", "80"]);
+    assert_eq!(routes_before, routes_after);
+
+    // A node removed: its block leaves node-1's table.
+    let (_, routes) = lab.exec("node-1", &["ip", "route"]);
+    let n3_block_route = routes
+        .lines()
+        .find(|l| l.contains("via 10.99.1.13"))
+        .unwrap_or_else(|| panic!("{routes}"))
+        .to_owned();
+    lab.ok(&["node-del", "node-3"]);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let (_, routes) = lab.exec("node-1", &["ip", "route"]);
+        if !routes.contains(&n3_block_route) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node-3's block is still routed on node-1:\n{routes}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    // Twice up is safe; check passes; down leaves nothing.
+    let again = lab.ok(&["up"]);
+    assert!(again.contains("already up"), "{again}");
+    lab.ok(&["check"]);
+    lab.ok(&["down"]);
     let left = Command::new("ip").args(["netns", "list"]).output().unwrap();
     let left = String::from_utf8_lossy(&left.stdout);
     assert!(
-        !left.contains(&format!("{name}-")),
+        !left.contains(&format!("{}-", lab.name)),
         "namespaces left: {left}"
     );
-    assert!(!std::path::Path::new(&format!("/run/margay-lab-{name}")).exists());
+    assert!(!std::path::Path::new(&format!("/run/margay-lab-{}", lab.name)).exists());
 }

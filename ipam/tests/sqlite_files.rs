@@ -96,3 +96,29 @@ async fn a_fresh_path_is_created_with_its_directory() {
         .await
         .unwrap();
 }
+
+#[test]
+fn many_processes_opening_a_fresh_file_at_once_all_succeed() {
+    // Threads with their own runtimes stand in for processes: each opens its own connections.
+    for round in 0..20 {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("store.db");
+        let threads: Vec<_> = (0..6)
+            .map(|_| {
+                let path = path.clone();
+                std::thread::spawn(move || {
+                    let rt = tokio::runtime::Builder::new_current_thread()
+                        .build()
+                        .unwrap();
+                    rt.block_on(SqliteStore::open(&path, SqliteOptions::default()))
+                        .map(|_| ())
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join()
+                .unwrap()
+                .unwrap_or_else(|e| panic!("round {round}: {e}"));
+        }
+    }
+}

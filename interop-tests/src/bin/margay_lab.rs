@@ -56,6 +56,14 @@ enum Cmd {
     Status,
     /// Remove every namespace and process of the lab.
     Down,
+    /// Create a pod on a node through CNI ADD; prints its address.
+    PodAdd { node: String, pod: String },
+    /// Delete a pod through CNI DEL.
+    PodDel { node: String, pod: String },
+    /// Restart a node's bgpd or routewriter (SIGTERM, then start again).
+    Restart { node: String, daemon: String },
+    /// Stop a node's daemons and remove it from the cluster (Nodes.DeleteNode).
+    NodeDel { node: String },
 }
 
 /// One node: its name, namespace, segment, address.
@@ -214,6 +222,32 @@ fn topology() -> Result<(), String> {
     for (seg, addr) in [("seg1", "10.99.1.1/24"), ("seg2", "10.99.2.1/24")] {
         attach(&router, &format!("r-{seg}"), seg, addr)?;
     }
+    // "The internet": a host outside the cluster behind the router, which knows nothing of
+    // pod addresses (natOutgoing must hide them).
+    let outside = ns("internet");
+    ip(&["netns", "add", &outside])?;
+    in_ns(&outside, &["ip", "link", "set", "lo", "up"])?;
+    in_ns(
+        &router,
+        &[
+            "ip", "link", "add", "r-inet", "type", "veth", "peer", "name", "eth0", "netns",
+            &outside,
+        ],
+    )?;
+    in_ns(
+        &router,
+        &["ip", "addr", "add", "203.0.113.1/24", "dev", "r-inet"],
+    )?;
+    in_ns(&router, &["ip", "link", "set", "r-inet", "up"])?;
+    in_ns(
+        &outside,
+        &["ip", "addr", "add", "203.0.113.10/24", "dev", "eth0"],
+    )?;
+    in_ns(&outside, &["ip", "link", "set", "eth0", "up"])?;
+    in_ns(
+        &outside,
+        &["ip", "route", "add", "10.99.0.0/16", "via", "203.0.113.1"],
+    )?;
     for n in &NODES {
         let node = ns(n.name);
         ip(&["netns", "add", &node])?;
@@ -329,10 +363,9 @@ struct Pod {
     address: String,
 }
 
-fn cni_add(node: &str, pod: &str) -> Result<Pod, String> {
+/// Runs the margay CNI plugin in the node's namespace for `command` on `pod`.
+fn cni(command: &str, node: &str, pod: &str) -> Result<String, String> {
     let pns = pod_ns(node, pod);
-    ip(&["netns", "add", &pns])?;
-    in_ns(&pns, &["ip", "link", "set", "lo", "up"])?;
     let sock = socket(node);
     let conf = serde_json::json!({
         "cniVersion": "1.0.0",
@@ -349,7 +382,7 @@ fn cni_add(node: &str, pod: &str) -> Result<Pod, String> {
     let mut child = Command::new("ip")
         .args(["netns", "exec", &ns(node)])
         .arg(bin("margay"))
-        .env("CNI_COMMAND", "ADD")
+        .env("CNI_COMMAND", command)
         .env(
             "CNI_CONTAINERID",
             format!("lab{}", pod_name.replace('-', "")),
@@ -374,13 +407,22 @@ fn cni_add(node: &str, pod: &str) -> Result<Pod, String> {
         .write_all(conf.to_string().as_bytes())
         .map_err(|e| e.to_string())?;
     let out = child.wait_with_output().map_err(|e| e.to_string())?;
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
     if !out.status.success() {
         return Err(format!(
-            "CNI ADD of {pod_name} failed: {text} {}",
+            "CNI {command} of {pod_name} failed: {text} {}",
             String::from_utf8_lossy(&out.stderr)
         ));
     }
+    Ok(text)
+}
+
+fn cni_add(node: &str, pod: &str) -> Result<Pod, String> {
+    let pns = pod_ns(node, pod);
+    ip(&["netns", "add", &pns])?;
+    in_ns(&pns, &["ip", "link", "set", "lo", "up"])?;
+    let pod_name = format!("{node}-{pod}");
+    let text = cni("ADD", node, pod)?;
     let result: serde_json::Value = serde_json::from_str(&text)
         .map_err(|e| format!("CNI result of {pod_name}: {e}: {text}"))?;
     let address = result["ips"][0]["address"]
@@ -393,6 +435,107 @@ fn cni_add(node: &str, pod: &str) -> Result<Pod, String> {
         ns: pns,
         node: node.into(),
         address,
+    })
+}
+
+fn cni_del(node: &str, pod: &str) -> Result<(), String> {
+    cni("DEL", node, pod)?;
+    ip(&["netns", "del", &pod_ns(node, pod)])?;
+    Ok(())
+}
+
+fn pod_add(node: &str, pod: &str) -> Result<bool, String> {
+    let p = cni_add(node, pod)?;
+    println!("{} {}", p.name, p.address);
+    let mut pods = load_pods();
+    pods.push(p);
+    save_pods(&pods)?;
+    Ok(true)
+}
+
+fn pod_del(node: &str, pod: &str) -> Result<bool, String> {
+    cni_del(node, pod)?;
+    let name = format!("{node}-{pod}");
+    let pods: Vec<Pod> = load_pods().into_iter().filter(|p| p.name != name).collect();
+    save_pods(&pods)?;
+    println!("{name} deleted");
+    Ok(true)
+}
+
+fn stop(node: &str, daemon: &str) -> Result<(), String> {
+    let file = state().join("pids").join(format!("{node}-{daemon}"));
+    let pid: i32 = std::fs::read_to_string(&file)
+        .map_err(|_| format!("no {daemon} recorded on {node}"))?
+        .trim()
+        .parse()
+        .map_err(|e| format!("{}: {e}", file.display()))?;
+    // SAFETY: kill(2) of a pid this lab recorded.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    wait_for(
+        &format!("{daemon} on {node} to stop"),
+        Duration::from_secs(10),
+        || !alive(pid),
+    )?;
+    let _ = std::fs::remove_file(file);
+    Ok(())
+}
+
+fn restart(node: &str, daemon: &str) -> Result<bool, String> {
+    if !["bgpd", "routewriter"].contains(&daemon) {
+        return Err(format!("{daemon}: only bgpd and routewriter restart"));
+    }
+    stop(node, daemon)?;
+    let config = node_dir(node).join("node.toml");
+    start(node, daemon, &["--config", &config.display().to_string()])?;
+    if daemon == "bgpd" {
+        wait_for(&format!("bgpd on {node}"), Duration::from_secs(30), || {
+            bgpctl(node, &["status"]).is_ok()
+        })?;
+    }
+    println!("{daemon} on {node} restarted");
+    Ok(true)
+}
+
+/// Removes a node the way an operator would: its daemons stop, its pods go, and it is
+/// deleted from the cluster (releasing its blocks) through another node's bgpd.
+fn node_del(node: &str) -> Result<bool, String> {
+    let other = NODES
+        .iter()
+        .map(|n| n.name)
+        .find(|n| *n != node)
+        .ok_or("no other node")?;
+    let pods = load_pods();
+    for p in pods.iter().filter(|p| p.node == node) {
+        let _ = ip(&["netns", "del", &p.ns]);
+    }
+    save_pods(
+        &pods
+            .into_iter()
+            .filter(|p| p.node != node)
+            .collect::<Vec<_>>(),
+    )?;
+    stop(node, "routewriter")?;
+    stop(node, "bgpd")?;
+    grpc_delete_node(other, node)?;
+    let _ = ip(&["netns", "del", &ns(node)]);
+    println!("{node} removed");
+    Ok(true)
+}
+
+fn grpc_delete_node(via: &str, node: &str) -> Result<(), String> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| e.to_string())?;
+    rt.block_on(async {
+        let ch = bgpd::ctl::connect_unix(&socket(via))
+            .await
+            .map_err(|e| e.to_string())?;
+        proto::v1::nodes_client::NodesClient::new(ch)
+            .delete_node(proto::v1::DeleteNodeRequest { name: node.into() })
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(())
     })
 }
 
@@ -600,6 +743,10 @@ fn main() -> ExitCode {
         Cmd::Check => check(Duration::from_secs(5)),
         Cmd::Status => status().map(|_| true),
         Cmd::Down => down().map(|_| true),
+        Cmd::PodAdd { node, pod } => pod_add(&node, &pod),
+        Cmd::PodDel { node, pod } => pod_del(&node, &pod),
+        Cmd::Restart { node, daemon } => restart(&node, &daemon),
+        Cmd::NodeDel { node } => node_del(&node),
     };
     match result {
         Ok(true) => ExitCode::SUCCESS,

@@ -155,12 +155,15 @@ fn open_connection(path: &Path, options: &SqliteOptions, init: bool) -> Result<C
     .map_err(|e| bad(e.to_string()))?;
     conn.busy_timeout(options.busy_timeout).map_err(backend)?;
 
-    // Read-only checks first: nothing is written to a file that is not ours.
-    let app_id: i64 = conn
-        .query_row("PRAGMA application_id", [], |r| r.get(0))
-        .map_err(|e| bad(e.to_string()))?;
-    let tables: i64 = conn
-        .query_row("SELECT count(*) FROM sqlite_master", [], |r| r.get(0))
+    // Read-only checks first: nothing is written to a file that is not ours. One statement,
+    // so both values are of one moment: another process may be initialising the file.
+    let (app_id, tables): (i64, i64) = conn
+        .query_row(
+            "SELECT (SELECT application_id FROM pragma_application_id()), \
+                    (SELECT count(*) FROM sqlite_master)",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
         .map_err(|e| bad(e.to_string()))?;
     let fresh = app_id == 0 && tables == 0;
     if !fresh && app_id != APPLICATION_ID {
