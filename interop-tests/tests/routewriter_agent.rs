@@ -1170,6 +1170,22 @@ fn ipip_routes_fail_clearly_and_the_rest_works() {
     assert!(shown.contains("synced              yes"), "{shown}");
     assert!(shown.contains("unsupported: ipip 1"), "{shown}");
     assert!(shown.contains("kernel has no ipip support"), "{shown}");
+    // bgpctl shows the same, asking the same listener.
+    let text = std::fs::read_to_string(&config).unwrap();
+    let listen = text
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("metrics_listen = "))
+        .expect("the test config sets metrics_listen")
+        .trim_matches('"')
+        .to_owned();
+    let via_bgpctl = node
+        .ns
+        .exec(
+            lab::binary("bgpctl").to_str().unwrap(),
+            &["routewriter", "--address", &listen],
+        )
+        .unwrap();
+    assert_eq!(via_bgpctl, shown);
 }
 
 /// A route the kernel refuses fails alone, is reported with its reason, and is retried with

@@ -35,6 +35,14 @@ enum Command {
     /// Addresses: show, assign, release, check, gc.
     #[command(subcommand)]
     Ipam(IpamCommand),
+    /// routewriter's status, from its own listener (routewriter.metrics_listen).
+    Routewriter {
+        /// Where routewriter serves its metrics and status.
+        #[arg(long, default_value = "127.0.0.1:9099")]
+        address: std::net::SocketAddr,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -64,8 +72,17 @@ fn main() -> ExitCode {
 }
 
 async fn run(socket: PathBuf, command: Command) -> Result<(), CtlError> {
-    let channel = ctl::connect_unix(&socket).await?;
     let mut out = Output::stdout();
+    // routewriter answers on its own listener, not through bgpd.
+    if let Command::Routewriter { address, json } = command {
+        let body = ctl::routewriter::fetch_status(address).map_err(CtlError::Routewriter)?;
+        return if json {
+            out.line(&body)
+        } else {
+            out.text(&ctl::routewriter::render(&body).map_err(CtlError::Routewriter)?)
+        };
+    }
+    let channel = ctl::connect_unix(&socket).await?;
     match command {
         Command::Status { json } => {
             let status = DaemonClient::new(channel)
@@ -80,5 +97,6 @@ async fn run(socket: PathBuf, command: Command) -> Result<(), CtlError> {
         }
         Command::Pool(c) => ctl::pool::run(channel, c, &mut out).await,
         Command::Ipam(c) => ctl::ipam::run(channel, c, &mut out).await,
+        Command::Routewriter { .. } => unreachable!("answered above"),
     }
 }

@@ -4,6 +4,7 @@
 
 pub mod ipam;
 pub mod pool;
+pub mod routewriter;
 pub mod status;
 pub mod table;
 
@@ -24,6 +25,8 @@ pub enum CtlError {
     Output(#[from] std::io::Error),
     #[error("{0} inconsistencies found")]
     Inconsistent(usize),
+    #[error("{0}")]
+    Routewriter(String),
 }
 
 /// Where a command writes its answer: text for people or one JSON document.
