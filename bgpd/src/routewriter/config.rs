@@ -298,6 +298,18 @@ mod tests {
     }
 
     #[test]
+    fn the_sample_node_file_loads() {
+        let text = include_str!("../../../configs/node.toml");
+        let c = load_text(text, &[]).unwrap();
+        assert_eq!(c.routewriter.uplink, "eth0");
+        assert_eq!(
+            c.routewriter.metrics_listen,
+            Some("127.0.0.1:9099".parse().unwrap())
+        );
+        assert_eq!(c.routewriter.protocol, 80);
+    }
+
+    #[test]
     fn shares_the_node_file_with_bgpd() {
         let text = "[node]\nname = \"n1\"\naddress = \"10.0.0.5/24\"\n[api]\nsocket = \"/tmp/x.sock\"\n\
                     [datastore]\npath = \"/tmp/s.db\"\n[routewriter]\nsocket = \"/tmp/x.sock\"\ntable = 100\n\
