@@ -139,7 +139,22 @@ pub struct Ipam<D> {
     /// Serialises one node's allocations within this process, so they do not race each other
     /// for the node's block (other processes still race, and lose or win by CAS).
     node_locks: std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Requests waiting for a node's lock: whoever gets the lock serves all of them in one
+    /// transaction when it can (group commit), so concurrent pod starts on one node share a
+    /// write instead of racing for the block.
+    queues: std::sync::Mutex<std::collections::HashMap<String, Vec<Queued>>>,
 }
+
+/// A request waiting for its node's lock, and where its answer goes (`None`: take the
+/// normal path).
+struct Queued {
+    req: AssignRequest,
+    use_: AllowedUse,
+    answer: tokio::sync::oneshot::Sender<Option<Vec<Assigned>>>,
+}
+
+/// At most this many requests share one transaction (the store allows 128 operations).
+const BATCH: usize = 100;
 
 /// Everything one allocation step reads, at one revision and in one round trip.
 struct View {
@@ -176,7 +191,32 @@ impl<D: Datastore> Ipam<D> {
             hints: Default::default(),
             fast: Default::default(),
             node_locks: Default::default(),
+            queues: Default::default(),
         }
+    }
+
+    /// Serves up to `BATCH` queued requests of `node` (the caller holds the node's lock);
+    /// `false` when the queue was empty.
+    async fn serve_queue(&self, node: &str) -> bool {
+        let batch: Vec<Queued> = {
+            let mut queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
+            let q = queues.entry(node.to_owned()).or_default();
+            let n = q.len().min(BATCH);
+            q.drain(..n).collect()
+        };
+        if batch.is_empty() {
+            return false;
+        }
+        let reqs: Vec<(&AssignRequest, AllowedUse)> =
+            batch.iter().map(|q| (&q.req, q.use_)).collect();
+        let served = match self.try_fast_batch(&reqs).await {
+            Ok(Some(all)) => all.into_iter().map(Some).collect(),
+            _ => vec![None; batch.len()],
+        };
+        for (q, answer) in batch.into_iter().zip(served) {
+            let _ = q.answer.send(answer);
+        }
+        true
     }
 
     fn node_lock(&self, node: &str) -> Arc<tokio::sync::Mutex<()>> {
@@ -191,52 +231,91 @@ impl<D: Datastore> Ipam<D> {
         req: &AssignRequest,
         use_: AllowedUse,
     ) -> Result<Option<Vec<Assigned>>, IpamError> {
-        let (family, n, named) = match (req.num_v4, req.num_v6) {
-            (n, 0) => (Family::V4, n as usize, &req.v4_pools),
-            (0, n) => (Family::V6, n as usize, &req.v6_pools),
-            _ => return Ok(None),
+        Ok(self
+            .try_fast_batch(&[(req, use_)])
+            .await?
+            .and_then(|mut all| all.pop()))
+    }
+
+    /// Allocates for several requests of one node in one transaction from the node's cached
+    /// state: the block is written once and each request's handle created. All or none:
+    /// `None` when the cache cannot serve every request (they take the normal path).
+    async fn try_fast_batch(
+        &self,
+        batch: &[(&AssignRequest, AllowedUse)],
+    ) -> Result<Option<Vec<Vec<Assigned>>>, IpamError> {
+        let Some((first, _)) = batch.first() else {
+            return Ok(Some(vec![]));
         };
+        let node = first.node.clone();
         let Some(fast) = self
             .fast
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .remove(&req.node)
+            .remove(&node)
         else {
             return Ok(None);
         };
-        let Ok(pools) = select_pools(&fast.pools, &fast.labels, family, named, use_) else {
-            return Ok(None);
-        };
         let mut block = fast.block.clone();
-        if Family::of(&block.cidr) != family
-            || (block.free_count() as usize) < n
-            || !pools.iter().any(|p| p.name == block.pool)
-        {
+        let mut handles = HashSet::new();
+        let mut needed = 0usize;
+        for (req, use_) in batch {
+            let (family, n, named) = match (req.num_v4, req.num_v6) {
+                (n, 0) => (Family::V4, n as usize, &req.v4_pools),
+                (0, n) => (Family::V6, n as usize, &req.v6_pools),
+                _ => return Ok(None),
+            };
+            let Ok(pools) = select_pools(&fast.pools, &fast.labels, family, named, *use_) else {
+                return Ok(None);
+            };
+            if req.node != node
+                || Family::of(&block.cidr) != family
+                || !pools.iter().any(|p| p.name == block.pool)
+                || !handles.insert(req.handle.as_str())
+            {
+                return Ok(None);
+            }
+            needed += n;
+        }
+        if (block.free_count() as usize) < needed {
             return Ok(None);
         }
-        let got = block.allocate(n, &req.handle, &req.node, &req.attrs);
-        let mut handle = Handle {
-            id: req.handle.clone(),
-            ..Handle::default()
-        };
-        handle.add(&block.cidr, got.len() as u32);
-        let mut ops = vec![
-            Self::put(block_key(&block.cidr), &block, Some(fast.block_rev)),
-            Self::put(Handle::key(&req.handle), &handle, None),
-        ];
+        let mut ops = Vec::with_capacity(batch.len() + 1 + fast.checks.len());
+        let mut got = Vec::with_capacity(batch.len());
+        for (req, _) in batch {
+            let n = (req.num_v4 + req.num_v6) as usize;
+            let mine = block.allocate(n, &req.handle, &req.node, &req.attrs);
+            let mut handle = Handle {
+                id: req.handle.clone(),
+                ..Handle::default()
+            };
+            handle.add(&block.cidr, mine.len() as u32);
+            ops.push(Self::put(Handle::key(&req.handle), &handle, None));
+            got.push(mine);
+        }
+        ops.push(Self::put(
+            block_key(&block.cidr),
+            &block,
+            Some(fast.block_rev),
+        ));
         ops.extend(fast.checks.iter().cloned());
         match self.store.txn(ops).await {
             Ok(rev) => {
-                let assigned = got
-                    .into_iter()
-                    .map(|(address, seq)| Assigned {
-                        address,
-                        block: block.cidr,
-                        pool: block.pool.clone(),
-                        borrowed: false,
-                        handle: req.handle.clone(),
-                        seq,
-                        attrs: req.attrs.clone(),
+                let assigned = batch
+                    .iter()
+                    .zip(got)
+                    .map(|((req, _), mine)| {
+                        mine.into_iter()
+                            .map(|(address, seq)| Assigned {
+                                address,
+                                block: block.cidr,
+                                pool: block.pool.clone(),
+                                borrowed: false,
+                                handle: req.handle.clone(),
+                                seq,
+                                attrs: req.attrs.clone(),
+                            })
+                            .collect()
                     })
                     .collect();
                 let next = Fast {
@@ -247,7 +326,7 @@ impl<D: Datastore> Ipam<D> {
                 self.fast
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
-                    .insert(req.node.clone(), next);
+                    .insert(node, next);
                 Ok(Some(assigned))
             }
             Err(StoreError::Conflict { .. }) => Ok(None),
@@ -692,13 +771,50 @@ impl<D: Datastore> Ipam<D> {
         } else {
             AllowedUse::Workload
         };
+        let split = |got: Vec<Assigned>| match got.first().map(|a| Family::of(&a.block)) {
+            Some(Family::V6) => (vec![], got),
+            _ => (got, vec![]),
+        };
         let lock = self.node_lock(&req.node);
-        let _serial = lock.lock().await;
+        let _serial = if (req.num_v4 == 0) != (req.num_v6 == 0) {
+            // Queue, then either another request's holder of the lock serves us, or we get
+            // the lock and serve everyone queued.
+            let (answer, mut rx) = tokio::sync::oneshot::channel();
+            self.queues
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .entry(req.node.clone())
+                .or_default()
+                .push(Queued {
+                    req: req.clone(),
+                    use_,
+                    answer,
+                });
+            let mut told_slow = false;
+            let guard = tokio::select! {
+                biased;
+                r = &mut rx => match r {
+                    Ok(Some(got)) => return Ok(split(got)),
+                    _ => {
+                        told_slow = true;
+                        lock.lock().await
+                    }
+                },
+                g = lock.lock() => g,
+            };
+            if !told_slow {
+                // Our request is still queued until answered: serve the queue until it is.
+                while rx.is_empty() && self.serve_queue(&req.node).await {}
+                if let Ok(Some(got)) = rx.try_recv() {
+                    return Ok(split(got));
+                }
+            }
+            guard
+        } else {
+            lock.lock().await
+        };
         if let Some(got) = self.try_fast(req, use_).await? {
-            return Ok(match Family::of(&got[0].block) {
-                Family::V4 => (got, vec![]),
-                Family::V6 => (vec![], got),
-            });
+            return Ok(split(got));
         }
         // Read once up front so a request naming a wrong pool fails before anything is written.
         let view = self.view(&req.node, &req.handle).await?;

@@ -565,3 +565,47 @@ async fn an_empty_block_goes_back_to_the_pool_after_the_grace_period() {
         .await
         .unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_requests_on_one_node_share_transactions_and_never_collide() {
+    let (ipam, _d) = ipam().await;
+    ipam.create_pool(&pool("p", "10.19.0.0/22", 26))
+        .await
+        .unwrap();
+    let ipam = std::sync::Arc::new(ipam);
+    // Warm the node's cached state, then 8 tasks x 60 requests at once.
+    ipam.auto_assign(&req("net.warm", "node-a", 1, 0))
+        .await
+        .unwrap();
+    let tasks: Vec<_> = (0..8)
+        .map(|t| {
+            let ipam = ipam.clone();
+            tokio::spawn(async move {
+                let mut got = Vec::new();
+                for i in 0..60 {
+                    let (v4, _) = ipam
+                        .auto_assign(&req(&format!("net.t{t}-{i}"), "node-a", 1, 0))
+                        .await
+                        .unwrap();
+                    assert_eq!(v4.len(), 1);
+                    got.push((format!("net.t{t}-{i}"), v4[0].address));
+                }
+                got
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    let distinct: HashSet<IpAddr> = all.iter().map(|(_, a)| *a).collect();
+    assert_eq!(distinct.len(), 480, "an address was handed out twice");
+    for (handle, addr) in &all {
+        let held = ipam.handle_allocations(handle).await.unwrap();
+        assert_eq!(held.len(), 1, "{handle}");
+        assert_eq!(held[0].address, *addr);
+    }
+    let report = ipam.check().await.unwrap();
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+    assert_eq!(report.allocations, 481);
+}
