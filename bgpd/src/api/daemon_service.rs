@@ -14,6 +14,8 @@ pub struct DaemonInfo {
     pub node: String,
     pub datastore: DatastoreHandle,
     pub started: Instant,
+    /// The BGP speaker task.
+    pub bgp: crate::bgp::SpeakerHandle,
 }
 
 #[derive(Clone)]

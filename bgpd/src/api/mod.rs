@@ -1,12 +1,13 @@
 //! bgpd's gRPC server. It serves the contract of the `proto` crate on a unix socket and,
 //! when configured, on TCP with mutual TLS; both listeners carry the same services, the
 //! standard health service and server reflection (v1 and v1alpha). Services of the contract
-//! that are not implemented yet (Bgp, Dataplane) are not registered, so tonic answers them
+//! that are not implemented yet (Dataplane) are not registered, so tonic answers them
 //! UNIMPLEMENTED.
 //!
 //! The API layer owns no state of its own: each service holds handles to the parts of the
 //! daemon that own the state.
 
+mod bgp_service;
 pub mod convert;
 mod daemon_service;
 mod ipam_service;
@@ -157,6 +158,9 @@ async fn routes(info: DaemonInfo) -> Result<Routes, ApiError> {
         .add_service(PoolsServer::new(ipam.clone()))
         .add_service(NodesServer::new(ipam.clone()))
         .add_service(IpamServer::new(ipam))
+        .add_service(proto::v1::bgp_server::BgpServer::new(
+            bgp_service::BgpService::new(info.bgp.clone()),
+        ))
         .add_service(DaemonServer::new(daemon_service::DaemonService::new(info))))
 }
 
