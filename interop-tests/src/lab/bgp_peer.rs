@@ -140,14 +140,21 @@ pub struct Bgpd {
 impl Bgpd {
     /// Starts bgpd in `ns` peering with the peer (AS `peer_as`) and announcing `announce`.
     pub fn start(ns: &Netns, peer_as: u32, announce: &str) -> Bgpd {
+        Self::start_with(
+            ns,
+            &format!(
+                "[bgp]\nas = {LOCAL_AS}\nrouter_id = \"{BGPD_ADDR}\"\n\
+                 [[bgp.peers]]\naddress = \"{PEER_ADDR}\"\nas = {peer_as}\nhold_time = 9\n\
+                 [[bgp.announce]]\nprefix = \"{announce}\"\n"
+            ),
+        )
+    }
+
+    /// Starts bgpd in `ns` with `extra` (sections after `[api]`, e.g. `[bgp]`).
+    pub fn start_with(ns: &Netns, extra: &str) -> Bgpd {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("bgpd.sock");
-        let extra = format!(
-            "[bgp]\nas = {LOCAL_AS}\nrouter_id = \"{BGPD_ADDR}\"\n\
-             [[bgp.peers]]\naddress = \"{PEER_ADDR}\"\nas = {peer_as}\nhold_time = 9\n\
-             [[bgp.announce]]\nprefix = \"{announce}\"\n"
-        );
-        let config = super::bgpd::write_config(dir.path(), &socket, &extra);
+        let config = super::bgpd::write_config(dir.path(), &socket, extra);
         let log = std::fs::File::create(dir.path().join("bgpd.log")).unwrap();
         let mut cmd = ns.command(super::binary("bgpd"));
         cmd.arg("--config").arg(&config);
