@@ -81,7 +81,7 @@ pub fn wait_until(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
 }
 
 /// Runs a command to its end; stdout, or "" if it failed (peers' CLIs fail while starting).
-pub(crate) fn output(cmd: &mut Command) -> String {
+pub fn output(cmd: &mut Command) -> String {
     cmd.stdin(Stdio::null())
         .stderr(Stdio::null())
         .output()
@@ -90,7 +90,7 @@ pub(crate) fn output(cmd: &mut Command) -> String {
 }
 
 /// Reads a daemon's pid file (written when it daemonised), waiting up to 10 s.
-pub(crate) fn read_pid(path: &Path) -> Option<i32> {
+pub fn read_pid(path: &Path) -> Option<i32> {
     let mut pid = None;
     wait_until(Duration::from_secs(10), || {
         pid = std::fs::read_to_string(path)
