@@ -324,9 +324,11 @@ impl Fsm {
                 out.push(Action::StartTimer(Timer::Hold, OPEN_HOLD));
                 self.state = State::OpenSent;
             }
-            // Idle refuses connections (RFC 4271 §8.2.2); a connection while connected
-            // is the session task's to treat as a collision.
-            _ => out.push(Action::Disconnect),
+            // Idle refuses connections (RFC 4271 §8.2.2).
+            State::Idle => out.push(Action::Disconnect),
+            // A second connection while connected is a collision, which the session task
+            // resolves through `Event::CollidingOpen`; the current one is left alone.
+            State::OpenSent | State::OpenConfirm | State::Established => {}
         }
     }
 

@@ -98,6 +98,8 @@ pub struct Session {
     params: SessionParams,
     timers: HashMap<Timer, Instant>,
     connecting: bool,
+    /// Bumped by every Connect action: a retry abandons the attempt still pending.
+    attempt: u64,
     epoch: u64,
     colliding_tx: mpsc::Sender<Colliding>,
     colliding_rx: mpsc::Receiver<Colliding>,
@@ -123,6 +125,7 @@ impl Session {
             params: SessionParams::default(),
             timers: HashMap::new(),
             connecting: false,
+            attempt: 0,
             epoch: 0,
             colliding_tx,
             colliding_rx,
@@ -135,8 +138,13 @@ impl Session {
         let mut connect: Option<
             std::pin::Pin<Box<dyn Future<Output = std::io::Result<TcpStream>> + Send>>,
         > = None;
+        let mut connect_attempt = 0;
         loop {
+            if connect_attempt != self.attempt {
+                connect = None;
+            }
             if self.connecting && connect.is_none() {
+                connect_attempt = self.attempt;
                 let addr = self.remote;
                 connect = Some(Box::pin(async move {
                     let s = TcpStream::connect(addr).await?;
@@ -340,7 +348,10 @@ impl Session {
 
     async fn perform(&mut self, a: Action) {
         match a {
-            Action::Connect => self.connecting = true,
+            Action::Connect => {
+                self.connecting = true;
+                self.attempt = self.attempt.wrapping_add(1);
+            }
             Action::Send(m) => self.send(&m).await,
             Action::Disconnect => {
                 self.connecting = false;

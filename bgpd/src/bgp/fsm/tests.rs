@@ -326,6 +326,14 @@ fn stop_sends_cease_and_stays_idle() {
 }
 
 #[test]
+fn a_connection_event_while_connected_leaves_the_session_alone() {
+    let (mut f, _) = established(cfg(), 90);
+    assert!(f.handle(Event::Accepted).is_empty());
+    assert!(f.handle(Event::Connected).is_empty());
+    assert_eq!(f.state(), State::Established);
+}
+
+#[test]
 fn stale_timers_are_ignored() {
     let mut f = Fsm::new(cfg());
     for t in [
