@@ -19,6 +19,8 @@ pub enum DaemonError {
     Api(#[from] ApiError),
     #[error("cannot open the datastore: {0}")]
     Datastore(#[source] ipam::store::StoreError),
+    #[error("cannot start BGP: {0}")]
+    Bgp(#[from] crate::bgp::SpeakerError),
     #[error("cannot install the signal handlers: {0}")]
     Signals(#[source] std::io::Error),
 }
@@ -41,11 +43,16 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         datastore.clone(),
         dataplane.clone(),
     ));
+    // The speaker always runs (it serves the Bgp API); it binds the BGP port only once it
+    // has a peer, so nodes without peers never contend for port 179.
+    let bgp =
+        crate::bgp::start_from_config(&config.bgp, config.node.address.map(|a| a.addr())).await?;
     let info = DaemonInfo {
         node: config.node.name.clone(),
         datastore,
         started,
         dataplane,
+        bgp,
     };
     tracing::info!(
         version = crate::VERSION,

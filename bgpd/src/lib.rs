@@ -1,6 +1,7 @@
 //! bgpd, margay's node daemon: the control plane of one node (BIRD + confd in one process),
 //! and bgpctl, the operator's CLI that talks to it over the gRPC API.
 //!
+//! - `bgp`: the BGP speaker (FSM, RIBs, sessions).
 //! - `config`: the TOML configuration with `MARGAY_` environment overrides.
 //! - `api`: the gRPC server (unix socket, optional TCP with mutual TLS), health and reflection.
 //! - `daemon`: start-up, signals and clean shutdown of bgpd.
@@ -12,6 +13,7 @@
 //! - `routewriter`: the dataplane agent that makes the kernel match the desired state.
 
 pub mod api;
+pub mod bgp;
 pub mod config;
 pub mod ctl;
 pub mod daemon;

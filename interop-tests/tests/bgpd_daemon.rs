@@ -80,7 +80,7 @@ fn services_not_built_yet_answer_unimplemented() {
     runtime().block_on(async {
         let channel = bgpd::ctl::connect_unix(&d.socket).await.unwrap();
         let err = proto::v1::bgp_client::BgpClient::new(channel)
-            .list_peers(proto::v1::ListPeersRequest {})
+            .get_filters(proto::v1::GetFiltersRequest {})
             .await
             .unwrap_err();
         assert_eq!(err.code(), tonic::Code::Unimplemented);

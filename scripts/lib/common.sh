@@ -24,5 +24,19 @@ apt_install() {
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 }
 
+# BIRD 2 conflicts with BIRD 1.6 (the package `bird`), so it is unpacked, not installed: the
+# interop tests run /var/cache/margay/bird2/usr/sbin/bird.
+fetch_bird2() {
+  local dir=/var/cache/margay/bird2
+  [ -x "$dir/usr/sbin/bird" ] && return 0
+  log "unpacking bird2 into $dir"
+  local tmp; tmp=$(mktemp -d)
+  apt-get update -qq
+  (cd "$tmp" && apt-get download -qq bird2 >/dev/null)
+  mkdir -p "$dir"
+  dpkg -x "$tmp"/bird2_*.deb "$dir"
+  rm -rf "$tmp"
+}
+
 # cargo with the project's build settings: two jobs, the committed lock file.
 cargo_build() { cargo build -j2 --locked "$@"; }

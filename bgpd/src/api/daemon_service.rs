@@ -16,6 +16,8 @@ pub struct DaemonInfo {
     pub started: Instant,
     /// The desired kernel state served to routewriter.
     pub dataplane: crate::dataplane::Hub,
+    /// The BGP speaker task.
+    pub bgp: crate::bgp::SpeakerHandle,
 }
 
 #[derive(Clone)]

@@ -1,11 +1,12 @@
 //! bgpd's gRPC server. It serves the contract of the `proto` crate on a unix socket and,
 //! when configured, on TCP with mutual TLS; both listeners carry the same services, the
 //! standard health service and server reflection (v1 and v1alpha). Services of the contract
-//! that are not implemented yet (Bgp) are not registered, so tonic answers them UNIMPLEMENTED.
+//! that are not implemented yet are not registered, so tonic answers them UNIMPLEMENTED.
 //!
 //! The API layer owns no state of its own: each service holds handles to the parts of the
 //! daemon that own the state.
 
+mod bgp_service;
 pub mod convert;
 mod daemon_service;
 mod dataplane_service;
@@ -160,6 +161,9 @@ async fn routes(info: DaemonInfo) -> Result<Routes, ApiError> {
         .add_service(IpamServer::new(ipam))
         .add_service(DataplaneServer::new(
             dataplane_service::DataplaneService::new(info.dataplane.clone()),
+        ))
+        .add_service(proto::v1::bgp_server::BgpServer::new(
+            bgp_service::BgpService::new(info.bgp.clone()),
         ))
         .add_service(DaemonServer::new(daemon_service::DaemonService::new(info))))
 }

@@ -43,6 +43,15 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// BGP sessions and routes: show protocols, show route.
+    #[command(subcommand)]
+    Show(ctl::bgp::ShowCommand),
+    /// BGP peers: add, del.
+    #[command(subcommand)]
+    Peer(ctl::bgp::PeerCommand),
+    /// Routes this node announces: add, del.
+    #[command(subcommand)]
+    Route(ctl::bgp::RouteCommand),
 }
 
 fn main() -> ExitCode {
@@ -98,5 +107,8 @@ async fn run(socket: PathBuf, command: Command) -> Result<(), CtlError> {
         Command::Pool(c) => ctl::pool::run(channel, c, &mut out).await,
         Command::Ipam(c) => ctl::ipam::run(channel, c, &mut out).await,
         Command::Routewriter { .. } => unreachable!("answered above"),
+        Command::Show(c) => ctl::bgp::show(channel, c, &mut out).await,
+        Command::Peer(c) => ctl::bgp::peer(channel, c, &mut out).await,
+        Command::Route(c) => ctl::bgp::route(channel, c, &mut out).await,
     }
 }

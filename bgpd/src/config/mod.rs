@@ -206,6 +206,40 @@ pub struct BgpConfig {
     /// BGP identifier; the node's IPv4 address when unset.
     pub router_id: Option<Ipv4Addr>,
     pub listen_port: u16,
+    /// Explicit peers (`[[bgp.peers]]`).
+    pub peers: Vec<BgpPeerConfig>,
+    /// Routes this node originates (`[[bgp.announce]]`).
+    pub announce: Vec<BgpAnnounce>,
+}
+
+/// One explicitly configured BGP peer.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct BgpPeerConfig {
+    pub address: Ipv4Addr,
+    #[serde(rename = "as")]
+    pub as_number: u32,
+    /// Wait for the peer to connect; never connect out.
+    #[serde(default)]
+    pub passive: bool,
+    /// TCP port to connect to on the peer; 179 when unset.
+    pub port: Option<u16>,
+    /// Hold time to propose, seconds (0, or 3 and up); 240 when unset.
+    pub hold_time: Option<u16>,
+    /// Keepalive interval, seconds; a third of the hold time when unset.
+    pub keepalive: Option<u16>,
+}
+
+/// One route this node announces.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct BgpAnnounce {
+    pub prefix: Ipv4Net,
+    /// Next hop to advertise; our address on each session when unset (next-hop-self).
+    pub next_hop: Option<Ipv4Addr>,
+    /// Standard communities, "65000:100".
+    #[serde(default)]
+    pub communities: Vec<String>,
 }
 
 impl Default for BgpConfig {
@@ -214,6 +248,8 @@ impl Default for BgpConfig {
             as_number: DEFAULT_AS,
             router_id: None,
             listen_port: 179,
+            peers: Vec::new(),
+            announce: Vec::new(),
         }
     }
 }
@@ -315,6 +351,30 @@ impl Config {
         }
         if self.bgp.as_number == 0 {
             return Err(field("bgp.as", "AS 0 is reserved (RFC 7607)"));
+        }
+        for p in &self.bgp.peers {
+            if p.as_number == 0 {
+                return Err(field(
+                    "bgp.peers",
+                    format!("peer {}: AS 0 is reserved", p.address),
+                ));
+            }
+            if matches!(p.hold_time, Some(1 | 2)) {
+                return Err(field(
+                    "bgp.peers",
+                    format!("peer {}: hold_time must be 0 or at least 3", p.address),
+                ));
+            }
+        }
+        for a in &self.bgp.announce {
+            for c in &a.communities {
+                c.parse::<bgp_wire::Community>().map_err(|e| {
+                    field(
+                        "bgp.announce",
+                        format!("prefix {}: community {c:?}: {e}", a.prefix),
+                    )
+                })?;
+            }
         }
         match self.datastore.kind {
             DatastoreKind::Sqlite if self.datastore.path.as_os_str().is_empty() => {

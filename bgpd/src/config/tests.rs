@@ -115,3 +115,40 @@ fn a_missing_file_is_named() {
         .to_string();
     assert!(err.contains("/nonexistent/bgpd.toml"), "{err}");
 }
+
+#[test]
+fn bgp_peers_and_announcements_load_and_are_checked() {
+    let f = write(
+        "[bgp]\nas = 64512\n[[bgp.peers]]\naddress = \"10.0.0.2\"\nas = 65000\npassive = true\n\
+         port = 1179\nhold_time = 9\n[[bgp.announce]]\nprefix = \"10.10.1.0/24\"\n\
+         next_hop = \"10.0.0.1\"\ncommunities = [\"65000:7\"]\n",
+    );
+    let c = Config::load_with_env(Some(f.path()), env(&[("MARGAY_NODE__NAME", "n")])).unwrap();
+    let p = &c.bgp.peers[0];
+    assert_eq!(
+        (p.address, p.as_number, p.passive),
+        (Ipv4Addr::new(10, 0, 0, 2), 65000, true)
+    );
+    assert_eq!(
+        (p.port, p.hold_time, p.keepalive),
+        (Some(1179), Some(9), None)
+    );
+    assert_eq!(c.bgp.announce[0].communities, vec!["65000:7".to_owned()]);
+    for (bad, needle) in [
+        ("[[bgp.peers]]\naddress = \"10.0.0.2\"\nas = 0\n", "AS 0"),
+        (
+            "[[bgp.peers]]\naddress = \"10.0.0.2\"\nas = 1\nhold_time = 2\n",
+            "hold_time",
+        ),
+        (
+            "[[bgp.announce]]\nprefix = \"10.1.0.0/24\"\ncommunities = [\"x\"]\n",
+            "community",
+        ),
+    ] {
+        let f = write(bad);
+        let err = Config::load_with_env(Some(f.path()), env(&[("MARGAY_NODE__NAME", "n")]))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(needle), "{bad}: {err}");
+    }
+}

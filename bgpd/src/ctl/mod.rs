@@ -2,6 +2,7 @@
 //! turning transport and status errors into one line an operator can act on, and rendering
 //! answers as small tables or JSON.
 
+pub mod bgp;
 pub mod ipam;
 pub mod pool;
 pub mod routewriter;

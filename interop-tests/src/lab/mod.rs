@@ -1,7 +1,11 @@
 //! Starting real parts for tests, and finding margay's own binaries.
 
+pub mod bgp_peer;
 pub mod bgpd;
+pub mod bird;
 pub mod etcd;
+pub mod frr;
+pub mod gobgp;
 pub mod netns;
 
 use std::path::PathBuf;

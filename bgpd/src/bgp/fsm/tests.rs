@@ -1,0 +1,425 @@
+//! FSM tests: every state's reaction to every event that matters, without sockets.
+
+use super::*;
+use bgp_wire::{HOLD_TIMER_EXPIRED, RefreshSubtype, RouteRefresh};
+
+const ME: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
+const PEER: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 2);
+
+fn cfg() -> FsmConfig {
+    FsmConfig::new(Asn(64512), ME, Asn(64512))
+}
+
+fn peer_open(hold: u16) -> Open {
+    Open::new(
+        Asn(64512),
+        hold,
+        PEER,
+        vec![Capability::FourOctetAs(Asn(64512))],
+    )
+}
+
+fn sent(actions: &[Action]) -> Vec<&Message> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Send(m) => Some(m),
+            _ => None,
+        })
+        .collect()
+}
+
+fn notification(actions: &[Action]) -> Option<(u8, u8)> {
+    sent(actions).into_iter().find_map(|m| match m {
+        Message::Notification(n) => Some((n.code, n.subcode)),
+        _ => None,
+    })
+}
+
+fn timer(actions: &[Action], t: Timer) -> Option<Duration> {
+    actions.iter().find_map(|a| match a {
+        Action::StartTimer(x, d) if *x == t => Some(*d),
+        _ => None,
+    })
+}
+
+/// Drive a fresh FSM to Established with the given peer hold time.
+fn established(config: FsmConfig, hold: u16) -> (Fsm, Vec<Action>) {
+    let mut f = Fsm::new(config);
+    f.handle(Event::Start);
+    f.handle(Event::Connected);
+    f.handle(Event::Message(Decoded::Open(peer_open(hold))));
+    let a = f.handle(Event::Message(Decoded::Keepalive));
+    assert_eq!(f.state(), State::Established);
+    (f, a)
+}
+
+#[test]
+fn starts_idle_and_active_start_connects() {
+    let mut f = Fsm::new(cfg());
+    assert_eq!(f.state(), State::Idle);
+    let a = f.handle(Event::Start);
+    assert_eq!(f.state(), State::Connect);
+    assert_eq!(a.first(), Some(&Action::Connect));
+    let d = timer(&a, Timer::ConnectRetry).unwrap();
+    assert!(
+        d >= Duration::from_millis(3750) && d <= Duration::from_secs(5),
+        "{d:?}"
+    );
+}
+
+#[test]
+fn passive_start_waits_and_never_connects() {
+    let mut c = cfg();
+    c.passive = true;
+    let mut f = Fsm::new(c);
+    let a = f.handle(Event::Start);
+    assert_eq!(f.state(), State::Active);
+    assert!(!a.contains(&Action::Connect));
+    // Its ConnectRetry never makes it connect.
+    let a = f.handle(Event::TimerExpired(Timer::ConnectRetry));
+    assert!(!a.contains(&Action::Connect));
+    let a = f.handle(Event::Accepted);
+    assert_eq!(f.state(), State::OpenSent);
+    assert!(matches!(sent(&a)[..], [Message::Open(_)]));
+}
+
+#[test]
+fn full_handshake_negotiates_hold_and_keepalive() {
+    let mut f = Fsm::new(cfg());
+    f.handle(Event::Start);
+    let a = f.handle(Event::Connected);
+    assert_eq!(f.state(), State::OpenSent);
+    let Some(Message::Open(o)) = sent(&a).first().copied() else {
+        panic!("no OPEN: {a:?}")
+    };
+    assert_eq!((o.asn(), o.hold_time, o.bgp_id), (Asn(64512), 240, ME));
+    assert_eq!(timer(&a, Timer::Hold), Some(OPEN_HOLD));
+    let a = f.handle(Event::Message(Decoded::Open(peer_open(90))));
+    assert_eq!(f.state(), State::OpenConfirm);
+    assert_eq!(sent(&a), vec![&Message::Keepalive]);
+    assert_eq!(timer(&a, Timer::Hold), Some(Duration::from_secs(90)));
+    assert_eq!(timer(&a, Timer::Keepalive), Some(Duration::from_secs(30)));
+    let a = f.handle(Event::Message(Decoded::Keepalive));
+    assert_eq!(f.state(), State::Established);
+    let n = a
+        .iter()
+        .find_map(|a| match a {
+            Action::Established(n) => Some(n.clone()),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!((n.hold_time, n.keepalive, n.remote_id), (90, 30, PEER));
+    assert!(n.params.four_octet_as && !n.params.external);
+}
+
+#[test]
+fn configured_keepalive_is_capped_to_a_third_of_hold() {
+    let mut c = cfg();
+    c.keepalive = Some(100);
+    let (f, _) = established(c.clone(), 30);
+    assert_eq!(f.negotiated().unwrap().keepalive, 10);
+    c.keepalive = Some(3);
+    let (f, _) = established(c, 30);
+    assert_eq!(f.negotiated().unwrap().keepalive, 3);
+}
+
+#[test]
+fn hold_time_zero_means_no_timers() {
+    let (mut f, _) = established(cfg(), 0);
+    let n = f.negotiated().unwrap();
+    assert_eq!((n.hold_time, n.keepalive), (0, 0));
+    let a = f.handle(Event::Message(Decoded::Keepalive));
+    assert_eq!(timer(&a, Timer::Hold), None);
+    // We propose 0 ourselves: negotiated 0 whatever the peer says.
+    let mut c = cfg();
+    c.hold_time = 0;
+    let (f, _) = established(c, 90);
+    assert_eq!(f.negotiated().unwrap().hold_time, 0);
+}
+
+#[test]
+fn keepalive_timer_sends_and_rearms() {
+    let (mut f, _) = established(cfg(), 9);
+    let a = f.handle(Event::TimerExpired(Timer::Keepalive));
+    assert_eq!(sent(&a), vec![&Message::Keepalive]);
+    assert_eq!(timer(&a, Timer::Keepalive), Some(Duration::from_secs(3)));
+}
+
+#[test]
+fn hold_timer_expiry_notifies_and_goes_idle_then_restarts() {
+    let (mut f, _) = established(cfg(), 9);
+    let a = f.handle(Event::TimerExpired(Timer::Hold));
+    assert_eq!(notification(&a), Some((HOLD_TIMER_EXPIRED, 0)));
+    assert!(a.contains(&Action::Disconnect));
+    assert!(a.iter().any(|a| matches!(a, Action::Down { .. })));
+    assert_eq!(f.state(), State::Idle);
+    assert_eq!(f.last_error(), Some("hold timer expired"));
+    let d = timer(&a, Timer::IdleHold).unwrap();
+    assert_eq!(d, Duration::from_secs(1));
+    let a = f.handle(Event::TimerExpired(Timer::IdleHold));
+    assert_eq!(f.state(), State::Connect);
+    assert!(a.contains(&Action::Connect));
+}
+
+#[test]
+fn repeated_errors_double_the_idle_hold_until_stable() {
+    let mut f = Fsm::new(cfg());
+    f.handle(Event::Start);
+    let mut holds = Vec::new();
+    for _ in 0..8 {
+        f.handle(Event::Connected);
+        let a = f.handle(Event::ConnectionClosed);
+        holds.push(timer(&a, Timer::IdleHold).unwrap().as_secs());
+        f.handle(Event::TimerExpired(Timer::IdleHold));
+    }
+    assert_eq!(holds, vec![1, 2, 4, 8, 16, 32, 60, 60]);
+    // A session that stays up resets the back-off.
+    f.handle(Event::Connected);
+    f.handle(Event::Message(Decoded::Open(peer_open(90))));
+    let a = f.handle(Event::Message(Decoded::Keepalive));
+    assert_eq!(timer(&a, Timer::Stable), Some(STABLE_AFTER));
+    f.handle(Event::TimerExpired(Timer::Stable));
+    let a = f.handle(Event::ConnectionClosed);
+    assert_eq!(timer(&a, Timer::IdleHold), Some(Duration::from_secs(1)));
+}
+
+#[test]
+fn connect_retry_backs_off_with_jitter() {
+    let mut f = Fsm::new(cfg());
+    let a = f.handle(Event::Start);
+    let mut ds = vec![timer(&a, Timer::ConnectRetry).unwrap()];
+    for _ in 0..7 {
+        let a = f.handle(Event::ConnectionFailed);
+        assert_eq!(f.state(), State::Connect);
+        ds.push(timer(&a, Timer::ConnectRetry).unwrap());
+        let a = f.handle(Event::TimerExpired(Timer::ConnectRetry));
+        assert!(a.contains(&Action::Connect));
+    }
+    for (i, d) in ds.iter().enumerate() {
+        let base = Duration::from_secs(5 * (1u64 << (2 * i).min(30))).min(Duration::from_secs(120));
+        let _ = base;
+        assert!(*d <= Duration::from_secs(120), "{i}: {d:?}");
+    }
+    // Growing, capped at 120 s (minus jitter), never below 75 % of the base.
+    assert!(ds[0] >= Duration::from_millis(3750));
+    assert!(ds.last().unwrap() >= &Duration::from_secs(90));
+    assert!(ds.windows(2).take(3).all(|w| w[1] > w[0]), "{ds:?}");
+    // Jitter: two peers with different seeds do not retry in lockstep.
+    let mut c = cfg();
+    c.jitter_seed = 12345;
+    let mut g = Fsm::new(c);
+    let b = g.handle(Event::Start);
+    assert_ne!(timer(&b, Timer::ConnectRetry), Some(ds[0]));
+    // A success resets the back-off.
+    f.handle(Event::Connected);
+    f.handle(Event::ConnectionClosed);
+    let a = f.handle(Event::TimerExpired(Timer::IdleHold));
+    assert!(timer(&a, Timer::ConnectRetry).unwrap() <= Duration::from_secs(5));
+}
+
+#[test]
+fn wrong_peer_as_is_bad_peer_as() {
+    let mut f = Fsm::new(cfg());
+    f.handle(Event::Start);
+    f.handle(Event::Connected);
+    let a = f.handle(Event::Message(Decoded::Open(Open::new(
+        Asn(65000),
+        90,
+        PEER,
+        vec![],
+    ))));
+    assert_eq!(notification(&a), Some((2, 2)));
+    assert_eq!(f.state(), State::Idle);
+}
+
+#[test]
+fn bad_identifiers_are_refused() {
+    for id in [Ipv4Addr::UNSPECIFIED, ME, Ipv4Addr::new(224, 0, 0, 1)] {
+        let mut f = Fsm::new(cfg());
+        f.handle(Event::Start);
+        f.handle(Event::Connected);
+        let a = f.handle(Event::Message(Decoded::Open(Open::new(
+            Asn(64512),
+            90,
+            id,
+            vec![],
+        ))));
+        assert_eq!(notification(&a), Some((2, 3)), "{id}");
+    }
+}
+
+#[test]
+fn unexpected_messages_are_fsm_errors() {
+    let mut f = Fsm::new(cfg());
+    f.handle(Event::Start);
+    f.handle(Event::Connected);
+    let a = f.handle(Event::Message(Decoded::Keepalive));
+    assert_eq!(notification(&a), Some((bgp_wire::FSM_ERROR, 1)));
+    let (mut f, _) = established(cfg(), 90);
+    let a = f.handle(Event::Message(Decoded::Open(peer_open(90))));
+    assert_eq!(notification(&a), Some((bgp_wire::FSM_ERROR, 3)));
+    let mut f = Fsm::new(cfg());
+    f.handle(Event::Start);
+    f.handle(Event::Connected);
+    f.handle(Event::Message(Decoded::Open(peer_open(90))));
+    let a = f.handle(Event::Message(Decoded::RouteRefresh(RouteRefresh::new(
+        Family::IPV4_UNICAST,
+        RefreshSubtype::Normal,
+    ))));
+    assert_eq!(notification(&a), Some((bgp_wire::FSM_ERROR, 2)));
+}
+
+#[test]
+fn received_notification_is_not_answered() {
+    let (mut f, _) = established(cfg(), 90);
+    let a = f.handle(Event::Message(Decoded::Notification(Notification::new(
+        6,
+        2,
+        vec![],
+    ))));
+    assert_eq!(notification(&a), None);
+    assert_eq!(f.state(), State::Idle);
+    assert!(f.last_error().unwrap().contains("Administrative shutdown"));
+}
+
+#[test]
+fn decode_error_sends_its_notification() {
+    let (mut f, _) = established(cfg(), 90);
+    let e = DecodeError::new(ErrorKind::MalformedAsPath, "test");
+    let a = f.handle(Event::DecodeError(e));
+    assert_eq!(notification(&a), Some((3, 11)));
+    assert!(a.iter().any(|a| matches!(a, Action::Down { .. })));
+}
+
+#[test]
+fn updates_and_refresh_are_delivered_in_established() {
+    let (mut f, _) = established(cfg(), 90);
+    let u = bgp_wire::decode_update(&[0, 0, 0, 0], &SessionParams::default());
+    let a = f.handle(Event::Message(Decoded::Update(u)));
+    assert!(a.iter().any(|a| matches!(a, Action::Deliver(_))));
+    assert_eq!(timer(&a, Timer::Hold), Some(Duration::from_secs(90)));
+    let a = f.handle(Event::Message(Decoded::RouteRefresh(RouteRefresh::new(
+        Family::IPV4_UNICAST,
+        RefreshSubtype::Normal,
+    ))));
+    assert!(a.contains(&Action::Refresh));
+}
+
+#[test]
+fn stop_sends_cease_and_stays_idle() {
+    let (mut f, _) = established(cfg(), 90);
+    let a = f.handle(Event::Stop {
+        subcode: cease::ADMIN_SHUTDOWN,
+        reason: "bye".into(),
+    });
+    assert_eq!(notification(&a), Some((6, 2)));
+    assert_eq!(f.state(), State::Idle);
+    assert_eq!(timer(&a, Timer::IdleHold), None);
+    // A stale idle hold does not restart it.
+    let a = f.handle(Event::TimerExpired(Timer::IdleHold));
+    assert!(a.is_empty());
+    assert_eq!(f.state(), State::Idle);
+    // Idle refuses connections.
+    let a = f.handle(Event::Accepted);
+    assert_eq!(a, vec![Action::Disconnect]);
+}
+
+#[test]
+fn a_connection_event_while_connected_leaves_the_session_alone() {
+    let (mut f, _) = established(cfg(), 90);
+    assert!(f.handle(Event::Accepted).is_empty());
+    assert!(f.handle(Event::Connected).is_empty());
+    assert_eq!(f.state(), State::Established);
+}
+
+#[test]
+fn stale_timers_are_ignored() {
+    let mut f = Fsm::new(cfg());
+    for t in [
+        Timer::Hold,
+        Timer::Keepalive,
+        Timer::ConnectRetry,
+        Timer::Stable,
+    ] {
+        assert!(f.handle(Event::TimerExpired(t)).is_empty());
+    }
+    f.handle(Event::Start);
+    f.handle(Event::Connected);
+    assert!(f.handle(Event::TimerExpired(Timer::Keepalive)).is_empty());
+    assert_eq!(f.state(), State::OpenSent);
+}
+
+#[test]
+fn collision_higher_local_id_keeps_our_connection() {
+    let mut c = cfg();
+    c.router_id = Ipv4Addr::new(10, 0, 0, 9);
+    let mut f = Fsm::new(c);
+    f.handle(Event::Start);
+    f.handle(Event::Connected);
+    let a = f.handle(Event::CollidingOpen {
+        open: peer_open(90),
+        current_inbound: false,
+    });
+    assert!(
+        matches!(a[..], [Action::RejectColliding(ref n)] if n.subcode == cease::CONNECTION_COLLISION)
+    );
+    assert_eq!(f.state(), State::OpenSent);
+}
+
+#[test]
+fn collision_lower_local_id_switches_to_the_peers_connection() {
+    let mut f = Fsm::new(cfg());
+    f.handle(Event::Start);
+    f.handle(Event::Connected);
+    let a = f.handle(Event::CollidingOpen {
+        open: peer_open(90),
+        current_inbound: false,
+    });
+    assert_eq!(notification(&a), Some((6, cease::CONNECTION_COLLISION)));
+    let adopt = a.iter().position(|x| *x == Action::AdoptColliding).unwrap();
+    let disc = a.iter().position(|x| *x == Action::Disconnect).unwrap();
+    assert!(disc < adopt);
+    // OPEN then KEEPALIVE on the new connection.
+    let after: Vec<_> = sent(&a[adopt..]).into_iter().cloned().collect();
+    assert!(matches!(after[..], [Message::Open(_), Message::Keepalive]));
+    assert_eq!(f.state(), State::OpenConfirm);
+}
+
+#[test]
+fn collision_in_established_rejects_the_newcomer() {
+    let (mut f, _) = established(cfg(), 90);
+    let a = f.handle(Event::CollidingOpen {
+        open: peer_open(90),
+        current_inbound: false,
+    });
+    assert!(matches!(a[..], [Action::RejectColliding(_)]));
+    assert_eq!(f.state(), State::Established);
+}
+
+#[test]
+fn ebgp_is_external_and_negotiates_so() {
+    let c = FsmConfig::new(Asn(64512), ME, Asn(65000));
+    let mut f = Fsm::new(c);
+    f.handle(Event::Start);
+    f.handle(Event::Connected);
+    f.handle(Event::Message(Decoded::Open(Open::new(
+        Asn(65000),
+        90,
+        ME, // same id is allowed for eBGP
+        vec![Capability::FourOctetAs(Asn(65000))],
+    ))));
+    f.handle(Event::Message(Decoded::Keepalive));
+    assert_eq!(f.state(), State::Established);
+    assert!(f.negotiated().unwrap().params.external);
+}
+
+#[test]
+fn backoff_is_capped_and_never_overflows() {
+    let s = Duration::from_secs(1);
+    assert_eq!(backoff(s, Duration::from_secs(60), 1), s);
+    assert_eq!(
+        backoff(s, Duration::from_secs(60), u32::MAX),
+        Duration::from_secs(60)
+    );
+}

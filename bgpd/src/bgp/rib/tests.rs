@@ -1,0 +1,391 @@
+//! RIB tests: decision process steps one by one, export rules, interning, churn.
+
+use super::*;
+use bgp_wire::AsSegment;
+
+const LOCAL_AS: Asn = Asn(64512);
+
+fn pfx(s: &str) -> Ipv4Prefix {
+    let (a, l) = s.split_once('/').unwrap();
+    Ipv4Prefix::new(a.parse().unwrap(), l.parse().unwrap()).unwrap()
+}
+
+fn peer(n: u8, asn: u32) -> PeerInfo {
+    PeerInfo {
+        id: PeerId(u32::from(n)),
+        address: Ipv4Addr::new(10, 0, 0, n),
+        asn: Asn(asn),
+        router_id: Ipv4Addr::new(10, 0, 0, n),
+        local_address: Ipv4Addr::new(10, 0, 0, 1),
+    }
+}
+
+fn attrs(path: &[u32], lp: Option<u32>) -> PathAttributes {
+    PathAttributes {
+        origin: Some(Origin::Igp),
+        as_path: Some(AsPath::from_sequence(path.iter().map(|a| Asn(*a)))),
+        next_hop: Some(Ipv4Addr::new(192, 0, 2, 1)),
+        local_pref: lp,
+        ..PathAttributes::default()
+    }
+}
+
+fn rib() -> Rib {
+    Rib::new(LOCAL_AS, Ipv4Addr::new(10, 0, 0, 1))
+}
+
+fn best_from(r: &Rib, p: &str) -> Option<Source> {
+    r.best(&pfx(p)).map(|(s, _)| s)
+}
+
+#[test]
+fn learned_route_reaches_loc_rib_and_withdrawal_removes_it() {
+    let mut r = rib();
+    r.peer_up(peer(2, 64512));
+    r.update(
+        PeerId(2),
+        Some(attrs(&[], Some(100))),
+        &[pfx("10.1.0.0/26")],
+        &[],
+    );
+    assert_eq!(best_from(&r, "10.1.0.0/26"), Some(Source::Peer(PeerId(2))));
+    assert_eq!(r.counts(PeerId(2)), (1, 1, 0));
+    r.update(PeerId(2), None, &[], &[pfx("10.1.0.0/26")]);
+    assert_eq!(r.loc_len(), 0);
+}
+
+#[test]
+fn decision_local_pref_then_path_then_origin() {
+    let mut r = rib();
+    r.peer_up(peer(2, 64512));
+    r.peer_up(peer(3, 64512));
+    let p = [pfx("10.1.0.0/24")];
+    r.update(PeerId(2), Some(attrs(&[65000, 65001], Some(200))), &p, &[]);
+    r.update(PeerId(3), Some(attrs(&[65000], Some(100))), &p, &[]);
+    assert_eq!(
+        best_from(&r, "10.1.0.0/24"),
+        Some(Source::Peer(PeerId(2))),
+        "local-pref"
+    );
+    r.update(PeerId(2), Some(attrs(&[65000, 65001], Some(100))), &p, &[]);
+    assert_eq!(
+        best_from(&r, "10.1.0.0/24"),
+        Some(Source::Peer(PeerId(3))),
+        "path length"
+    );
+    let mut inc = attrs(&[65000], Some(100));
+    inc.origin = Some(Origin::Incomplete);
+    r.update(PeerId(3), Some(inc), &p, &[]);
+    let mut egp = attrs(&[65000], Some(100));
+    egp.origin = Some(Origin::Egp);
+    r.update(PeerId(2), Some(egp), &p, &[]);
+    assert_eq!(
+        best_from(&r, "10.1.0.0/24"),
+        Some(Source::Peer(PeerId(2))),
+        "origin"
+    );
+}
+
+#[test]
+fn med_only_between_same_neighbour_as() {
+    let mut r = rib();
+    r.peer_up(peer(2, 64512));
+    r.peer_up(peer(3, 64512));
+    let p = [pfx("10.2.0.0/24")];
+    let mut a = attrs(&[65000], Some(100));
+    a.med = Some(50);
+    let mut b = attrs(&[65000], Some(100));
+    b.med = Some(10);
+    r.update(PeerId(2), Some(a), &p, &[]);
+    r.update(PeerId(3), Some(b), &p, &[]);
+    assert_eq!(best_from(&r, "10.2.0.0/24"), Some(Source::Peer(PeerId(3))));
+    // Different neighbour AS: MED ignored, falls to router id (lowest wins: peer 2).
+    let mut c = attrs(&[65009], Some(100));
+    c.med = Some(500);
+    r.update(PeerId(2), Some(c), &p, &[]);
+    assert_eq!(best_from(&r, "10.2.0.0/24"), Some(Source::Peer(PeerId(2))));
+}
+
+#[test]
+fn ebgp_beats_ibgp_then_lowest_router_id() {
+    let mut r = rib();
+    r.peer_up(peer(2, 64512));
+    r.peer_up(peer(3, 65000));
+    let p = [pfx("10.3.0.0/24")];
+    r.update(PeerId(2), Some(attrs(&[65000], Some(100))), &p, &[]);
+    r.update(PeerId(3), Some(attrs(&[65000], None)), &p, &[]);
+    assert_eq!(best_from(&r, "10.3.0.0/24"), Some(Source::Peer(PeerId(3))));
+    let mut r = rib();
+    r.peer_up(peer(5, 64512));
+    r.peer_up(peer(4, 64512));
+    r.update(PeerId(5), Some(attrs(&[], Some(100))), &p, &[]);
+    r.update(PeerId(4), Some(attrs(&[], Some(100))), &p, &[]);
+    assert_eq!(best_from(&r, "10.3.0.0/24"), Some(Source::Peer(PeerId(4))));
+}
+
+#[test]
+fn lowest_peer_address_breaks_the_last_tie() {
+    let mut r = rib();
+    let mut a = peer(7, 64512);
+    let mut b = peer(6, 64512);
+    a.router_id = Ipv4Addr::new(1, 1, 1, 1);
+    b.router_id = Ipv4Addr::new(1, 1, 1, 1);
+    r.peer_up(a);
+    r.peer_up(b);
+    let p = [pfx("10.4.0.0/24")];
+    r.update(PeerId(7), Some(attrs(&[], Some(100))), &p, &[]);
+    r.update(PeerId(6), Some(attrs(&[], Some(100))), &p, &[]);
+    assert_eq!(best_from(&r, "10.4.0.0/24"), Some(Source::Peer(PeerId(6))));
+}
+
+#[test]
+fn ibgp_routes_are_not_sent_to_ibgp_peers_but_to_ebgp_with_prepend() {
+    let mut r = rib();
+    r.peer_up(peer(2, 64512));
+    r.peer_up(peer(3, 64512));
+    r.peer_up(peer(4, 65000));
+    let out = r.update(
+        PeerId(2),
+        Some(attrs(&[65100], Some(150))),
+        &[pfx("10.5.0.0/24")],
+        &[],
+    );
+    assert!(!out.contains_key(&PeerId(2)), "not back to the sender");
+    assert!(!out.contains_key(&PeerId(3)), "no iBGP to iBGP");
+    let u = &out[&PeerId(4)];
+    let (a, ps) = &u.announce[0];
+    assert_eq!(ps, &vec![pfx("10.5.0.0/24")]);
+    assert_eq!(a.local_pref, None, "no LOCAL_PREF to eBGP");
+    assert_eq!(a.next_hop, Some(Ipv4Addr::new(10, 0, 0, 1)));
+    assert_eq!(
+        a.as_path.as_ref().unwrap().segments(),
+        &[AsSegment {
+            kind: bgp_wire::SegmentType::Sequence,
+            asns: vec![LOCAL_AS, Asn(65100)],
+        }]
+    );
+}
+
+#[test]
+fn ebgp_routes_go_to_ibgp_with_local_pref_and_their_next_hop() {
+    let mut r = rib();
+    r.peer_up(peer(2, 64512));
+    r.peer_up(peer(4, 65000));
+    let out = r.update(
+        PeerId(4),
+        Some(attrs(&[65000], None)),
+        &[pfx("10.6.0.0/24")],
+        &[],
+    );
+    let (a, _) = &out[&PeerId(2)].announce[0];
+    assert_eq!(a.local_pref, Some(DEFAULT_LOCAL_PREF));
+    assert_eq!(a.next_hop, Some(Ipv4Addr::new(192, 0, 2, 1)));
+    assert_eq!(a.as_path.as_ref().unwrap().path_len(), 1);
+}
+
+#[test]
+fn ebgp_loop_is_rejected() {
+    let mut r = rib();
+    r.peer_up(peer(4, 65000));
+    r.update(
+        PeerId(4),
+        Some(attrs(&[65000, 64512], None)),
+        &[pfx("10.7.0.0/24")],
+        &[],
+    );
+    assert_eq!(r.loc_len(), 0);
+    assert_eq!(r.counts(PeerId(4)), (1, 0, 0));
+}
+
+#[test]
+fn originated_routes_use_next_hop_self_and_right_attributes() {
+    let mut r = rib();
+    let ib = r.peer_up(peer(2, 64512));
+    assert!(ib.is_empty());
+    r.peer_up(peer(4, 65000));
+    let out = r.announce(
+        pfx("10.8.0.0/26"),
+        PathAttributes {
+            origin: Some(Origin::Igp),
+            ..PathAttributes::default()
+        },
+    );
+    let (a, _) = &out[&PeerId(2)].announce[0];
+    assert_eq!(a.next_hop, Some(Ipv4Addr::new(10, 0, 0, 1)));
+    assert_eq!(a.local_pref, Some(100));
+    assert!(a.as_path.as_ref().unwrap().is_empty());
+    let (e, _) = &out[&PeerId(4)].announce[0];
+    assert_eq!(e.local_pref, None);
+    assert_eq!(e.as_path.as_ref().unwrap().first_asn(), Some(LOCAL_AS));
+    // A peer coming up later gets the table.
+    let late = r.peer_up(peer(3, 64512));
+    assert_eq!(late.announced(), 1);
+    // Withdraw: every peer is told.
+    let out = r.withdraw(pfx("10.8.0.0/26")).unwrap();
+    assert_eq!(out.len(), 3);
+    assert!(out.values().all(|u| u.withdraw == vec![pfx("10.8.0.0/26")]));
+    assert!(r.withdraw(pfx("10.8.0.0/26")).is_none());
+}
+
+#[test]
+fn peer_down_withdraws_its_routes_from_others() {
+    let mut r = rib();
+    r.peer_up(peer(4, 65000));
+    r.peer_up(peer(2, 64512));
+    r.update(
+        PeerId(4),
+        Some(attrs(&[65000], None)),
+        &[pfx("10.9.0.0/24")],
+        &[],
+    );
+    assert_eq!(r.adj_out(PeerId(2)).len(), 1);
+    let out = r.peer_down(PeerId(4));
+    assert_eq!(out[&PeerId(2)].withdraw, vec![pfx("10.9.0.0/24")]);
+    assert_eq!(r.loc_len(), 0);
+    assert!(r.adj_out(PeerId(2)).is_empty());
+}
+
+#[test]
+fn failover_to_second_best_announces_the_new_route() {
+    let mut r = rib();
+    r.peer_up(peer(4, 65000));
+    r.peer_up(peer(5, 65001));
+    r.peer_up(peer(2, 64512));
+    let p = [pfx("10.10.0.0/24")];
+    r.update(PeerId(4), Some(attrs(&[65000], None)), &p, &[]);
+    r.update(PeerId(5), Some(attrs(&[65001, 65002], None)), &p, &[]);
+    let out = r.peer_down(PeerId(4));
+    let (a, _) = &out[&PeerId(2)].announce[0];
+    assert_eq!(a.as_path.as_ref().unwrap().path_len(), 2);
+}
+
+#[test]
+fn attributes_are_interned_and_swept() {
+    let mut r = rib();
+    r.peer_up(peer(2, 64512));
+    r.peer_up(peer(3, 64512));
+    let ps: Vec<_> = (0..=255u8)
+        .map(|i| Ipv4Prefix::new(Ipv4Addr::new(10, 20, i, 0), 24).unwrap())
+        .collect();
+    r.update(PeerId(2), Some(attrs(&[65000], Some(100))), &ps, &[]);
+    r.update(PeerId(3), Some(attrs(&[65000], Some(100))), &ps, &[]);
+    let a = r.adj_in(PeerId(2));
+    let b = r.adj_in(PeerId(3));
+    assert!(
+        a.iter()
+            .zip(&b)
+            .all(|(x, y)| Arc::ptr_eq(&x.attrs, &y.attrs))
+    );
+    assert_eq!(r.attribute_sets(), 1);
+    drop((a, b));
+    r.peer_down(PeerId(2));
+    r.peer_down(PeerId(3));
+    r.interner.sweep();
+    assert_eq!(r.attribute_sets(), 0);
+}
+
+#[test]
+fn export_groups_prefixes_by_attributes() {
+    let mut r = rib();
+    r.peer_up(peer(4, 65000));
+    r.peer_up(peer(2, 64512));
+    let ps: Vec<_> = (0..100u8)
+        .map(|i| Ipv4Prefix::new(Ipv4Addr::new(10, 30, i, 0), 24).unwrap())
+        .collect();
+    let out = r.update(PeerId(4), Some(attrs(&[65000], None)), &ps, &[]);
+    assert_eq!(out[&PeerId(2)].announce.len(), 1);
+    assert_eq!(out[&PeerId(2)].announced(), 100);
+    // Re-announcing the same attributes changes nothing downstream.
+    let out = r.update(PeerId(4), Some(attrs(&[65000], None)), &ps, &[]);
+    assert!(out.is_empty());
+    assert_eq!(r.refresh(PeerId(2)).announced(), 100);
+}
+
+#[test]
+fn no_export_and_no_advertise_are_honoured() {
+    let mut r = rib();
+    r.peer_up(peer(4, 65000));
+    r.peer_up(peer(5, 65001));
+    r.peer_up(peer(2, 64512));
+    let mut a = attrs(&[65000], None);
+    a.communities = vec![Community::NO_EXPORT];
+    let out = r.update(PeerId(4), Some(a), &[pfx("10.11.0.0/24")], &[]);
+    assert!(out.contains_key(&PeerId(2)));
+    assert!(!out.contains_key(&PeerId(5)));
+    let mut a = attrs(&[65000], None);
+    a.communities = vec![Community::NO_ADVERTISE];
+    let out = r.update(PeerId(4), Some(a), &[pfx("10.12.0.0/24")], &[]);
+    assert!(out.is_empty());
+}
+
+/// Property: whatever order announcements and withdrawals come in, the Loc-RIB holds the
+/// best of what is in the Adj-RIBs-In, and every Adj-RIB-Out equals a fresh export.
+#[test]
+fn tables_stay_consistent_under_random_churn() {
+    let mut seed = 0x1234_5678_9abc_def1u64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let mut r = rib();
+    let peers = [
+        peer(2, 64512),
+        peer(3, 64512),
+        peer(4, 65000),
+        peer(5, 65001),
+    ];
+    for p in peers {
+        r.peer_up(p);
+    }
+    for _ in 0..2000 {
+        let who = peers[(next() % 4) as usize].id;
+        let p = Ipv4Prefix::new(Ipv4Addr::new(10, 40, (next() % 16) as u8, 0), 24).unwrap();
+        match next() % 5 {
+            0 => {
+                r.update(who, None, &[], &[p]);
+            }
+            1 => {
+                r.announce(p, PathAttributes::default());
+            }
+            2 => {
+                r.withdraw(p);
+            }
+            _ => {
+                let len = (next() % 3) as usize;
+                let path: Vec<u32> = (0..len).map(|i| 65000 + i as u32).collect();
+                r.update(
+                    who,
+                    Some(attrs(&path, Some(100 + (next() % 2) as u32))),
+                    &[p],
+                    &[],
+                );
+            }
+        }
+    }
+    // Rebuild from scratch and compare.
+    for p in peers {
+        let mine = r.adj_out(p.id);
+        let mut fresh: Vec<_> = r
+            .loc_rib()
+            .filter_map(|route| {
+                let from = match route.source {
+                    Source::Peer(q) => peers.iter().find(|x| x.id == q).copied(),
+                    Source::Local => None,
+                };
+                export_attrs(LOCAL_AS, &p, route.source, from.as_ref(), &route.attrs)
+                    .map(|a| (route.prefix, a))
+            })
+            .collect();
+        fresh.sort_by_key(|(p, _)| *p);
+        let mine: Vec<_> = mine
+            .into_iter()
+            .map(|r| (r.prefix, (*r.attrs).clone()))
+            .collect();
+        assert_eq!(mine, fresh, "adj-out of {:?}", p.id);
+    }
+    for route in r.loc_rib() {
+        assert!(r.decide(&route.prefix).is_some());
+    }
+}

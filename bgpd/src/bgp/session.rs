@@ -1,0 +1,511 @@
+//! One peer's session task: owns the TCP connection and the timers, and drives the [`Fsm`].
+//!
+//! **Job.** Move bytes and time: connect or take an accepted connection, frame and decode
+//! what arrives (`bgp_wire`), feed the FSM, perform its actions, encode and write what the
+//! speaker hands over (Adj-RIB-Out changes), report state changes and UPDATEs to the speaker.
+//!
+//! **Boundaries.** Decides nothing: protocol decisions are the FSM's, routes are the RIB's
+//! (in the speaker task). The only owner of this peer's sockets.
+//!
+//! Channels: session → speaker is bounded (a slow RIB slows our reads, which is TCP
+//! back-pressure on the peer); speaker → session is unbounded because the speaker must never
+//! wait on one session (two tasks waiting on each other's full queues would deadlock), and
+//! what it queues is bounded by the Adj-RIB-Out it diffs against.
+
+use std::collections::HashMap;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::SystemTime;
+
+use bgp_wire::{
+    Decoded, Message, Open, SessionParams, Split, UpdateDecode, cease, decode_message,
+    split_message,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::sync::mpsc;
+use tokio::time::{Duration, Instant};
+
+use super::fsm::{Action, Event, Fsm, State, Timer};
+use super::rib::{OutUpdate, PeerId};
+
+/// Largest message plus a read's worth: the receive buffer never needs more.
+const RX_BUF: usize = 2 * bgp_wire::MAX_EXTENDED_MESSAGE_LEN;
+/// How long a colliding connection gets to send its OPEN.
+const COLLISION_OPEN_WAIT: Duration = Duration::from_secs(10);
+
+/// What the speaker tells a session.
+#[derive(Debug)]
+pub enum ToSession {
+    /// Changes to advertise, computed for the session's `epoch`th Established period.
+    Routes { epoch: u64, update: OutUpdate },
+    /// The peer connected to our listener.
+    Incoming(TcpStream),
+    /// Leave: send Cease with this subcode and end the task.
+    Stop { subcode: u8, reason: String },
+}
+
+/// What a session tells the speaker.
+// Sent once per UPDATE through a channel; boxing would add an allocation per message.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+pub enum FromSession {
+    State {
+        id: PeerId,
+        state: State,
+        since: SystemTime,
+        last_error: Option<String>,
+    },
+    /// Established: `epoch` counts Established periods of this session.
+    Up {
+        id: PeerId,
+        epoch: u64,
+        remote_id: Ipv4Addr,
+        local_address: Ipv4Addr,
+    },
+    Down {
+        id: PeerId,
+        epoch: u64,
+    },
+    Update {
+        id: PeerId,
+        epoch: u64,
+        update: UpdateDecode,
+    },
+    /// The peer asked for our routes again (ROUTE-REFRESH).
+    Refresh {
+        id: PeerId,
+        epoch: u64,
+    },
+}
+
+/// A colliding connection whose OPEN has been read.
+struct Colliding {
+    stream: TcpStream,
+    open: Open,
+    rest: Vec<u8>,
+}
+
+/// The session task's state.
+pub struct Session {
+    id: PeerId,
+    remote: SocketAddr,
+    fsm: Fsm,
+    to_speaker: mpsc::Sender<FromSession>,
+    stream: Option<TcpStream>,
+    inbound: bool,
+    rx: Vec<u8>,
+    filled: usize,
+    params: SessionParams,
+    timers: HashMap<Timer, Instant>,
+    connecting: bool,
+    /// Bumped by every Connect action: a retry abandons the attempt still pending.
+    attempt: u64,
+    epoch: u64,
+    colliding_tx: mpsc::Sender<Colliding>,
+    colliding_rx: mpsc::Receiver<Colliding>,
+}
+
+impl Session {
+    pub fn new(
+        id: PeerId,
+        remote: SocketAddr,
+        fsm: Fsm,
+        to_speaker: mpsc::Sender<FromSession>,
+    ) -> Self {
+        let (colliding_tx, colliding_rx) = mpsc::channel(2);
+        Session {
+            id,
+            remote,
+            fsm,
+            to_speaker,
+            stream: None,
+            inbound: false,
+            rx: vec![0; RX_BUF],
+            filled: 0,
+            params: SessionParams::default(),
+            timers: HashMap::new(),
+            connecting: false,
+            attempt: 0,
+            epoch: 0,
+            colliding_tx,
+            colliding_rx,
+        }
+    }
+
+    /// Run until told to stop or the speaker goes away.
+    pub async fn run(mut self, mut commands: mpsc::UnboundedReceiver<ToSession>) {
+        self.feed(Event::Start).await;
+        let mut connect: Option<
+            std::pin::Pin<Box<dyn Future<Output = std::io::Result<TcpStream>> + Send>>,
+        > = None;
+        let mut connect_attempt = 0;
+        loop {
+            if connect_attempt != self.attempt {
+                connect = None;
+            }
+            if self.connecting && connect.is_none() {
+                connect_attempt = self.attempt;
+                let addr = self.remote;
+                connect = Some(Box::pin(async move {
+                    let s = TcpStream::connect(addr).await?;
+                    Ok(s)
+                }));
+            }
+            if !self.connecting {
+                connect = None;
+            }
+            let deadline = self.timers.values().min().copied();
+            let stream = self.stream.as_mut();
+            let filled = self.filled;
+            let rx = &mut self.rx;
+            tokio::select! {
+                cmd = commands.recv() => match cmd {
+                    None => {
+                        self.stop(cease::PEER_DECONFIGURED, "speaker stopped").await;
+                        return;
+                    }
+                    Some(ToSession::Stop { subcode, reason }) => {
+                        self.stop(subcode, &reason).await;
+                        return;
+                    }
+                    Some(ToSession::Routes { epoch, update }) => self.routes(epoch, update).await,
+                    Some(ToSession::Incoming(s)) => self.incoming(s).await,
+                },
+                res = async {
+                    match connect.as_mut() {
+                        Some(c) => c.await,
+                        None => std::future::pending().await,
+                    }
+                } => {
+                    connect = None;
+                    self.connecting = false;
+                    match res {
+                        Ok(s) => {
+                            let _ = s.set_nodelay(true);
+                            self.adopt(s, false, Vec::new());
+                            self.feed(Event::Connected).await;
+                        }
+                        Err(e) => {
+                            tracing::debug!(peer = %self.remote, error = %e, "connect failed");
+                            self.feed(Event::ConnectionFailed).await;
+                        }
+                    }
+                }
+                n = async {
+                    match stream {
+                        Some(s) => s.read(rx.get_mut(filled..).unwrap_or_default()).await,
+                        None => std::future::pending().await,
+                    }
+                } => match n {
+                    Ok(0) | Err(_) => {
+                        self.stream = None;
+                        self.feed(Event::ConnectionClosed).await;
+                    }
+                    Ok(n) => {
+                        self.filled = self.filled.saturating_add(n);
+                        self.drain_messages().await;
+                    }
+                },
+                Some(c) = self.colliding_rx.recv() => self.collision(c).await,
+                _ = async {
+                    match deadline {
+                        Some(d) => tokio::time::sleep_until(d).await,
+                        None => std::future::pending().await,
+                    }
+                } => {
+                    let now = Instant::now();
+                    let due: Vec<Timer> = self.timers.iter().filter(|(_, d)| **d <= now).map(|(t, _)| *t).collect();
+                    for t in due {
+                        self.timers.remove(&t);
+                        self.feed(Event::TimerExpired(t)).await;
+                    }
+                }
+            }
+        }
+    }
+
+    fn adopt(&mut self, s: TcpStream, inbound: bool, rest: Vec<u8>) {
+        self.stream = Some(s);
+        self.inbound = inbound;
+        self.filled = 0;
+        self.params = SessionParams::default();
+        if let Some(dst) = self.rx.get_mut(..rest.len()) {
+            dst.copy_from_slice(&rest);
+            self.filled = rest.len();
+        }
+    }
+
+    /// Frame and decode what has arrived; feed each message to the FSM.
+    async fn drain_messages(&mut self) {
+        let mut start = 0;
+        loop {
+            if self.stream.is_none() {
+                self.filled = 0;
+                return;
+            }
+            let buf = self.rx.get(start..self.filled).unwrap_or_default();
+            match split_message(buf, &self.params) {
+                Split::Message(len) => {
+                    let msg = buf.get(..len).unwrap_or_default();
+                    let event = match decode_message(msg, &self.params) {
+                        Ok(d) => Event::Message(d),
+                        Err(e) => {
+                            tracing::warn!(peer = %self.remote, error = %e, "bad message");
+                            Event::DecodeError(e)
+                        }
+                    };
+                    start = start.saturating_add(len);
+                    self.feed(event).await;
+                }
+                Split::Incomplete(_) => break,
+                Split::Error(e) => {
+                    tracing::warn!(peer = %self.remote, error = %e, "bad message header");
+                    self.feed(Event::DecodeError(e)).await;
+                    self.filled = 0;
+                    return;
+                }
+            }
+        }
+        // Keep the partial message at the front.
+        self.rx.copy_within(start..self.filled, 0);
+        self.filled = self.filled.saturating_sub(start);
+    }
+
+    async fn incoming(&mut self, s: TcpStream) {
+        let _ = s.set_nodelay(true);
+        match self.fsm.state() {
+            State::Idle => {} // dropped: refused
+            State::Connect | State::Active => {
+                // An accepted connection replaces our pending attempt.
+                self.connecting = false;
+                self.adopt(s, true, Vec::new());
+                self.feed(Event::Accepted).await;
+            }
+            _ => {
+                // Collision: read its OPEN aside, then let the FSM decide (RFC 4271 §6.8).
+                let tx = self.colliding_tx.clone();
+                tokio::spawn(async move {
+                    if let Ok(Some(c)) =
+                        tokio::time::timeout(COLLISION_OPEN_WAIT, read_open(s)).await
+                    {
+                        let _ = tx.send(c).await;
+                    }
+                });
+            }
+        }
+    }
+
+    async fn collision(&mut self, c: Colliding) {
+        let current_inbound = self.inbound;
+        let actions = self.fsm.handle(Event::CollidingOpen {
+            open: c.open,
+            current_inbound,
+        });
+        let mut pending = Some((c.stream, c.rest));
+        for a in actions {
+            match a {
+                Action::RejectColliding(n) => {
+                    if let Some((mut s, _)) = pending.take() {
+                        let mut out = Vec::new();
+                        if n.encode(&mut out, bgp_wire::MAX_MESSAGE_LEN).is_ok() {
+                            let _ = s.write_all(&out).await;
+                        }
+                    }
+                }
+                Action::AdoptColliding => {
+                    if let Some((s, rest)) = pending.take() {
+                        self.adopt(s, true, rest);
+                    }
+                }
+                other => self.perform(other).await,
+            }
+        }
+        self.report_state().await;
+    }
+
+    async fn feed(&mut self, event: Event) {
+        let before = self.fsm.state();
+        let actions = self.fsm.handle(event);
+        for a in actions {
+            self.perform(a).await;
+        }
+        if self.fsm.state() != before {
+            self.report_state().await;
+        }
+    }
+
+    async fn report_state(&mut self) {
+        let _ = self
+            .to_speaker
+            .send(FromSession::State {
+                id: self.id,
+                state: self.fsm.state(),
+                since: SystemTime::now(),
+                last_error: self.fsm.last_error().map(str::to_owned),
+            })
+            .await;
+    }
+
+    async fn perform(&mut self, a: Action) {
+        match a {
+            Action::Connect => {
+                self.connecting = true;
+                self.attempt = self.attempt.wrapping_add(1);
+            }
+            Action::Send(m) => self.send(&m).await,
+            Action::Disconnect => {
+                self.connecting = false;
+                if let Some(mut s) = self.stream.take() {
+                    let _ = s.shutdown().await;
+                }
+                self.filled = 0;
+            }
+            Action::StartTimer(t, d) => {
+                self.timers.insert(t, Instant::now() + d);
+            }
+            Action::StopTimer(t) => {
+                self.timers.remove(&t);
+            }
+            Action::Established(n) => {
+                self.params = n.params;
+                self.epoch = self.epoch.wrapping_add(1);
+                let local_address = match self.stream.as_ref().and_then(|s| s.local_addr().ok()) {
+                    Some(SocketAddr::V4(a)) => *a.ip(),
+                    _ => Ipv4Addr::UNSPECIFIED,
+                };
+                tracing::info!(peer = %self.remote, hold = n.hold_time, "session established");
+                let _ = self
+                    .to_speaker
+                    .send(FromSession::Up {
+                        id: self.id,
+                        epoch: self.epoch,
+                        remote_id: n.remote_id,
+                        local_address,
+                    })
+                    .await;
+            }
+            Action::Down { reason } => {
+                tracing::info!(peer = %self.remote, %reason, "session down");
+                self.params = SessionParams::default();
+                let _ = self
+                    .to_speaker
+                    .send(FromSession::Down {
+                        id: self.id,
+                        epoch: self.epoch,
+                    })
+                    .await;
+            }
+            Action::Deliver(update) => {
+                let _ = self
+                    .to_speaker
+                    .send(FromSession::Update {
+                        id: self.id,
+                        epoch: self.epoch,
+                        update,
+                    })
+                    .await;
+            }
+            Action::Refresh => {
+                let _ = self
+                    .to_speaker
+                    .send(FromSession::Refresh {
+                        id: self.id,
+                        epoch: self.epoch,
+                    })
+                    .await;
+            }
+            // Only produced for collisions, handled in `collision`.
+            Action::RejectColliding(_) | Action::AdoptColliding => {}
+        }
+    }
+
+    async fn send(&mut self, m: &Message) {
+        let mut out = Vec::new();
+        if let Err(e) = m.encode(&self.params, &mut out) {
+            tracing::error!(peer = %self.remote, error = %e, "cannot encode a message");
+            return;
+        }
+        self.write(&out).await;
+    }
+
+    async fn write(&mut self, bytes: &[u8]) {
+        if let Some(s) = self.stream.as_mut()
+            && let Err(e) = s.write_all(bytes).await
+        {
+            tracing::debug!(peer = %self.remote, error = %e, "write failed");
+            self.stream = None;
+            self.feed_boxed(Event::ConnectionClosed).await;
+        }
+    }
+
+    fn feed_boxed(&mut self, e: Event) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send + '_>> {
+        Box::pin(self.feed(e))
+    }
+
+    async fn routes(&mut self, epoch: u64, update: OutUpdate) {
+        if self.fsm.state() != State::Established || epoch != self.epoch {
+            return;
+        }
+        let mut out = Vec::new();
+        if !update.withdraw.is_empty()
+            && let Err(e) = bgp_wire::pack::withdraw_ipv4(
+                &self.params,
+                update.withdraw.iter().copied(),
+                &mut out,
+            )
+        {
+            tracing::error!(peer = %self.remote, error = %e, "cannot encode withdrawals");
+        }
+        for (attrs, prefixes) in &update.announce {
+            if let Err(e) = bgp_wire::pack::announce_ipv4(
+                &self.params,
+                attrs,
+                prefixes.iter().copied(),
+                &mut out,
+            ) {
+                tracing::error!(peer = %self.remote, error = %e, "cannot encode announcements");
+            }
+        }
+        if !out.is_empty() {
+            self.write(&out).await;
+        }
+    }
+
+    async fn stop(&mut self, subcode: u8, reason: &str) {
+        self.feed(Event::Stop {
+            subcode,
+            reason: reason.to_owned(),
+        })
+        .await;
+    }
+}
+
+/// Read one OPEN from a fresh connection (collision handling); anything else ends it.
+async fn read_open(mut s: TcpStream) -> Option<Colliding> {
+    let mut buf = vec![0u8; bgp_wire::MAX_MESSAGE_LEN];
+    let mut filled = 0;
+    let params = SessionParams::default();
+    loop {
+        let n = s.read(buf.get_mut(filled..)?).await.ok()?;
+        if n == 0 {
+            return None;
+        }
+        filled = filled.saturating_add(n);
+        let data = buf.get(..filled)?;
+        match split_message(data, &params) {
+            Split::Message(len) => {
+                let Ok(Decoded::Open(open)) = decode_message(data.get(..len)?, &params) else {
+                    return None;
+                };
+                let rest = data.get(len..)?.to_vec();
+                return Some(Colliding {
+                    stream: s,
+                    open,
+                    rest,
+                });
+            }
+            Split::Incomplete(_) => {}
+            Split::Error(_) => return None,
+        }
+    }
+}

@@ -1,0 +1,181 @@
+//! FRR's bgpd (Debian's `frr`) as an interop peer: without zebra (`-Z`), in a namespace,
+//! with its own pid file and vty directory, queried through vtysh's JSON output.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use super::bgp_peer::{
+    BGPD_ADDR, BgpPeer, DaemonPid, LOCAL_AS, PEER_ADDR, PEER_PREFIX, PeerRoute, output, read_pid,
+    wait_until,
+};
+use super::netns::Netns;
+
+pub const FRR_BGPD: &str = "/usr/lib/frr/bgpd";
+
+pub struct Frr {
+    ns: String,
+    asn: u32,
+    dir: tempfile::TempDir,
+    daemon: DaemonPid,
+}
+
+impl Frr {
+    pub fn start(ns: &Netns, asn: u32) -> Result<Frr, String> {
+        if !std::path::Path::new(FRR_BGPD).exists() {
+            return Err("FRR is not installed: apt-get install frr".into());
+        }
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let conf = format!(
+            "frr defaults traditional\nhostname peer\n\
+             router bgp {asn}\n bgp router-id {PEER_ADDR}\n no bgp ebgp-requires-policy\n\
+              no bgp network import-check\n neighbor {BGPD_ADDR} remote-as {LOCAL_AS}\n\
+              neighbor {BGPD_ADDR} timers connect 2\n\
+              address-family ipv4 unicast\n  network {PEER_PREFIX}\n  neighbor {BGPD_ADDR} next-hop-self\n\
+              exit-address-family\n"
+        );
+        std::fs::write(dir.path().join("bgpd.conf"), conf).map_err(|e| e.to_string())?;
+        // The daemon drops to user frr: it must be able to write its files.
+        let _ = Command::new("chown")
+            .args(["-R", "frr:frr"])
+            .arg(dir.path())
+            .status();
+        let mut f = Frr {
+            ns: ns.name().to_owned(),
+            asn,
+            dir,
+            daemon: DaemonPid { pid: 0 },
+        };
+        f.launch()?;
+        Ok(f)
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn launch(&mut self) -> Result<(), String> {
+        let pidfile = self.path("bgpd.pid");
+        let _ = std::fs::remove_file(&pidfile);
+        let o = Command::new("ip")
+            .args(["netns", "exec", &self.ns, FRR_BGPD, "-d", "-f"])
+            .arg(self.path("bgpd.conf"))
+            .arg("-i")
+            .arg(&pidfile)
+            .arg("--vty_socket")
+            .arg(self.dir.path())
+            .args(["-Z", "-A", "127.0.0.1", "-P", "0", "--log"])
+            .arg(format!("file:{}", self.path("bgpd.log").display()))
+            .output()
+            .map_err(|e| e.to_string())?;
+        if !o.status.success() {
+            return Err(format!(
+                "FRR bgpd did not start: {}",
+                String::from_utf8_lossy(&o.stderr)
+            ));
+        }
+        self.daemon.pid = read_pid(&pidfile).ok_or("FRR bgpd wrote no pid file")?;
+        Ok(())
+    }
+
+    /// `vtysh -c CMD` against this instance.
+    pub fn vtysh(&self, cmds: &[&str]) -> String {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.ns, "vtysh", "--vty_socket"])
+            .arg(self.dir.path())
+            .args(["-d", "bgpd"]);
+        for cmd in cmds {
+            c.args(["-c", cmd]);
+        }
+        output(&mut c)
+    }
+
+    fn json(&self, cmd: &str) -> serde_json::Value {
+        serde_json::from_str(&self.vtysh(&[cmd])).unwrap_or(serde_json::Value::Null)
+    }
+
+    fn network(&self, add: bool) {
+        let router = format!("router bgp {}", self.asn);
+        let net = format!("{}network {PEER_PREFIX}", if add { "" } else { "no " });
+        self.vtysh(&[
+            "configure terminal",
+            &router,
+            "address-family ipv4 unicast",
+            &net,
+        ]);
+    }
+}
+
+/// The route for a prefix from `show bgp ipv4 unicast PREFIX json`.
+pub fn parse_route(v: &serde_json::Value) -> Option<PeerRoute> {
+    let path = v["paths"].as_array()?.first()?;
+    let as_path = path["aspath"]["string"]
+        .as_str()
+        .unwrap_or("")
+        .split_whitespace()
+        .filter_map(|a| a.parse().ok())
+        .collect();
+    Some(PeerRoute {
+        next_hop: path["nexthops"][0]["ip"].as_str()?.to_owned(),
+        as_path,
+        origin: path["origin"].as_str().unwrap_or("").to_uppercase(),
+        local_pref: path["locPrf"]
+            .as_u64()
+            .or(path["localpref"].as_u64())
+            .and_then(|l| u32::try_from(l).ok()),
+    })
+}
+
+impl BgpPeer for Frr {
+    fn name(&self) -> &'static str {
+        "FRR"
+    }
+
+    fn established(&self) -> bool {
+        let v = self.json("show bgp ipv4 unicast summary json");
+        v["peers"][BGPD_ADDR]["state"] == "Established"
+    }
+
+    fn route(&self, prefix: &str) -> Option<PeerRoute> {
+        parse_route(&self.json(&format!("show bgp ipv4 unicast {prefix} json")))
+    }
+
+    fn announce(&mut self) {
+        self.network(true);
+    }
+
+    fn withdraw(&mut self) {
+        self.network(false);
+    }
+
+    fn kill_and_restart(&mut self) {
+        self.daemon.kill();
+        if let Err(e) = self.launch() {
+            panic!("{e}");
+        }
+        wait_until(Duration::from_secs(10), || {
+            !self.vtysh(&["show bgp summary"]).is_empty()
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_frr_json() {
+        let v = serde_json::json!({"prefix":"10.10.1.0/24","paths":[{"aspath":{"string":"64512 65001","segments":[]},
+            "origin":"IGP","locPrf":100,"nexthops":[{"ip":"10.99.0.1"}]}]});
+        let r = parse_route(&v).unwrap();
+        assert_eq!(r.as_path, vec![64512, 65001]);
+        assert_eq!(
+            (r.next_hop.as_str(), r.origin.as_str(), r.local_pref),
+            ("10.99.0.1", "IGP", Some(100))
+        );
+        assert!(parse_route(&serde_json::json!({})).is_none());
+        // iBGP, originated by the peer: "Local" is no AS.
+        let v = serde_json::json!({"paths":[{"aspath":{"string":"Local"},"origin":"IGP","nexthops":[{"ip":"10.99.0.1"}]}]});
+        assert!(parse_route(&v).unwrap().as_path.is_empty());
+    }
+}
