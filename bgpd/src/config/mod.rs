@@ -29,7 +29,8 @@ pub enum ConfigError {
     Field { field: &'static str, reason: String },
 }
 
-fn field(field: &'static str, reason: impl Into<String>) -> ConfigError {
+/// A `Field` error: the key and what is wrong with it.
+pub fn field(field: &'static str, reason: impl Into<String>) -> ConfigError {
     ConfigError::Field {
         field,
         reason: reason.into(),
@@ -282,33 +283,7 @@ impl Config {
         path: Option<&Path>,
         env: Option<config::Map<String, String>>,
     ) -> Result<Self, ConfigError> {
-        let mut builder = config::Config::builder();
-        if let Some(path) = path {
-            // Read the file ourselves so a missing file is an error that names it.
-            let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read {
-                path: path.to_owned(),
-                source: config::ConfigError::Foreign(Box::new(e)),
-            })?;
-            builder = builder.add_source(config::File::from_str(&text, config::FileFormat::Toml));
-        }
-        let environment = config::Environment::with_prefix("MARGAY")
-            .prefix_separator("_")
-            .separator("__")
-            .list_separator(",")
-            .with_list_parse_key("datastore.endpoints")
-            .try_parsing(true)
-            .source(env);
-        let raw = builder
-            .add_source(environment)
-            .build()
-            .map_err(ConfigError::Invalid)?;
-        let mut config: Config = raw.try_deserialize().map_err(|e| match path {
-            Some(path) => ConfigError::Read {
-                path: path.to_owned(),
-                source: e,
-            },
-            None => ConfigError::Invalid(e),
-        })?;
+        let mut config: Config = load_layers(path, env, &["datastore.endpoints"])?;
         config.fill_defaults();
         config.validate()?;
         Ok(config)
@@ -393,8 +368,50 @@ impl Config {
 }
 
 /// The host name, or "" when the kernel has none.
-fn hostname() -> String {
-    // Node names are lower case, as Kubernetes node names.
+/// The file at `path` (when given) under the process's (or the given) `MARGAY_` environment:
+/// the loading every margay daemon shares. `list_keys` are read from the environment as
+/// comma-separated lists.
+pub fn load_layers<T: serde::de::DeserializeOwned>(
+    path: Option<&Path>,
+    env: Option<config::Map<String, String>>,
+    list_keys: &[&str],
+) -> Result<T, ConfigError> {
+    let mut builder = config::Config::builder();
+    if let Some(path) = path {
+        // Read the file ourselves so a missing file is an error that names it.
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read {
+            path: path.to_owned(),
+            source: config::ConfigError::Foreign(Box::new(e)),
+        })?;
+        builder = builder.add_source(config::File::from_str(&text, config::FileFormat::Toml));
+    }
+    let mut environment = config::Environment::with_prefix("MARGAY")
+        .prefix_separator("_")
+        .separator("__")
+        .try_parsing(true)
+        .source(env);
+    // A list separator without list keys would split every value.
+    if !list_keys.is_empty() {
+        environment = environment.list_separator(",");
+        for key in list_keys {
+            environment = environment.with_list_parse_key(key);
+        }
+    }
+    let raw = builder
+        .add_source(environment)
+        .build()
+        .map_err(ConfigError::Invalid)?;
+    raw.try_deserialize().map_err(|e| match path {
+        Some(path) => ConfigError::Read {
+            path: path.to_owned(),
+            source: e,
+        },
+        None => ConfigError::Invalid(e),
+    })
+}
+
+/// The host name, lower case (as Kubernetes node names), or "" when the kernel has none.
+pub fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_lowercase())
         .unwrap_or_default()

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::config::LogConfig;
+use crate::config::{LogConfig, field};
 
 /// Where bgpd serves its API (and the Dataplane stream) when the configuration says nothing.
 pub const DEFAULT_SOCKET: &str = crate::config::DEFAULT_SOCKET;
@@ -19,26 +19,7 @@ pub const DEFAULT_TABLE: u32 = 254;
 /// The kernel's longest interface name, without the terminating NUL.
 pub const IFNAMSIZ_MAX: usize = 15;
 
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    #[error("cannot read configuration {path}: {source}")]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: config::ConfigError,
-    },
-    #[error("invalid configuration: {0}")]
-    Invalid(config::ConfigError),
-    #[error("invalid configuration: {field}: {reason}")]
-    Field { field: &'static str, reason: String },
-}
-
-fn field(field: &'static str, reason: impl Into<String>) -> ConfigError {
-    ConfigError::Field {
-        field,
-        reason: reason.into(),
-    }
-}
+pub use crate::config::ConfigError;
 
 /// The whole file as routewriter sees it.
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
@@ -139,35 +120,10 @@ impl Config {
         path: Option<&Path>,
         env: Option<config::Map<String, String>>,
     ) -> Result<Self, ConfigError> {
-        let mut builder = config::Config::builder();
-        if let Some(path) = path {
-            // Read the file ourselves so a missing file is an error that names it.
-            let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read {
-                path: path.to_owned(),
-                source: config::ConfigError::Foreign(Box::new(e)),
-            })?;
-            builder = builder.add_source(config::File::from_str(&text, config::FileFormat::Toml));
-        }
-        let environment = config::Environment::with_prefix("MARGAY")
-            .prefix_separator("_")
-            .separator("__")
-            .try_parsing(true)
-            .source(env);
-        let raw = builder
-            .add_source(environment)
-            .build()
-            .map_err(ConfigError::Invalid)?;
-        let mut config: Config = raw.try_deserialize().map_err(|e| match path {
-            Some(path) => ConfigError::Read {
-                path: path.to_owned(),
-                source: e,
-            },
-            None => ConfigError::Invalid(e),
-        })?;
+        let mut config: Config = crate::config::load_layers(path, env, &[])?;
         if config.node.name.is_empty() {
-            config.node.name = std::fs::read_to_string("/proc/sys/kernel/hostname")
-                .map(|s| s.trim().to_owned())
-                .unwrap_or_default();
+            // The same name bgpd registers the node under.
+            config.node.name = crate::config::hostname();
         }
         config.validate()?;
         Ok(config)
