@@ -281,6 +281,11 @@ fn del_is_idempotent_and_works_after_the_namespace_is_gone() {
     node.run(&margay(), &Call::new("DEL", "x2", None, &conf))
         .ok();
     assert!(node.handle_addresses(&format!("{NET}.x2")).is_empty());
+    // The kernel tears a deleted namespace's veth down asynchronously: give it a moment.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !node.cali_links().is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
     assert!(node.cali_links().is_empty());
     assert_eq!(node.ipam_used(), 0);
 }

@@ -180,9 +180,13 @@ fn open_connection(path: &Path, options: &SqliteOptions, init: bool) -> Result<C
         }
     }
 
-    let mode: String = conn
-        .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
-        .map_err(|e| bad(e.to_string()))?;
+    // Switching a fresh file to WAL takes an exclusive lock that SQLite does not wait for:
+    // processes starting together retry within the busy timeout.
+    let deadline = std::time::Instant::now() + options.busy_timeout;
+    let mode: String = retry_busy(deadline, || {
+        conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
+    })
+    .map_err(|e| bad(e.to_string()))?;
     if !mode.eq_ignore_ascii_case("wal") {
         return Err(bad(format!("cannot switch to WAL mode (got {mode})")));
     }
@@ -195,7 +199,15 @@ fn open_connection(path: &Path, options: &SqliteOptions, init: bool) -> Result<C
     ))
     .map_err(backend)?;
     if init {
-        initialise(&conn).map_err(|e| bad(e.to_string()))?;
+        retry_busy(deadline, || {
+            initialise(&conn).inspect_err(|_| {
+                // A statement after BEGIN failed: end that transaction before trying again.
+                if !conn.is_autocommit() {
+                    let _ = conn.execute_batch("ROLLBACK");
+                }
+            })
+        })
+        .map_err(|e| bad(e.to_string()))?;
     }
     let layout: Option<i64> = conn
         .query_row("SELECT value FROM meta WHERE name = 'layout'", [], |r| {
@@ -209,6 +221,27 @@ fn open_connection(path: &Path, options: &SqliteOptions, init: bool) -> Result<C
             "written by a margay with store layout {v}; this one knows layout {LAYOUT_VERSION}"
         ))),
         None => Err(bad("no layout version recorded".into())),
+    }
+}
+
+/// Runs `f` again while SQLite reports the file busy or locked, until `deadline`.
+fn retry_busy<T>(
+    deadline: std::time::Instant,
+    mut f: impl FnMut() -> rusqlite::Result<T>,
+) -> rusqlite::Result<T> {
+    use rusqlite::ErrorCode;
+    loop {
+        match f() {
+            Err(e)
+                if matches!(
+                    e.sqlite_error_code(),
+                    Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked)
+                ) && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            other => return other,
+        }
     }
 }
 
