@@ -337,10 +337,13 @@ pub fn render_filters(rules: &[pb::FilterRule]) -> String {
             s.push_str(&format!("filter {} {{\n", scope_name(r.scope)));
             current = Some(r.scope);
         }
-        s.push_str(&format!(
-            "  if {} then {};  # {}\n",
-            r.r#match, r.action, r.reason
-        ));
+        // The unconditional last rule reads like BIRD's trailing `accept;` / `reject;`.
+        let test = if r.r#match == "all" {
+            String::new()
+        } else {
+            format!("if {} then ", r.r#match)
+        };
+        s.push_str(&format!("  {test}{};  # {}\n", r.action, r.reason));
     }
     if current.is_some() {
         s.push_str("}\n");
