@@ -21,6 +21,8 @@ pub enum DaemonError {
     Datastore(#[source] ipam::store::StoreError),
     #[error("cannot start BGP: {0}")]
     Bgp(#[from] crate::bgp::SpeakerError),
+    #[error(transparent)]
+    Metrics(#[from] crate::metrics::MetricsError),
     #[error("cannot install the signal handlers: {0}")]
     Signals(#[source] std::io::Error),
 }
@@ -36,6 +38,7 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         .await
         .map_err(DaemonError::Datastore)?;
     let api = Api::bind(&config.api).await?;
+    let observed = crate::metrics::Listener::bind(&config.metrics).await?;
     tokio::spawn(crate::registration::run(config.clone(), datastore.clone()));
     let dataplane = crate::dataplane::Hub::new();
     // The speaker always runs (it serves the Bgp API); it binds the BGP port only once it
@@ -59,7 +62,12 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         started,
         dataplane,
         bgp,
+        api_stats: Default::default(),
     };
+    if let Some(listener) = observed {
+        tracing::info!(addr = ?listener.local_addr(), "serving /metrics, /ready, /live, /status");
+        tokio::spawn(listener.serve(info.clone()));
+    }
     tracing::info!(
         version = crate::VERSION,
         node = %info.node,

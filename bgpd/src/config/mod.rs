@@ -47,6 +47,19 @@ pub struct Config {
     pub ipam: IpamSection,
     pub bgp: BgpConfig,
     pub log: LogConfig,
+    pub metrics: MetricsConfig,
+}
+
+/// `[metrics]`: the HTTP endpoints for Prometheus and probes (`/metrics`, `/ready`, `/live`,
+/// `/status`).
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// Where to serve them, e.g. "127.0.0.1:9098"; none: not served.
+    pub listen: Option<SocketAddr>,
+    /// BGP sessions that may be down while bgpd counts as ready, by peer name
+    /// ("peer_10_0_0_1"); `*` in a name matches any run of characters, "*" alone every peer.
+    pub ready_allow_down: Vec<String>,
 }
 
 /// IPAM settings of this node's configuration.
@@ -283,7 +296,11 @@ impl Config {
         path: Option<&Path>,
         env: Option<config::Map<String, String>>,
     ) -> Result<Self, ConfigError> {
-        let mut config: Config = load_layers(path, env, &["datastore.endpoints"])?;
+        let mut config: Config = load_layers(
+            path,
+            env,
+            &["datastore.endpoints", "metrics.ready_allow_down"],
+        )?;
         config.fill_defaults();
         config.validate()?;
         Ok(config)
@@ -349,6 +366,14 @@ impl Config {
                         format!("prefix {}: community {c:?}: {e}", a.prefix),
                     )
                 })?;
+            }
+        }
+        for pattern in &self.metrics.ready_allow_down {
+            if pattern.trim().is_empty() {
+                return Err(field(
+                    "metrics.ready_allow_down",
+                    "an entry is empty; name a peer (\"peer_10_0_0_1\") or use \"*\"",
+                ));
             }
         }
         match self.datastore.kind {
