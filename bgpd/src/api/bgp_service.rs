@@ -206,6 +206,13 @@ fn peer_message(spec: &PeerSpec) -> BgpPeer {
         }
         .into(),
         route_reflector_client: spec.rr_client,
+        password: if spec.transport.password.is_some() {
+            "*****".into()
+        } else {
+            String::new()
+        },
+        ttl_security_hops: spec.transport.ttl_security_hops.map_or(0, u32::from),
+        multihop_ttl: spec.transport.multihop_ttl.map_or(0, u32::from),
         ..BgpPeer::default()
     }
 }
@@ -341,21 +348,35 @@ impl Bgp for BgpService {
                 keepalive_time_s: u16_of("keepalive_time_s", p.keepalive_time_s)?,
                 hold_time_s: u16_of("hold_time_s", p.hold_time_s)?,
             };
-            if !r.password.is_empty() || r.ttl_security_hops != 0 {
-                return Err(Status::unimplemented(
-                    "TCP MD5 passwords and TTL security come with the production speaker (issue #6)",
-                ));
-            }
+            crate::bgp::sockopt::Password::new(&r.password)
+                .map_err(|e| Status::invalid_argument(format!("peer.password: {e}")))?;
             self.ipam()?
                 .put_bgp_peer(&r)
                 .await
                 .map_err(convert::status)?;
             let mut echo = p.clone();
-            echo.password.clear();
+            if !echo.password.is_empty() {
+                echo.password = "*****".into();
+            }
             return Ok(Response::new(echo));
         }
         let mut spec = PeerSpec::new(address, bgp_wire::Asn(p.as_number));
         spec.passive = p.passive;
+        let hops = |field: &str, v: u32| -> Result<Option<u8>, Status> {
+            match v {
+                0 => Ok(None),
+                1..=255 => Ok(Some(v as u8)),
+                _ => Err(Status::invalid_argument(format!(
+                    "peer.{field}: 1-255 hops"
+                ))),
+            }
+        };
+        spec.transport = crate::bgp::sockopt::Transport {
+            password: crate::bgp::sockopt::Password::new(&p.password)
+                .map_err(|e| Status::invalid_argument(format!("peer.password: {e}")))?,
+            ttl_security_hops: hops("ttl_security_hops", p.ttl_security_hops)?,
+            multihop_ttl: hops("multihop_ttl", p.multihop_ttl)?,
+        };
         if p.port != 0 {
             spec.port = u16::try_from(p.port)
                 .map_err(|_| Status::invalid_argument("peer.port: above 65535"))?;

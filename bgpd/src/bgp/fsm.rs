@@ -241,6 +241,12 @@ impl Fsm {
         self.last_error.as_deref()
     }
 
+    /// Record why the transport failed (connect errors and timeouts the FSM only sees as
+    /// `ConnectionFailed`), for operators.
+    pub fn note_transport_error(&mut self, reason: String) {
+        self.last_error = Some(reason);
+    }
+
     /// Feed one event; returns the actions in the order they must be performed.
     pub fn handle(&mut self, event: Event) -> Vec<Action> {
         let mut out = Vec::new();
@@ -347,7 +353,14 @@ impl Fsm {
             }
             (Timer::Hold, State::OpenSent | State::OpenConfirm | State::Established) => {
                 let n = Notification::new(bgp_wire::HOLD_TIMER_EXPIRED, 0, Vec::new());
-                self.error(out, "hold timer expired".into(), Some(n));
+                let why = if self.state != State::Established {
+                    // TCP came up but the exchange stalled: the usual cause is the peer
+                    // dropping our packets after the handshake.
+                    "hold timer expired before the session was established (the exchange stalled: a TTL security (GTSM) or multihop mismatch, or a filter dropping packets)"
+                } else {
+                    "hold timer expired"
+                };
+                self.error(out, why.into(), Some(n));
             }
             (Timer::Keepalive, State::OpenConfirm | State::Established) => {
                 out.push(Action::Send(Message::Keepalive));

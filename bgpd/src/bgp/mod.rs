@@ -10,6 +10,7 @@ pub mod fsm;
 pub mod policy;
 pub mod rib;
 pub mod session;
+pub mod sockopt;
 pub mod speaker;
 
 pub use speaker::{
@@ -60,6 +61,12 @@ pub async fn start_from_config(
         spec.hold_time = p.hold_time.unwrap_or(240);
         spec.keepalive = p.keepalive;
         spec.origin = PeerOrigin::Config;
+        spec.transport = sockopt::Transport {
+            // Validated when the configuration was loaded.
+            password: sockopt::Password::new(&p.password).ok().flatten(),
+            ttl_security_hops: p.ttl_security,
+            multihop_ttl: p.multihop,
+        };
         speaker.add_peer(spec).await?;
     }
     Ok(speaker)

@@ -27,6 +27,7 @@ use tokio::time::{Duration, Instant};
 
 use super::fsm::{Action, Event, Fsm, State, Timer};
 use super::rib::{OutUpdate, PeerId};
+use super::sockopt::Transport;
 
 /// Largest message plus a read's worth: the receive buffer never needs more.
 const RX_BUF: usize = 2 * bgp_wire::MAX_EXTENDED_MESSAGE_LEN;
@@ -103,6 +104,8 @@ pub struct Session {
     epoch: u64,
     colliding_tx: mpsc::Sender<Colliding>,
     colliding_rx: mpsc::Receiver<Colliding>,
+    /// MD5 key and TTLs for the connections we open.
+    transport: Transport,
 }
 
 impl Session {
@@ -129,7 +132,31 @@ impl Session {
             epoch: 0,
             colliding_tx,
             colliding_rx,
+            transport: Transport::default(),
         }
+    }
+
+    /// Connections we open carry this MD5 key and these TTLs.
+    pub fn with_transport(mut self, transport: Transport) -> Self {
+        self.transport = transport;
+        self
+    }
+
+    /// Why a connect failed, with the hint an operator needs when MD5 is on.
+    fn connect_failed(&mut self, what: String) {
+        let mut hint = String::new();
+        if self.transport.password.is_some() {
+            hint.push_str(
+                "; TCP MD5 is on for this peer: a wrong or missing password on either side looks like this",
+            );
+        }
+        if self.transport.ttl_security_hops.is_some() {
+            hint.push_str(
+                "; TTL security (GTSM) is on for this peer: a peer that does not send TTL 255 looks like this",
+            );
+        }
+        self.fsm
+            .note_transport_error(format!("connect to {}: {what}{hint}", self.remote));
     }
 
     /// Run until told to stop or the speaker goes away.
@@ -140,16 +167,16 @@ impl Session {
         > = None;
         let mut connect_attempt = 0;
         loop {
-            if connect_attempt != self.attempt {
-                connect = None;
+            if connect_attempt != self.attempt && connect.take().is_some() {
+                // A retry abandons an attempt the peer never answered.
+                self.connect_failed("no answer within the connect retry time".into());
+                self.report_state().await;
             }
             if self.connecting && connect.is_none() {
                 connect_attempt = self.attempt;
                 let addr = self.remote;
-                connect = Some(Box::pin(async move {
-                    let s = TcpStream::connect(addr).await?;
-                    Ok(s)
-                }));
+                let transport = self.transport.clone();
+                connect = Some(Box::pin(async move { connect_to(addr, &transport).await }));
             }
             if !self.connecting {
                 connect = None;
@@ -187,6 +214,7 @@ impl Session {
                         }
                         Err(e) => {
                             tracing::debug!(peer = %self.remote, error = %e, "connect failed");
+                            self.connect_failed(e.to_string());
                             self.feed(Event::ConnectionFailed).await;
                         }
                     }
@@ -478,6 +506,21 @@ impl Session {
         })
         .await;
     }
+}
+
+/// Open a connection to `addr` with the peer's MD5 key and TTLs set before the SYN.
+async fn connect_to(addr: SocketAddr, t: &Transport) -> std::io::Result<TcpStream> {
+    use std::os::fd::AsFd;
+    let s = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    if let Some(p) = &t.password {
+        super::sockopt::set_md5(s.as_fd(), addr.ip(), Some(p.as_bytes()))?;
+    }
+    t.apply_ttls(s.as_fd(), addr.is_ipv6())?;
+    s.connect(addr).await
 }
 
 /// Read one OPEN from a fresh connection (collision handling); anything else ends it.

@@ -32,6 +32,7 @@ use super::fsm::{Fsm, FsmConfig, State};
 use super::policy::{KernelVia, PeerClass, Policy};
 use super::rib::{OutUpdate, PeerId, PeerInfo, Rib, Route, Source};
 use super::session::{FromSession, Session, ToSession};
+use super::sockopt::{self, Transport};
 
 /// Depth of the speaker's inbound queues.
 const QUEUE: usize = 1024;
@@ -97,6 +98,8 @@ pub struct PeerSpec {
     pub rr_client: bool,
     /// The operator's name for it; `peer_<address>` when unset.
     pub label: Option<String>,
+    /// TCP MD5 password, GTSM, multihop TTL.
+    pub transport: Transport,
 }
 
 impl PeerSpec {
@@ -112,6 +115,7 @@ impl PeerSpec {
             class: PeerClass::External,
             rr_client: false,
             label: None,
+            transport: Transport::default(),
         }
     }
 
@@ -296,6 +300,8 @@ struct Speaker {
     next_id: u32,
     /// The running listener task, to rebind when the port changes.
     listener: Option<tokio::task::JoinHandle<()>>,
+    /// The listening socket, for per-peer MD5 keys (accepted connections inherit them).
+    listener_fd: Option<std::os::fd::OwnedFd>,
     self_tx: mpsc::Sender<Command>,
     from_sessions: mpsc::Sender<FromSession>,
 }
@@ -315,6 +321,7 @@ pub fn start(config: SpeakerConfig) -> SpeakerHandle {
         by_id: BTreeMap::new(),
         next_id: 1,
         listener: None,
+        listener_fd: None,
         self_tx: tx.clone(),
         from_sessions: stx,
     };
@@ -417,8 +424,24 @@ impl Speaker {
             }
             Command::Accepted(stream, from) => {
                 let SocketAddr::V4(v4) = from else { return };
-                match self.peers.get(v4.ip()) {
+                match self.peers.get_mut(v4.ip()) {
                     Some(p) => {
+                        use std::os::fd::AsFd;
+                        // GTSM: judge the peer by its SYN, before any of its data is read.
+                        if let (_, Some(min)) = p.spec.transport.ttls()
+                            && let Ok(Some(ttl)) = sockopt::syn_ttl(stream.as_fd())
+                            && ttl < min
+                        {
+                            p.last_error = Some(format!(
+                                "refused a connection from {from} with TTL {ttl}: TTL security (GTSM) wants at least {min}"
+                            ));
+                            tracing::info!(%from, ttl, min, "connection refused by TTL security");
+                            return;
+                        }
+                        if let Err(e) = p.spec.transport.apply_ttls(stream.as_fd(), false) {
+                            tracing::warn!(%from, error = %e, "cannot set TTLs on an accepted connection; refused");
+                            return;
+                        }
                         let _ = p.tx.send(ToSession::Incoming(stream));
                     }
                     None => tracing::info!(%from, "connection from an unknown peer refused"),
@@ -488,6 +511,17 @@ impl Speaker {
         }
         let addr = self.config.listen;
         let listener = bind(addr).map_err(|source| SpeakerError::Listen { addr, source })?;
+        {
+            use std::os::fd::AsFd;
+            self.listener_fd = listener.as_fd().try_clone_to_owned().ok();
+            if let Err(e) = sockopt::save_syns(listener.as_fd()) {
+                tracing::warn!(error = %e, "cannot keep SYNs: TTL security (GTSM) is checked only after a connection's first bytes");
+            }
+        }
+        let specs: Vec<PeerSpec> = self.peers.values().map(|p| p.spec.clone()).collect();
+        for spec in &specs {
+            self.listener_key(spec, true);
+        }
         let tx = self.self_tx.clone();
         self.listener = Some(tokio::spawn(async move {
             loop {
@@ -528,7 +562,9 @@ impl Speaker {
             u64::from(u32::from(spec.address)) ^ u64::from(u32::from(self.config.router_id)) << 32;
         let (tx, rx) = mpsc::unbounded_channel();
         let remote = SocketAddr::V4(SocketAddrV4::new(spec.address, spec.port));
-        let session = Session::new(id, remote, Fsm::new(fc), self.from_sessions.clone());
+        self.listener_key(&spec, true);
+        let session = Session::new(id, remote, Fsm::new(fc), self.from_sessions.clone())
+            .with_transport(spec.transport.clone());
         tokio::spawn(session.run(rx));
         tracing::info!(peer = %spec.address, asn = %spec.asn, passive = spec.passive, "BGP peer added");
         self.by_id.insert(id, spec.address);
@@ -548,9 +584,23 @@ impl Speaker {
         Ok(())
     }
 
+    /// Install (or remove) a peer's MD5 key on the listening socket.
+    fn listener_key(&self, spec: &PeerSpec, install: bool) {
+        let (Some(fd), Some(p)) = (self.listener_fd.as_ref(), spec.transport.password.as_ref())
+        else {
+            return;
+        };
+        use std::os::fd::AsFd;
+        let key = install.then(|| p.as_bytes());
+        if let Err(e) = sockopt::set_md5(fd.as_fd(), spec.address.into(), key) {
+            tracing::warn!(peer = %spec.address, error = %e, "cannot set the TCP MD5 key on the BGP listener");
+        }
+    }
+
     async fn reconfigure(&mut self, local_as: Asn, listen_port: u16) -> Result<(), SpeakerError> {
         if listen_port != self.config.listen.port() {
             if let Some(l) = self.listener.take() {
+                self.listener_fd = None;
                 l.abort();
                 // Let the aborted task drop its socket before binding the new port.
                 tokio::task::yield_now().await;
@@ -647,6 +697,7 @@ impl Speaker {
             .remove(&addr)
             .ok_or_else(|| SpeakerError::NoPeer(addr.to_string()))?;
         self.by_id.remove(&p.id);
+        self.listener_key(&p.spec, false);
         let _ = p.tx.send(ToSession::Stop {
             subcode: cease::PEER_DECONFIGURED,
             reason: "peer deleted".into(),

@@ -21,6 +21,7 @@ use bgp_wire::Asn;
 use ipam::model::{BgpConfiguration, BgpPeer, Node};
 
 use crate::bgp::policy::PeerClass;
+use crate::bgp::sockopt::{Password, Transport};
 use crate::bgp::{PeerOrigin, PeerSpec};
 
 /// BIRD's default hold time, which Calico keeps.
@@ -117,6 +118,17 @@ pub fn desired_peers(
             PeerClass::Cluster
         } else {
             PeerClass::External
+        };
+        spec.transport = Transport {
+            password: match Password::new(&p.password) {
+                Ok(pw) => pw,
+                Err(e) => {
+                    tracing::warn!(peer = %p.name, "BGPPeer password refused: {e}");
+                    continue;
+                }
+            },
+            ttl_security_hops: (p.ttl_security_hops != 0).then_some(p.ttl_security_hops),
+            multihop_ttl: None,
         };
         let kind = if p.node.is_empty() { "Global" } else { "Node" };
         spec.label = Some(peer_name(kind, addr, p.port));

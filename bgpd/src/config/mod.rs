@@ -242,6 +242,13 @@ pub struct BgpPeerConfig {
     pub hold_time: Option<u16>,
     /// Keepalive interval, seconds; a third of the hold time when unset.
     pub keepalive: Option<u16>,
+    /// TCP MD5 password (RFC 2385); both sides must have the same.
+    #[serde(default)]
+    pub password: String,
+    /// GTSM (RFC 5082): the peer is at most this many hops away.
+    pub ttl_security: Option<u8>,
+    /// eBGP multihop: the TTL of our packets.
+    pub multihop: Option<u8>,
 }
 
 /// One route this node announces.
@@ -355,6 +362,17 @@ impl Config {
                 return Err(field(
                     "bgp.peers",
                     format!("peer {}: hold_time must be 0 or at least 3", p.address),
+                ));
+            }
+            crate::bgp::sockopt::Password::new(&p.password)
+                .map_err(|e| field("bgp.peers", format!("peer {}: password: {e}", p.address)))?;
+            if matches!(p.ttl_security, Some(0)) || matches!(p.multihop, Some(0)) {
+                return Err(field(
+                    "bgp.peers",
+                    format!(
+                        "peer {}: ttl_security and multihop are 1-255 hops",
+                        p.address
+                    ),
                 ));
             }
         }

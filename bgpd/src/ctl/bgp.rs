@@ -88,6 +88,15 @@ pub enum PeerCommand {
         /// With --resource: only this node peers [default: every node].
         #[arg(long, requires = "resource")]
         node: Option<String>,
+        /// TCP MD5 password (RFC 2385).
+        #[arg(long)]
+        password: Option<String>,
+        /// GTSM (RFC 5082): the peer is at most this many hops away.
+        #[arg(long)]
+        ttl_security: Option<u32>,
+        /// eBGP multihop TTL.
+        #[arg(long)]
+        multihop: Option<u32>,
         #[arg(long)]
         json: bool,
     },
@@ -481,6 +490,9 @@ pub async fn peer(
             port,
             resource,
             node,
+            password,
+            ttl_security,
+            multihop,
             json,
         } => {
             let origin = if resource.is_some() {
@@ -498,6 +510,9 @@ pub async fn peer(
                         passive,
                         port: port.unwrap_or(0),
                         origin: origin.into(),
+                        password: password.unwrap_or_default(),
+                        ttl_security_hops: ttl_security.unwrap_or(0),
+                        multihop_ttl: multihop.unwrap_or(0),
                         ..pb::BgpPeer::default()
                     }),
                 })
