@@ -17,7 +17,8 @@ use std::time::{Duration, Instant};
 use interop_tests::lab::bgp_peer::wait_until;
 use interop_tests::lab::bgpd::{bgpctl, runtime};
 use interop_tests::lab::frr::{Frr, parse_route};
-use interop_tests::lab::netns::{Netns, NsProcess, VethPair};
+use interop_tests::lab::netns::{Netns, NsProcess};
+use interop_tests::lab::segment::{Member, Segment};
 use interop_tests::lab::{binary, open_store};
 use ipam::allocator::{AssignRequest, Ipam};
 use ipam::model::{BgpConfiguration, BgpPeer, EncapMode, IpPool};
@@ -35,18 +36,13 @@ struct Node {
     addr: String,
     socket: PathBuf,
     dir: tempfile::TempDir,
-    _veth: VethPair,
-    _ns: Netns,
+    _member: Member,
 }
 
 impl Node {
-    fn start(seg: &Netns, name: &str, addr: &str, store: &std::path::Path) -> Node {
-        let ns = Netns::new(name).unwrap();
-        let veth = VethPair::new(&ns, "eth0", seg, &format!("v{name}")).unwrap();
-        seg.ip(&["link", "set", &format!("v{name}"), "master", "br0"])
-            .unwrap();
-        ns.ip(&["addr", "add", &format!("{addr}/24"), "dev", "eth0"])
-            .unwrap();
+    fn start(seg: &Segment, name: &str, addr: &str, store: &std::path::Path) -> Node {
+        let member = seg.attach(name, &format!("{addr}/24")).unwrap();
+        let ns = &member.ns;
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("bgpd.sock");
         let config = dir.path().join("bgpd.toml");
@@ -75,8 +71,7 @@ impl Node {
             addr: addr.into(),
             socket,
             dir,
-            _veth: veth,
-            _ns: ns,
+            _member: member,
         };
         assert!(
             wait_until(Duration::from_secs(20), || node.socket.exists()),
@@ -126,30 +121,6 @@ impl Node {
                 )
             })
             .collect()
-    }
-}
-
-/// The segment (a bridge in its own namespace) and the ToR on it.
-struct Segment {
-    ns: Netns,
-    _tor_veth: VethPair,
-    tor_ns: Netns,
-}
-
-fn segment() -> Segment {
-    let ns = Netns::new("cbseg").unwrap();
-    ns.ip(&["link", "add", "br0", "type", "bridge"]).unwrap();
-    ns.ip(&["link", "set", "br0", "up"]).unwrap();
-    let tor_ns = Netns::new("cbtor").unwrap();
-    let v = VethPair::new(&tor_ns, "eth0", &ns, "vtor").unwrap();
-    ns.ip(&["link", "set", "vtor", "master", "br0"]).unwrap();
-    tor_ns
-        .ip(&["addr", "add", &format!("{TOR}/24"), "dev", "eth0"])
-        .unwrap();
-    Segment {
-        ns,
-        _tor_veth: v,
-        tor_ns,
     }
 }
 
@@ -220,8 +191,9 @@ fn all_established(n: &Node, want: &[&str]) -> bool {
 #[test]
 fn the_cluster_brain_with_a_tor_and_real_daemons() {
     let rt = runtime();
-    let seg = segment();
-    let tor = start_tor(&seg.tor_ns);
+    let seg = Segment::new("cbseg").unwrap();
+    let tor_member = seg.attach("cbtor", &format!("{TOR}/24")).unwrap();
+    let tor = start_tor(&tor_member.ns);
     let dir = tempfile::tempdir().unwrap();
     let store_path = dir.path().join("store.db");
     let ipam = rt.block_on(async {
@@ -249,9 +221,9 @@ fn the_cluster_brain_with_a_tor_and_real_daemons() {
         ipam
     });
 
-    let n1 = Node::start(&seg.ns, "n1", "10.98.0.11", &store_path);
-    let n2 = Node::start(&seg.ns, "n2", "10.98.0.12", &store_path);
-    let n3 = Node::start(&seg.ns, "n3", "10.98.0.13", &store_path);
+    let n1 = Node::start(&seg, "n1", "10.98.0.11", &store_path);
+    let n2 = Node::start(&seg, "n2", "10.98.0.12", &store_path);
+    let n3 = Node::start(&seg, "n3", "10.98.0.13", &store_path);
     let nodes = [&n1, &n2, &n3];
     let blocks: Vec<String> = rt.block_on(async {
         let mut v = vec![];
@@ -345,7 +317,7 @@ fn the_cluster_brain_with_a_tor_and_real_daemons() {
     );
 
     // A fourth node joins: every mesh and every kernel table; then it leaves.
-    let n4 = Node::start(&seg.ns, "n4", "10.98.0.14", &store_path);
+    let n4 = Node::start(&seg, "n4", "10.98.0.14", &store_path);
     let block4 = rt.block_on(claim(&ipam, "n4", "pod-n4"));
     assert!(
         wait_until(CONVERGE, || {

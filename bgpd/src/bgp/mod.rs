@@ -38,6 +38,14 @@ pub async fn start_from_config(
         listen: SocketAddr::from((Ipv4Addr::UNSPECIFIED, config.listen_port)),
         kernel,
     });
+    if config.cluster_id.is_some() {
+        speaker
+            .set_policy(
+                std::sync::Arc::new(policy::Policy::accept_all()),
+                config.cluster_id,
+            )
+            .await?;
+    }
     for a in &config.announce {
         let prefix = bgp_wire::Ipv4Prefix::new(a.prefix.network(), a.prefix.prefix_len());
         let Some(prefix) = prefix else { continue };
@@ -61,6 +69,7 @@ pub async fn start_from_config(
         spec.hold_time = p.hold_time.unwrap_or(240);
         spec.keepalive = p.keepalive;
         spec.origin = PeerOrigin::Config;
+        spec.rr_client = p.rr_client;
         spec.transport = sockopt::Transport {
             // Validated when the configuration was loaded.
             password: sockopt::Password::new(&p.password).ok().flatten(),

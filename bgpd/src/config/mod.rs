@@ -224,6 +224,12 @@ pub struct BgpConfig {
     pub peers: Vec<BgpPeerConfig>,
     /// Routes this node originates (`[[bgp.announce]]`).
     pub announce: Vec<BgpAnnounce>,
+    /// Be a route reflector with this cluster id (RFC 4456); the node's
+    /// route-reflector cluster id in the datastore wins when set.
+    pub cluster_id: Option<Ipv4Addr>,
+    /// Pass routes learned from one configured peer on to the others (until the cluster's
+    /// BGP configuration is stored in the datastore, which then decides).
+    pub external_transit: bool,
 }
 
 /// One explicitly configured BGP peer.
@@ -249,6 +255,9 @@ pub struct BgpPeerConfig {
     pub ttl_security: Option<u8>,
     /// eBGP multihop: the TTL of our packets.
     pub multihop: Option<u8>,
+    /// A route-reflector client of this node (needs `bgp.cluster_id`).
+    #[serde(default)]
+    pub rr_client: bool,
 }
 
 /// One route this node announces.
@@ -271,6 +280,8 @@ impl Default for BgpConfig {
             listen_port: 179,
             peers: Vec::new(),
             announce: Vec::new(),
+            cluster_id: None,
+            external_transit: false,
         }
     }
 }
@@ -362,6 +373,15 @@ impl Config {
                 return Err(field(
                     "bgp.peers",
                     format!("peer {}: hold_time must be 0 or at least 3", p.address),
+                ));
+            }
+            if p.rr_client && self.bgp.cluster_id.is_none() {
+                return Err(field(
+                    "bgp.peers",
+                    format!(
+                        "peer {}: rr_client needs bgp.cluster_id (this node must be a route reflector)",
+                        p.address
+                    ),
                 ));
             }
             crate::bgp::sockopt::Password::new(&p.password)

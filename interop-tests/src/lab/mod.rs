@@ -7,6 +7,7 @@ pub mod etcd;
 pub mod frr;
 pub mod gobgp;
 pub mod netns;
+pub mod segment;
 
 use std::path::PathBuf;
 
