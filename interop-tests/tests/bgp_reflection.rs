@@ -4,6 +4,7 @@
 //! - bgpd as a client of an FRR reflector, with BIRD 2 as the other client;
 //! - two reflectors sharing a cluster id (bgpd and FRR as non-clients of each other): what
 //!   FRR reflects from its client comes back with our cluster id and is refused — no loop.
+//!
 //! Needs root, BIRD 1.6, BIRD 2 and FRR.
 
 use std::time::Duration;
