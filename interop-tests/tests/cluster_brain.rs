@@ -215,6 +215,7 @@ fn the_cluster_brain_with_a_tor_and_real_daemons() {
             ttl_security_hops: 0,
             keepalive_time_s: 0,
             hold_time_s: 0,
+            max_prefixes: 0,
         })
         .await
         .unwrap();

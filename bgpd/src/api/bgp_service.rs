@@ -212,6 +212,8 @@ fn peer_message(spec: &PeerSpec) -> BgpPeer {
             String::new()
         },
         ttl_security_hops: spec.transport.ttl_security_hops.map_or(0, u32::from),
+        max_prefixes: spec.max_prefixes.unwrap_or(0),
+        max_prefixes_restart_s: spec.max_prefixes_restart.map_or(0, u32::from),
         multihop_ttl: spec.transport.multihop_ttl.map_or(0, u32::from),
         ..BgpPeer::default()
     }
@@ -347,6 +349,7 @@ impl Bgp for BgpService {
                     .map_err(|_| Status::invalid_argument("peer.ttl_security_hops: at most 255"))?,
                 keepalive_time_s: u16_of("keepalive_time_s", p.keepalive_time_s)?,
                 hold_time_s: u16_of("hold_time_s", p.hold_time_s)?,
+                max_prefixes: p.max_prefixes,
             };
             crate::bgp::sockopt::Password::new(&r.password)
                 .map_err(|e| Status::invalid_argument(format!("peer.password: {e}")))?;
@@ -370,6 +373,13 @@ impl Bgp for BgpService {
                     "peer.{field}: 1-255 hops"
                 ))),
             }
+        };
+        spec.max_prefixes = (p.max_prefixes != 0).then_some(p.max_prefixes);
+        spec.max_prefixes_restart = match p.max_prefixes_restart_s {
+            0 => None,
+            s => Some(u16::try_from(s).map_err(|_| {
+                Status::invalid_argument("peer.max_prefixes_restart_s: above 65535")
+            })?),
         };
         spec.transport = crate::bgp::sockopt::Transport {
             password: crate::bgp::sockopt::Password::new(&p.password)

@@ -255,9 +255,13 @@ impl Fsm {
             Event::Stop { subcode, reason } => {
                 self.stopped = true;
                 if self.connected() {
-                    out.push(Action::Send(Message::Notification(Notification::shutdown(
-                        subcode, &reason,
-                    ))));
+                    // RFC 4486: Maximum Number of Prefixes carries no shutdown text.
+                    let n = if subcode == bgp_wire::cease::MAX_PREFIXES {
+                        Notification::new(bgp_wire::CEASE, subcode, Vec::new())
+                    } else {
+                        Notification::shutdown(subcode, &reason)
+                    };
+                    out.push(Action::Send(Message::Notification(n)));
                 }
                 self.last_error = Some(format!("stopped: {reason}"));
                 self.go_idle(&mut out, None);

@@ -70,6 +70,8 @@ pub async fn start_from_config(
         spec.keepalive = p.keepalive;
         spec.origin = PeerOrigin::Config;
         spec.rr_client = p.rr_client;
+        spec.max_prefixes = p.max_prefixes;
+        spec.max_prefixes_restart = p.max_prefixes_restart;
         spec.transport = sockopt::Transport {
             // Validated when the configuration was loaded.
             password: sockopt::Password::new(&p.password).ok().flatten(),

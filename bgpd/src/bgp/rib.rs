@@ -410,6 +410,11 @@ impl Rib {
         v
     }
 
+    /// How many prefixes a peer has sent us (before policy), in O(1).
+    pub fn adj_in_len(&self, id: PeerId) -> usize {
+        self.peers.get(&id).map_or(0, |s| s.adj_in.len())
+    }
+
     /// (received, accepted, advertised) counts for a peer.
     pub fn counts(&self, id: PeerId) -> (u64, u64, u64) {
         self.peers.get(&id).map_or((0, 0, 0), |s| {

@@ -100,7 +100,16 @@ pub struct PeerSpec {
     pub label: Option<String>,
     /// TCP MD5 password, GTSM, multihop TTL.
     pub transport: Transport,
+    /// Most prefixes the peer may send (counted before policy, as BIRD's receive limit);
+    /// above it the session stops with Cease/Maximum Number of Prefixes.
+    pub max_prefixes: Option<u32>,
+    /// Restart a session stopped by the limit after this many seconds; `None`: it stays down
+    /// until the peer is changed or re-added.
+    pub max_prefixes_restart: Option<u16>,
 }
+
+/// Warn when a peer reaches this share of its prefix limit.
+const PREFIX_WARN_PERCENT: u64 = 75;
 
 impl PeerSpec {
     pub fn new(address: Ipv4Addr, asn: Asn) -> Self {
@@ -116,6 +125,8 @@ impl PeerSpec {
             rr_client: false,
             label: None,
             transport: Transport::default(),
+            max_prefixes: None,
+            max_prefixes_restart: None,
         }
     }
 
@@ -184,6 +195,8 @@ enum Command {
     },
     Withdraw(Ipv4Prefix, oneshot::Sender<Result<(), SpeakerError>>),
     Accepted(TcpStream, SocketAddr),
+    /// The restart time after a prefix-limit stop has passed.
+    RestartAfterLimit(Ipv4Addr, PeerId),
 }
 
 /// A cloneable handle to the speaker task.
@@ -290,6 +303,11 @@ struct PeerEntry {
     remote_id: Option<Ipv4Addr>,
     /// The Established period the RIB holds routes for, if any.
     epoch: Option<u64>,
+    /// The peer passed its prefix limit: its session is stopped (restarted later if
+    /// configured).
+    limit_hit: bool,
+    /// The prefix-limit warning was logged for this session.
+    limit_warned: bool,
 }
 
 struct Speaker {
@@ -422,6 +440,21 @@ impl Speaker {
                 };
                 let _ = reply.send(r);
             }
+            Command::RestartAfterLimit(addr, id) => {
+                let Some(p) = self.peers.get(&addr) else {
+                    return;
+                };
+                if p.id != id || !p.limit_hit {
+                    return;
+                }
+                let tx = self.spawn_session(id, &p.spec);
+                if let Some(p) = self.peers.get_mut(&addr) {
+                    p.tx = tx;
+                    p.limit_hit = false;
+                    p.limit_warned = false;
+                }
+                tracing::info!(peer = %addr, "restarting the session after its prefix limit");
+            }
             Command::Accepted(stream, from) => {
                 let SocketAddr::V4(v4) = from else { return };
                 match self.peers.get_mut(v4.ip()) {
@@ -552,20 +585,8 @@ impl Speaker {
         self.ensure_listening().await?;
         let id = PeerId(self.next_id);
         self.next_id = self.next_id.wrapping_add(1);
-        let mut fc = FsmConfig::new(self.config.local_as, self.config.router_id, spec.asn);
-        fc.hold_time = spec.hold_time;
-        fc.keepalive = spec.keepalive;
-        fc.passive = spec.passive;
-        // Test-friendly retry like BIRD's tuned labs; backs off to 120 s.
-        fc.connect_retry = std::time::Duration::from_secs(2);
-        fc.jitter_seed =
-            u64::from(u32::from(spec.address)) ^ u64::from(u32::from(self.config.router_id)) << 32;
-        let (tx, rx) = mpsc::unbounded_channel();
-        let remote = SocketAddr::V4(SocketAddrV4::new(spec.address, spec.port));
         self.listener_key(&spec, true);
-        let session = Session::new(id, remote, Fsm::new(fc), self.from_sessions.clone())
-            .with_transport(spec.transport.clone());
-        tokio::spawn(session.run(rx));
+        let tx = self.spawn_session(id, &spec);
         tracing::info!(peer = %spec.address, asn = %spec.asn, passive = spec.passive, "BGP peer added");
         self.by_id.insert(id, spec.address);
         self.peers.insert(
@@ -579,9 +600,73 @@ impl Speaker {
                 last_error: None,
                 remote_id: None,
                 epoch: None,
+                limit_hit: false,
+                limit_warned: false,
             },
         );
         Ok(())
+    }
+
+    /// Start the session task of a peer.
+    fn spawn_session(&self, id: PeerId, spec: &PeerSpec) -> mpsc::UnboundedSender<ToSession> {
+        let mut fc = FsmConfig::new(self.config.local_as, self.config.router_id, spec.asn);
+        fc.hold_time = spec.hold_time;
+        fc.keepalive = spec.keepalive;
+        fc.passive = spec.passive;
+        // Test-friendly retry like BIRD's tuned labs; backs off to 120 s.
+        fc.connect_retry = std::time::Duration::from_secs(2);
+        fc.jitter_seed =
+            u64::from(u32::from(spec.address)) ^ u64::from(u32::from(self.config.router_id)) << 32;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let remote = SocketAddr::V4(SocketAddrV4::new(spec.address, spec.port));
+        let session = Session::new(id, remote, Fsm::new(fc), self.from_sessions.clone())
+            .with_transport(spec.transport.clone());
+        tokio::spawn(session.run(rx));
+        tx
+    }
+
+    /// After an UPDATE: warn near the peer's prefix limit, stop the session above it.
+    fn check_prefix_limit(&mut self, id: PeerId) {
+        let held = self.rib.adj_in_len(id) as u64;
+        let Some(addr) = self.by_id.get(&id).copied() else {
+            return;
+        };
+        let Some(p) = self.peers.get_mut(&addr) else {
+            return;
+        };
+        let Some(max) = p.spec.max_prefixes.map(u64::from) else {
+            return;
+        };
+        if held > max {
+            let restart = p.spec.max_prefixes_restart;
+            let reason = format!(
+                "maximum prefixes exceeded: {held} received, limit {max}; {}",
+                match restart {
+                    Some(s) => format!("restarting in {s} s"),
+                    None => "the session stays down until the peer is reconfigured".into(),
+                }
+            );
+            tracing::warn!(peer = %addr, held, max, "{reason}");
+            let _ = p.tx.send(ToSession::Stop {
+                subcode: cease::MAX_PREFIXES,
+                reason: reason.clone(),
+            });
+            p.limit_hit = true;
+            p.epoch = None;
+            p.last_error = Some(reason);
+            if let Some(s) = restart {
+                let tx = self.self_tx.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(std::time::Duration::from_secs(u64::from(s))).await;
+                    let _ = tx.send(Command::RestartAfterLimit(addr, id)).await;
+                });
+            }
+            let out = self.rib.peer_down(id);
+            self.distribute(out);
+        } else if !p.limit_warned && held * 100 >= max * PREFIX_WARN_PERCENT {
+            p.limit_warned = true;
+            tracing::warn!(peer = %addr, held, max, "peer is at {PREFIX_WARN_PERCENT}% of its prefix limit");
+        }
     }
 
     /// Install (or remove) a peer's MD5 key on the listening socket.
@@ -782,6 +867,7 @@ impl Speaker {
                 }
                 let out = self.rib.update(id, attrs, &announced, &withdrawn);
                 self.distribute(out);
+                self.check_prefix_limit(id);
             }
             FromSession::Refresh { id, epoch } => {
                 let Some(p) = self

@@ -130,6 +130,7 @@ pub fn desired_peers(
             ttl_security_hops: (p.ttl_security_hops != 0).then_some(p.ttl_security_hops),
             multihop_ttl: None,
         };
+        spec.max_prefixes = (p.max_prefixes != 0).then_some(p.max_prefixes);
         let kind = if p.node.is_empty() { "Global" } else { "Node" };
         spec.label = Some(peer_name(kind, addr, p.port));
         timers(
@@ -265,6 +266,7 @@ mod tests {
             ttl_security_hops: 0,
             keepalive_time_s: 0,
             hold_time_s: 0,
+            max_prefixes: 0,
         }
     }
 

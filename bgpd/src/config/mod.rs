@@ -258,6 +258,11 @@ pub struct BgpPeerConfig {
     /// A route-reflector client of this node (needs `bgp.cluster_id`).
     #[serde(default)]
     pub rr_client: bool,
+    /// Most prefixes the peer may send; above it the session stops (Cease/Maximum Number
+    /// of Prefixes).
+    pub max_prefixes: Option<u32>,
+    /// Seconds before a session stopped by `max_prefixes` restarts; unset: it stays down.
+    pub max_prefixes_restart: Option<u16>,
 }
 
 /// One route this node announces.

@@ -97,6 +97,12 @@ pub enum PeerCommand {
         /// eBGP multihop TTL.
         #[arg(long)]
         multihop: Option<u32>,
+        /// Most prefixes the peer may send; above it the session stops.
+        #[arg(long)]
+        max_prefixes: Option<u32>,
+        /// Seconds before a session stopped by --max-prefixes restarts [default: stays down].
+        #[arg(long, requires = "max_prefixes")]
+        max_prefixes_restart: Option<u32>,
         #[arg(long)]
         json: bool,
     },
@@ -493,6 +499,8 @@ pub async fn peer(
             password,
             ttl_security,
             multihop,
+            max_prefixes,
+            max_prefixes_restart,
             json,
         } => {
             let origin = if resource.is_some() {
@@ -513,6 +521,8 @@ pub async fn peer(
                         password: password.unwrap_or_default(),
                         ttl_security_hops: ttl_security.unwrap_or(0),
                         multihop_ttl: multihop.unwrap_or(0),
+                        max_prefixes: max_prefixes.unwrap_or(0),
+                        max_prefixes_restart_s: max_prefixes_restart.unwrap_or(0),
                         ..pb::BgpPeer::default()
                     }),
                 })
