@@ -90,6 +90,15 @@ pub async fn run(config: Config, path: Option<std::path::PathBuf>) -> Result<(),
             _ = sighup.recv() => reload(&mut running, path.as_deref(), &speaker).await,
         }
     }
+    // Close the BGP sessions first: without a NOTIFICATION where graceful restart is on, so
+    // that peers keep our routes until we are back.
+    if tokio::time::timeout(Duration::from_secs(1), speaker.shutdown())
+        .await
+        .is_ok()
+    {
+        // Let the session tasks close their connections.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let _ = stop.send(true);
     match tokio::time::timeout(SHUTDOWN_GRACE, &mut server).await {
         Ok(result) => flatten(result)?,

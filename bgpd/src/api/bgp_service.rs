@@ -213,6 +213,10 @@ fn peer_message(spec: &PeerSpec) -> BgpPeer {
         },
         ttl_security_hops: spec.transport.ttl_security_hops.map_or(0, u32::from),
         max_prefixes: spec.max_prefixes.unwrap_or(0),
+        graceful_restart_time_s: spec
+            .graceful_restart
+            .map_or(0, |g| u32::from(g.restart_time)),
+        stale_path_time_s: spec.graceful_restart.map_or(0, |g| u32::from(g.stale_time)),
         max_prefixes_restart_s: spec.max_prefixes_restart.map_or(0, u32::from),
         multihop_ttl: spec.transport.multihop_ttl.map_or(0, u32::from),
         ..BgpPeer::default()
@@ -272,6 +276,7 @@ fn route_message(r: &ListedRoute) -> proto::v1::Route {
         from_peer: r.from_peer.map(|p| p.to_string()).unwrap_or_default(),
         best: r.best,
         kernel: String::new(),
+        stale: r.stale,
     }
 }
 
@@ -374,6 +379,20 @@ impl Bgp for BgpService {
                 ))),
             }
         };
+        let mut gr = crate::bgp::speaker::GracefulRestart::default();
+        if p.graceful_restart_time_s != 0 {
+            gr.restart_time = u16::try_from(p.graceful_restart_time_s)
+                .ok()
+                .filter(|t| *t <= 4095)
+                .ok_or_else(|| {
+                    Status::invalid_argument("peer.graceful_restart_time_s: at most 4095")
+                })?;
+        }
+        if p.stale_path_time_s != 0 {
+            gr.stale_time = u16::try_from(p.stale_path_time_s)
+                .map_err(|_| Status::invalid_argument("peer.stale_path_time_s: above 65535"))?;
+        }
+        spec.graceful_restart = Some(gr);
         spec.max_prefixes = (p.max_prefixes != 0).then_some(p.max_prefixes);
         spec.max_prefixes_restart = match p.max_prefixes_restart_s {
             0 => None,

@@ -84,6 +84,8 @@ pub struct FsmConfig {
     pub idle_hold_max: Duration,
     /// Seed of the jitter generator (e.g. derived from the peer address).
     pub jitter_seed: u64,
+    /// Graceful restart (RFC 4724): the restart time we announce; `None`: not offered.
+    pub graceful_restart: Option<u16>,
 }
 
 impl FsmConfig {
@@ -101,6 +103,7 @@ impl FsmConfig {
             idle_hold: Duration::from_secs(1),
             idle_hold_max: Duration::from_secs(60),
             jitter_seed: 0x9e37_79b9_7f4a_7c15,
+            graceful_restart: None,
         }
     }
 
@@ -110,16 +113,25 @@ impl FsmConfig {
 
     /// The OPEN we send.
     pub fn open(&self) -> Open {
-        Open::new(
-            self.local_as,
-            self.hold_time,
-            self.router_id,
-            vec![
-                Capability::Multiprotocol(Family::IPV4_UNICAST),
-                Capability::RouteRefresh,
-                Capability::FourOctetAs(self.local_as),
-            ],
-        )
+        let mut caps = vec![
+            Capability::Multiprotocol(Family::IPV4_UNICAST),
+            Capability::RouteRefresh,
+            Capability::FourOctetAs(self.local_as),
+        ];
+        if let Some(t) = self.graceful_restart {
+            // Forwarding is preserved across a bgpd restart: routewriter keeps the kernel
+            // routes while bgpd is away.
+            caps.push(Capability::GracefulRestart(bgp_wire::GracefulRestart {
+                restarting: false,
+                notification: false,
+                restart_time: t.min(4095),
+                families: vec![bgp_wire::GrFamily {
+                    family: Family::IPV4_UNICAST,
+                    forwarding_preserved: true,
+                }],
+            }));
+        }
+        Open::new(self.local_as, self.hold_time, self.router_id, caps)
     }
 }
 
@@ -130,6 +142,9 @@ impl FsmConfig {
 pub enum Event {
     /// Administrative or automatic start.
     Start,
+    /// bgpd is going away and will be back (graceful restart): close the connection without
+    /// a NOTIFICATION, so that peers keep our routes, and stay Idle.
+    Shutdown,
     /// Administrative stop: send Cease (if connected) and stay Idle.
     Stop {
         subcode: u8,
@@ -167,9 +182,12 @@ pub enum Action {
     StopTimer(Timer),
     /// The session is up with these parameters.
     Established(Negotiated),
-    /// The session left Established: the peer's routes are gone.
+    /// The session left Established: the peer's routes are gone — or, with `graceful` set,
+    /// kept stale for up to that many seconds (the peer offered graceful restart and the
+    /// transport failed without a NOTIFICATION).
     Down {
         reason: String,
+        graceful: Option<u16>,
     },
     /// An UPDATE for the RIB.
     Deliver(UpdateDecode),
@@ -191,6 +209,8 @@ pub struct Negotiated {
     /// Seconds; 0 means no hold timer and no keepalives.
     pub hold_time: u16,
     pub keepalive: u16,
+    /// The peer's restart time when both sides offered graceful restart for IPv4 unicast.
+    pub peer_restart_time: Option<u16>,
 }
 
 /// One peer's state machine.
@@ -252,6 +272,12 @@ impl Fsm {
         let mut out = Vec::new();
         match event {
             Event::Start => self.start(&mut out),
+            Event::Shutdown => {
+                self.stopped = true;
+                self.last_error = Some("stopped for a graceful restart".into());
+                self.go_idle(&mut out, None, false);
+                out.push(Action::StopTimer(Timer::IdleHold));
+            }
             Event::Stop { subcode, reason } => {
                 self.stopped = true;
                 if self.connected() {
@@ -264,7 +290,7 @@ impl Fsm {
                     out.push(Action::Send(Message::Notification(n)));
                 }
                 self.last_error = Some(format!("stopped: {reason}"));
-                self.go_idle(&mut out, None);
+                self.go_idle(&mut out, None, false);
                 out.push(Action::StopTimer(Timer::IdleHold));
             }
             Event::Connected | Event::Accepted => self.connected_event(&mut out),
@@ -280,12 +306,12 @@ impl Fsm {
                     out.push(Action::StartTimer(Timer::ConnectRetry, d));
                 }
                 State::Idle => {}
-                _ => self.error(&mut out, "connection failed".into(), None),
+                _ => self.fail(&mut out, "connection failed".into(), None, true),
             },
             Event::ConnectionClosed => match self.state {
                 State::Idle => {}
                 State::Connect | State::Active => {}
-                _ => self.error(&mut out, "connection closed by peer".into(), None),
+                _ => self.fail(&mut out, "connection closed by peer".into(), None, true),
             },
             Event::DecodeError(e) => {
                 if self.connected() {
@@ -479,12 +505,20 @@ impl Fsm {
             let third = (hold / 3).max(1);
             self.config.keepalive.map_or(third, |k| k.clamp(1, third))
         };
+        let peer_restart_time = open
+            .graceful_restart()
+            .filter(|_| self.config.graceful_restart.is_some())
+            .filter(|g| {
+                g.restart_time > 0 && g.families.iter().any(|f| f.family == Family::IPV4_UNICAST)
+            })
+            .map(|g| g.restart_time);
         Ok(Negotiated {
             params: SessionParams::negotiate(&self.config.open(), open, self.config.is_external()),
             remote_id: id,
             remote_as: open.asn(),
             hold_time: hold,
             keepalive,
+            peer_restart_time,
         })
     }
 
@@ -527,12 +561,24 @@ impl Fsm {
     /// A session error: optionally send a NOTIFICATION, drop the connection, go Idle and
     /// restart after the idle hold (doubling per consecutive error).
     fn error(&mut self, out: &mut Vec<Action>, reason: String, notify: Option<Notification>) {
+        self.fail(out, reason, notify, false);
+    }
+
+    /// An error ends the session; `transport` says it was the connection that failed (no
+    /// NOTIFICATION either way), which graceful restart survives.
+    fn fail(
+        &mut self,
+        out: &mut Vec<Action>,
+        reason: String,
+        notify: Option<Notification>,
+        transport: bool,
+    ) {
         if let Some(n) = notify {
             out.push(Action::Send(Message::Notification(n)));
         }
         self.last_error = Some(reason.clone());
         self.errors = self.errors.saturating_add(1);
-        self.go_idle(out, Some(reason));
+        self.go_idle(out, Some(reason), transport);
         if !self.stopped {
             let d = backoff(
                 self.config.idle_hold,
@@ -543,7 +589,7 @@ impl Fsm {
         }
     }
 
-    fn go_idle(&mut self, out: &mut Vec<Action>, reason: Option<String>) {
+    fn go_idle(&mut self, out: &mut Vec<Action>, reason: Option<String>, transport: bool) {
         let was = self.state;
         if was != State::Idle {
             out.push(Action::Disconnect);
@@ -557,8 +603,14 @@ impl Fsm {
             out.push(Action::StopTimer(t));
         }
         if was == State::Established {
+            let graceful = self
+                .negotiated
+                .as_ref()
+                .and_then(|n| n.peer_restart_time)
+                .filter(|_| transport);
             out.push(Action::Down {
                 reason: reason.unwrap_or_else(|| "stopped".into()),
+                graceful,
             });
         }
         self.negotiated = None;

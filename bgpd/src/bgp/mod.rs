@@ -69,6 +69,13 @@ fn peer_spec(p: &BgpPeerConfig) -> PeerSpec {
     spec.rr_client = p.rr_client;
     spec.max_prefixes = p.max_prefixes;
     spec.max_prefixes_restart = p.max_prefixes_restart;
+    spec.graceful_restart = p.graceful_restart.then(|| {
+        let d = speaker::GracefulRestart::default();
+        speaker::GracefulRestart {
+            restart_time: p.restart_time.unwrap_or(d.restart_time),
+            stale_time: p.stale_time.unwrap_or(d.stale_time),
+        }
+    });
     spec.transport = sockopt::Transport {
         password: sockopt::Password::new(&p.password).ok().flatten(),
         ttl_security_hops: p.ttl_security,

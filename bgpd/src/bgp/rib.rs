@@ -128,6 +128,8 @@ struct PeerState {
     adj_out: Option<HashMap<Ipv4Prefix, Attrs>>,
     /// Routes received but rejected by import rules (AS loop).
     rejected: u64,
+    /// Graceful restart: routes kept from before the peer restarted, not yet refreshed.
+    stale: Option<HashSet<Ipv4Prefix>>,
 }
 
 /// The three tables of one speaker.
@@ -267,6 +269,7 @@ impl Rib {
             adj_in: HashMap::new(),
             adj_out: None,
             rejected: 0,
+            stale: None,
         });
         st.info = info;
         st.adj_out = Some(HashMap::new());
@@ -287,6 +290,50 @@ impl Rib {
         out
     }
 
+    /// The peer's session ended but it is restarting gracefully (RFC 4724): its routes stay
+    /// in every table, marked stale, until refreshed, swept, or the peer goes for good.
+    /// Returns how many are kept.
+    pub fn peer_down_graceful(&mut self, id: PeerId) -> usize {
+        let Some(st) = self.peers.get_mut(&id) else {
+            return 0;
+        };
+        st.adj_out = None;
+        let stale: HashSet<Ipv4Prefix> = st.adj_in.keys().copied().collect();
+        let n = stale.len();
+        st.stale = Some(stale);
+        n
+    }
+
+    /// Drop the peer's routes still stale (its End-of-RIB came, or its time ran out).
+    pub fn sweep_stale(&mut self, id: PeerId) -> HashMap<PeerId, OutUpdate> {
+        let Some(st) = self.peers.get_mut(&id) else {
+            return HashMap::new();
+        };
+        let Some(stale) = st.stale.take() else {
+            return HashMap::new();
+        };
+        let gone: Vec<Ipv4Prefix> = stale
+            .into_iter()
+            .filter(|p| st.adj_in.remove(p).is_some())
+            .collect();
+        let out = self.recompute(&gone);
+        self.maybe_sweep(gone.len());
+        out
+    }
+
+    /// Whether the peer has routes kept through a graceful restart.
+    pub fn has_stale(&self, id: PeerId) -> bool {
+        self.peers.get(&id).is_some_and(|s| s.stale.is_some())
+    }
+
+    /// Whether this route of the peer is kept from before its restart.
+    pub fn is_stale(&self, id: PeerId, prefix: &Ipv4Prefix) -> bool {
+        self.peers
+            .get(&id)
+            .and_then(|s| s.stale.as_ref())
+            .is_some_and(|st| st.contains(prefix))
+    }
+
     /// Routes from a peer's UPDATE: `announced` with `attrs`, and `withdrawn`.
     pub fn update(
         &mut self,
@@ -300,6 +347,12 @@ impl Rib {
             return HashMap::new();
         };
         let external = st.info.asn != local_as;
+        if let Some(stale) = st.stale.as_mut() {
+            // Refreshed (or withdrawn) routes are no longer stale.
+            for p in announced.iter().chain(withdrawn) {
+                stale.remove(p);
+            }
+        }
         let mut touched: Vec<Ipv4Prefix> = Vec::with_capacity(announced.len() + withdrawn.len());
         for p in withdrawn {
             if st.adj_in.remove(p).is_some() {

@@ -43,6 +43,10 @@ pub enum ToSession {
     Incoming(TcpStream),
     /// Leave: send Cease with this subcode and end the task.
     Stop { subcode: u8, reason: String },
+    /// Leave for a graceful restart: close without a NOTIFICATION and end the task.
+    Shutdown,
+    /// The initial routes of the `epoch`th Established period are all sent: End-of-RIB.
+    EndOfRib { epoch: u64 },
 }
 
 /// What a session tells the speaker.
@@ -62,21 +66,24 @@ pub enum FromSession {
         epoch: u64,
         remote_id: Ipv4Addr,
         local_address: Ipv4Addr,
+        /// The peer's restart time, when both sides offered graceful restart.
+        peer_restart_time: Option<u16>,
     },
+    /// Left Established; with `graceful`, the peer's routes are kept stale that long.
     Down {
         id: PeerId,
         epoch: u64,
+        graceful: Option<u16>,
     },
+    /// The peer's End-of-RIB for IPv4 unicast.
+    EndOfRib { id: PeerId, epoch: u64 },
     Update {
         id: PeerId,
         epoch: u64,
         update: UpdateDecode,
     },
     /// The peer asked for our routes again (ROUTE-REFRESH).
-    Refresh {
-        id: PeerId,
-        epoch: u64,
-    },
+    Refresh { id: PeerId, epoch: u64 },
 }
 
 /// A colliding connection whose OPEN has been read.
@@ -194,6 +201,18 @@ impl Session {
                     Some(ToSession::Stop { subcode, reason }) => {
                         self.stop(subcode, &reason).await;
                         return;
+                    }
+                    Some(ToSession::Shutdown) => {
+                        self.feed(Event::Shutdown).await;
+                        return;
+                    }
+                    Some(ToSession::EndOfRib { epoch }) => {
+                        if self.fsm.state() == State::Established
+                            && epoch == self.epoch
+                            && let Some(u) = bgp_wire::Update::end_of_rib(bgp_wire::Family::IPV4_UNICAST)
+                        {
+                            self.send(&Message::Update(u)).await;
+                        }
                     }
                     Some(ToSession::Routes { epoch, update }) => self.routes(epoch, update).await,
                     Some(ToSession::Incoming(s)) => self.incoming(s).await,
@@ -409,15 +428,28 @@ impl Session {
                         epoch: self.epoch,
                         remote_id: n.remote_id,
                         local_address,
+                        peer_restart_time: n.peer_restart_time,
                     })
                     .await;
             }
-            Action::Down { reason } => {
-                tracing::info!(peer = %self.remote, %reason, "session down");
+            Action::Down { reason, graceful } => {
+                tracing::info!(peer = %self.remote, %reason, ?graceful, "session down");
                 self.params = SessionParams::default();
                 let _ = self
                     .to_speaker
                     .send(FromSession::Down {
+                        id: self.id,
+                        epoch: self.epoch,
+                        graceful,
+                    })
+                    .await;
+            }
+            Action::Deliver(update)
+                if update.end_of_rib == Some(bgp_wire::Family::IPV4_UNICAST) =>
+            {
+                let _ = self
+                    .to_speaker
+                    .send(FromSession::EndOfRib {
                         id: self.id,
                         epoch: self.epoch,
                     })

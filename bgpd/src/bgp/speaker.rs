@@ -106,6 +106,28 @@ pub struct PeerSpec {
     /// Restart a session stopped by the limit after this many seconds; `None`: it stays down
     /// until the peer is changed or re-added.
     pub max_prefixes_restart: Option<u16>,
+    /// Graceful restart (RFC 4724), both roles; `None`: off for this peer.
+    pub graceful_restart: Option<GracefulRestart>,
+}
+
+/// Graceful restart times of a peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GracefulRestart {
+    /// The restart time we announce: how long the peer keeps our routes while we restart.
+    pub restart_time: u16,
+    /// How long we keep the peer's routes stale after it is back, waiting for its
+    /// End-of-RIB.
+    pub stale_time: u16,
+}
+
+impl Default for GracefulRestart {
+    /// BIRD's and FRR's defaults: restart 120 s, stale path 360 s.
+    fn default() -> Self {
+        GracefulRestart {
+            restart_time: 120,
+            stale_time: 360,
+        }
+    }
 }
 
 /// Warn when a peer reaches this share of its prefix limit.
@@ -127,6 +149,7 @@ impl PeerSpec {
             transport: Transport::default(),
             max_prefixes: None,
             max_prefixes_restart: None,
+            graceful_restart: Some(GracefulRestart::default()),
         }
     }
 
@@ -174,6 +197,8 @@ pub struct ListedRoute {
     pub route: Route,
     pub from_peer: Option<Ipv4Addr>,
     pub best: bool,
+    /// Kept from before the peer's graceful restart, not refreshed yet.
+    pub stale: bool,
 }
 
 enum Command {
@@ -197,6 +222,11 @@ enum Command {
     Accepted(TcpStream, SocketAddr),
     /// The restart time after a prefix-limit stop has passed.
     RestartAfterLimit(Ipv4Addr, PeerId),
+    /// A graceful-restart timer of a peer ran out (restart time or stale-path time).
+    GrExpired(Ipv4Addr, PeerId, u64),
+    /// bgpd is stopping: close every session (without NOTIFICATION where graceful restart
+    /// is on, so that peers keep our routes until we are back).
+    Shutdown(oneshot::Sender<()>),
 }
 
 /// A cloneable handle to the speaker task.
@@ -258,6 +288,11 @@ impl SpeakerHandle {
             .await
     }
 
+    /// Close every session for bgpd's exit (gracefully where graceful restart is on).
+    pub async fn shutdown(&self) -> Result<(), SpeakerError> {
+        self.ask(Command::Shutdown).await
+    }
+
     /// The policy in force.
     pub async fn policy(&self) -> Result<Arc<Policy>, SpeakerError> {
         self.ask(Command::GetPolicy).await
@@ -308,6 +343,8 @@ struct PeerEntry {
     limit_hit: bool,
     /// The prefix-limit warning was logged for this session.
     limit_warned: bool,
+    /// Bumped by every event that makes a pending graceful-restart timer moot.
+    gr_token: u64,
 }
 
 struct Speaker {
@@ -440,6 +477,31 @@ impl Speaker {
                 };
                 let _ = reply.send(r);
             }
+            Command::GrExpired(addr, id, token) => {
+                let Some(p) = self.peers.get(&addr) else {
+                    return;
+                };
+                if p.id != id || p.gr_token != token || !self.rib.has_stale(id) {
+                    return;
+                }
+                tracing::info!(peer = %addr, "graceful restart time ran out: stale routes removed");
+                let out = self.rib.sweep_stale(id);
+                self.distribute(out);
+            }
+            Command::Shutdown(reply) => {
+                for p in self.peers.values() {
+                    let m = if p.spec.graceful_restart.is_some() {
+                        ToSession::Shutdown
+                    } else {
+                        ToSession::Stop {
+                            subcode: cease::ADMIN_SHUTDOWN,
+                            reason: "bgpd stopping".into(),
+                        }
+                    };
+                    let _ = p.tx.send(m);
+                }
+                let _ = reply.send(());
+            }
             Command::RestartAfterLimit(addr, id) => {
                 let Some(p) = self.peers.get(&addr) else {
                     return;
@@ -500,14 +562,17 @@ impl Speaker {
                 .rib
                 .loc_rib()
                 .map(|r| {
-                    let from_peer = match r.source {
-                        super::rib::Source::Peer(id) => addr_of(id),
-                        super::rib::Source::Local => None,
+                    let (from_peer, stale) = match r.source {
+                        super::rib::Source::Peer(id) => {
+                            (addr_of(id), self.rib.is_stale(id, &r.prefix))
+                        }
+                        super::rib::Source::Local => (None, false),
                     };
                     ListedRoute {
                         route: r,
                         from_peer,
                         best: true,
+                        stale,
                     }
                 })
                 .collect(),
@@ -517,10 +582,12 @@ impl Speaker {
                 .into_iter()
                 .map(|r| {
                     let best = self.rib.best(&r.prefix).is_some_and(|(s, _)| s == r.source);
+                    let stale = self.rib.is_stale(id, &r.prefix);
                     ListedRoute {
                         route: r,
                         from_peer: addr_of(id),
                         best,
+                        stale,
                     }
                 })
                 .collect(),
@@ -532,6 +599,7 @@ impl Speaker {
                     route: r,
                     from_peer: None,
                     best: true,
+                    stale: false,
                 })
                 .collect(),
         };
@@ -602,6 +670,7 @@ impl Speaker {
                 epoch: None,
                 limit_hit: false,
                 limit_warned: false,
+                gr_token: 0,
             },
         );
         Ok(())
@@ -615,6 +684,7 @@ impl Speaker {
         fc.passive = spec.passive;
         // Test-friendly retry like BIRD's tuned labs; backs off to 120 s.
         fc.connect_retry = std::time::Duration::from_secs(2);
+        fc.graceful_restart = spec.graceful_restart.map(|g| g.restart_time);
         fc.jitter_seed =
             u64::from(u32::from(spec.address)) ^ u64::from(u32::from(self.config.router_id)) << 32;
         let (tx, rx) = mpsc::unbounded_channel();
@@ -623,6 +693,15 @@ impl Speaker {
             .with_transport(spec.transport.clone());
         tokio::spawn(session.run(rx));
         tx
+    }
+
+    /// In `secs`, sweep the peer's stale routes unless something happened since (`token`).
+    fn gr_timer(&self, addr: Ipv4Addr, id: PeerId, token: u64, secs: u16) {
+        let tx = self.self_tx.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_secs(u64::from(secs))).await;
+            let _ = tx.send(Command::GrExpired(addr, id, token)).await;
+        });
     }
 
     /// After an UPDATE: warn near the peer's prefix limit, stop the session above it.
@@ -814,10 +893,14 @@ impl Speaker {
                 epoch,
                 remote_id,
                 local_address,
+                peer_restart_time,
             } => {
                 let Some(p) = self.entry(id) else { return };
                 p.epoch = Some(epoch);
                 p.remote_id = Some(remote_id);
+                p.gr_token = p.gr_token.wrapping_add(1);
+                let (token, addr) = (p.gr_token, p.spec.address);
+                let stale_time = p.spec.graceful_restart.map_or(0, |g| g.stale_time);
                 let info = PeerInfo {
                     id,
                     address: p.spec.address,
@@ -830,15 +913,52 @@ impl Speaker {
                 let tx = p.tx.clone();
                 let update = self.rib.peer_up(info);
                 let _ = tx.send(ToSession::Routes { epoch, update });
+                let _ = tx.send(ToSession::EndOfRib { epoch });
+                if self.rib.has_stale(id) {
+                    if peer_restart_time.is_some() {
+                        // Back from its restart: its routes stay until its End-of-RIB, at
+                        // most the stale-path time.
+                        self.gr_timer(addr, id, token, stale_time);
+                    } else {
+                        let out = self.rib.sweep_stale(id);
+                        self.distribute(out);
+                    }
+                }
             }
-            FromSession::Down { id, epoch } => {
+            FromSession::Down {
+                id,
+                epoch,
+                graceful,
+            } => {
                 let Some(p) = self.entry(id) else { return };
                 if p.epoch != Some(epoch) {
                     return;
                 }
                 p.epoch = None;
-                let out = self.rib.peer_down(id);
-                self.distribute(out);
+                p.gr_token = p.gr_token.wrapping_add(1);
+                let (token, addr) = (p.gr_token, p.spec.address);
+                match graceful.filter(|_| p.spec.graceful_restart.is_some()) {
+                    Some(restart_time) => {
+                        let kept = self.rib.peer_down_graceful(id);
+                        tracing::info!(peer = %addr, kept, restart_time, "peer restarting gracefully: its routes are kept stale");
+                        self.gr_timer(addr, id, token, restart_time);
+                    }
+                    None => {
+                        let out = self.rib.peer_down(id);
+                        self.distribute(out);
+                    }
+                }
+            }
+            FromSession::EndOfRib { id, epoch } => {
+                let Some(p) = self.entry(id) else { return };
+                if p.epoch != Some(epoch) {
+                    return;
+                }
+                p.gr_token = p.gr_token.wrapping_add(1);
+                if self.rib.has_stale(id) {
+                    let out = self.rib.sweep_stale(id);
+                    self.distribute(out);
+                }
             }
             FromSession::Update { id, epoch, update } => {
                 let Some(p) = self.entry(id) else { return };

@@ -263,6 +263,17 @@ pub struct BgpPeerConfig {
     pub max_prefixes: Option<u32>,
     /// Seconds before a session stopped by `max_prefixes` restarts; unset: it stays down.
     pub max_prefixes_restart: Option<u16>,
+    /// Graceful restart (RFC 4724) with this peer; on by default, as Calico's BIRD.
+    #[serde(default = "yes")]
+    pub graceful_restart: bool,
+    /// The restart time we announce, seconds (at most 4095); 120 when unset.
+    pub restart_time: Option<u16>,
+    /// How long the peer's routes stay stale after it is back, seconds; 360 when unset.
+    pub stale_time: Option<u16>,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// One route this node announces.
@@ -378,6 +389,12 @@ impl Config {
                 return Err(field(
                     "bgp.peers",
                     format!("peer {}: hold_time must be 0 or at least 3", p.address),
+                ));
+            }
+            if p.restart_time.is_some_and(|t| t > 4095) {
+                return Err(field(
+                    "bgp.peers",
+                    format!("peer {}: restart_time is at most 4095 seconds", p.address),
                 ));
             }
             if p.rr_client && self.bgp.cluster_id.is_none() {

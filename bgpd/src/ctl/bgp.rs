@@ -198,6 +198,7 @@ pub fn route_json(r: &pb::Route) -> serde_json::Value {
         "communities": r.communities,
         "from_peer": r.from_peer,
         "best": r.best,
+        "stale": r.stale,
     })
 }
 
@@ -299,10 +300,10 @@ pub async fn show(
                     route_json(r)["origin"].as_str().unwrap_or("").to_owned(),
                     r.local_pref.map(|l| l.to_string()).unwrap_or_default(),
                     r.med.map(|m| m.to_string()).unwrap_or_default(),
-                    if r.from_peer.is_empty() {
-                        "local".into()
-                    } else {
-                        r.from_peer.clone()
+                    match (r.from_peer.is_empty(), r.stale) {
+                        (true, _) => "local".into(),
+                        (false, false) => r.from_peer.clone(),
+                        (false, true) => format!("{} (stale)", r.from_peer),
                     },
                 ]);
             }

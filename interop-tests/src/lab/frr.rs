@@ -154,7 +154,19 @@ impl BgpPeer for Frr {
     }
 
     fn kill_and_restart(&mut self) {
+        self.kill();
+        self.relaunch();
+    }
+}
+
+impl Frr {
+    /// SIGKILL: no Cease, the connection just dies (a crash, as its peers see it).
+    pub fn kill(&mut self) {
         self.daemon.kill();
+    }
+
+    /// Start again with the same configuration, after [`Frr::kill`].
+    pub fn relaunch(&mut self) {
         if let Err(e) = self.launch() {
             panic!("{e}");
         }
