@@ -469,6 +469,19 @@ impl Bgp for BgpService {
         }))
     }
 
+    async fn refresh_peer(
+        &self,
+        request: Request<proto::v1::RefreshPeerRequest>,
+    ) -> Result<Response<proto::v1::RefreshPeerResponse>, Status> {
+        let req = request.into_inner();
+        let addr = peer_ref(&req.peer)?;
+        self.speaker
+            .refresh(addr, req.outbound)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(proto::v1::RefreshPeerResponse {}))
+    }
+
     type ListRoutesStream = RouteStream;
 
     async fn list_routes(

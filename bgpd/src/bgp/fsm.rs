@@ -116,6 +116,7 @@ impl FsmConfig {
         let mut caps = vec![
             Capability::Multiprotocol(Family::IPV4_UNICAST),
             Capability::RouteRefresh,
+            Capability::EnhancedRouteRefresh,
             Capability::FourOctetAs(self.local_as),
         ];
         if let Some(t) = self.graceful_restart {
@@ -193,6 +194,11 @@ pub enum Action {
     Deliver(UpdateDecode),
     /// A ROUTE-REFRESH request from the peer: resend the Adj-RIB-Out.
     Refresh,
+    /// The peer begins (BoRR) or ends (EoRR) re-advertising its routes (RFC 7313): at the end,
+    /// what it did not re-advertise is gone.
+    RefreshMarker {
+        begin: bool,
+    },
     /// Collision lost by the new connection: send it this Cease and close it.
     RejectColliding(Notification),
     /// Collision won by the new connection: it becomes current (the old one was closed by
@@ -211,6 +217,9 @@ pub struct Negotiated {
     pub keepalive: u16,
     /// The peer's restart time when both sides offered graceful restart for IPv4 unicast.
     pub peer_restart_time: Option<u16>,
+    /// Both sides offered enhanced route refresh (RFC 7313): refreshes are framed by
+    /// BoRR/EoRR.
+    pub enhanced_refresh: bool,
 }
 
 /// One peer's state machine.
@@ -424,9 +433,21 @@ impl Fsm {
                 self.restart_hold(out);
                 out.push(Action::Deliver(u));
             }
-            (State::Established, Decoded::RouteRefresh(_)) => {
+            (State::Established, Decoded::RouteRefresh(r)) => {
                 self.restart_hold(out);
-                out.push(Action::Refresh);
+                // Only the family we carry; unknown subtypes are ignored (RFC 7313 §5).
+                if r.family == Family::IPV4_UNICAST {
+                    match r.subtype {
+                        bgp_wire::RefreshSubtype::Normal => out.push(Action::Refresh),
+                        bgp_wire::RefreshSubtype::Begin => {
+                            out.push(Action::RefreshMarker { begin: true })
+                        }
+                        bgp_wire::RefreshSubtype::End => {
+                            out.push(Action::RefreshMarker { begin: false })
+                        }
+                        bgp_wire::RefreshSubtype::Other(_) => {}
+                    }
+                }
             }
             (_, Decoded::Notification(n)) => {
                 // Never answer a NOTIFICATION.
@@ -519,6 +540,10 @@ impl Fsm {
             hold_time: hold,
             keepalive,
             peer_restart_time,
+            enhanced_refresh: open
+                .capabilities
+                .iter()
+                .any(|c| matches!(c, Capability::EnhancedRouteRefresh)),
         })
     }
 

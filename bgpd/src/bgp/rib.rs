@@ -304,6 +304,14 @@ impl Rib {
         n
     }
 
+    /// The peer begins re-advertising its routes (enhanced route refresh BoRR): each is
+    /// stale until re-advertised; what still is at EoRR goes ([`Rib::sweep_stale`]).
+    pub fn begin_refresh(&mut self, id: PeerId) {
+        if let Some(st) = self.peers.get_mut(&id) {
+            st.stale = Some(st.adj_in.keys().copied().collect());
+        }
+    }
+
     /// Drop the peer's routes still stale (its End-of-RIB came, or its time ran out).
     pub fn sweep_stale(&mut self, id: PeerId) -> HashMap<PeerId, OutUpdate> {
         let Some(st) = self.peers.get_mut(&id) else {

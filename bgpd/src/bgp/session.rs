@@ -47,6 +47,11 @@ pub enum ToSession {
     Shutdown,
     /// The initial routes of the `epoch`th Established period are all sent: End-of-RIB.
     EndOfRib { epoch: u64 },
+    /// The whole Adj-RIB-Out again, for the peer's ROUTE-REFRESH (framed by BoRR/EoRR when
+    /// enhanced route refresh was negotiated).
+    Refresh { epoch: u64, update: OutUpdate },
+    /// Ask the peer to send its routes again (ROUTE-REFRESH).
+    RequestRefresh,
 }
 
 /// What a session tells the speaker.
@@ -77,6 +82,8 @@ pub enum FromSession {
     },
     /// The peer's End-of-RIB for IPv4 unicast.
     EndOfRib { id: PeerId, epoch: u64 },
+    /// The peer begins or ends an enhanced route refresh (RFC 7313).
+    RefreshMarker { id: PeerId, epoch: u64, begin: bool },
     Update {
         id: PeerId,
         epoch: u64,
@@ -205,6 +212,18 @@ impl Session {
                     Some(ToSession::Shutdown) => {
                         self.feed(Event::Shutdown).await;
                         return;
+                    }
+                    Some(ToSession::Refresh { epoch, update }) => {
+                        self.refresh(epoch, update).await;
+                    }
+                    Some(ToSession::RequestRefresh) => {
+                        if self.fsm.state() == State::Established {
+                            let r = bgp_wire::RouteRefresh::new(
+                                bgp_wire::Family::IPV4_UNICAST,
+                                bgp_wire::RefreshSubtype::Normal,
+                            );
+                            self.send(&Message::RouteRefresh(r)).await;
+                        }
                     }
                     Some(ToSession::EndOfRib { epoch }) => {
                         if self.fsm.state() == State::Established
@@ -465,6 +484,16 @@ impl Session {
                     })
                     .await;
             }
+            Action::RefreshMarker { begin } => {
+                let _ = self
+                    .to_speaker
+                    .send(FromSession::RefreshMarker {
+                        id: self.id,
+                        epoch: self.epoch,
+                        begin,
+                    })
+                    .await;
+            }
             Action::Refresh => {
                 let _ = self
                     .to_speaker
@@ -500,6 +529,28 @@ impl Session {
 
     fn feed_boxed(&mut self, e: Event) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send + '_>> {
         Box::pin(self.feed(e))
+    }
+
+    /// Answer a ROUTE-REFRESH: the routes, between BoRR and EoRR when enhanced route refresh
+    /// was negotiated (RFC 7313 §4).
+    async fn refresh(&mut self, epoch: u64, update: OutUpdate) {
+        if self.fsm.state() != State::Established || epoch != self.epoch {
+            return;
+        }
+        let enhanced = self.fsm.negotiated().is_some_and(|n| n.enhanced_refresh);
+        let marker = |subtype| {
+            Message::RouteRefresh(bgp_wire::RouteRefresh::new(
+                bgp_wire::Family::IPV4_UNICAST,
+                subtype,
+            ))
+        };
+        if enhanced {
+            self.send(&marker(bgp_wire::RefreshSubtype::Begin)).await;
+        }
+        self.routes(epoch, update).await;
+        if enhanced {
+            self.send(&marker(bgp_wire::RefreshSubtype::End)).await;
+        }
     }
 
     async fn routes(&mut self, epoch: u64, update: OutUpdate) {

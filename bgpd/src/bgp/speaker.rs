@@ -224,6 +224,12 @@ enum Command {
     RestartAfterLimit(Ipv4Addr, PeerId),
     /// A graceful-restart timer of a peer ran out (restart time or stale-path time).
     GrExpired(Ipv4Addr, PeerId, u64),
+    /// Ask a peer to send its routes again.
+    RequestRefresh {
+        addr: Ipv4Addr,
+        outbound: bool,
+        reply: oneshot::Sender<Result<(), SpeakerError>>,
+    },
     /// bgpd is stopping: close every session (without NOTIFICATION where graceful restart
     /// is on, so that peers keep our routes until we are back).
     Shutdown(oneshot::Sender<()>),
@@ -286,6 +292,17 @@ impl SpeakerHandle {
     ) -> Result<(), SpeakerError> {
         self.ask(|r| Command::SetPolicy(policy, cluster_id, r))
             .await
+    }
+
+    /// Ask a peer to send its routes again (ROUTE-REFRESH; with enhanced route refresh,
+    /// routes it does not re-advertise are removed), or with `outbound` send it ours again.
+    pub async fn refresh(&self, addr: Ipv4Addr, outbound: bool) -> Result<(), SpeakerError> {
+        self.ask(|reply| Command::RequestRefresh {
+            addr,
+            outbound,
+            reply,
+        })
+        .await?
     }
 
     /// Close every session for bgpd's exit (gracefully where graceful restart is on).
@@ -474,6 +491,27 @@ impl Speaker {
                         Ok(())
                     }
                     None => Err(SpeakerError::NotAnnounced(prefix)),
+                };
+                let _ = reply.send(r);
+            }
+            Command::RequestRefresh {
+                addr,
+                outbound,
+                reply,
+            } => {
+                let r = match self.peers.get(&addr) {
+                    Some(p) if outbound => {
+                        if let Some(epoch) = p.epoch {
+                            let update = self.rib.refresh(p.id);
+                            let _ = p.tx.send(ToSession::Refresh { epoch, update });
+                        }
+                        Ok(())
+                    }
+                    Some(p) => {
+                        let _ = p.tx.send(ToSession::RequestRefresh);
+                        Ok(())
+                    }
+                    None => Err(SpeakerError::NoPeer(addr.to_string())),
                 };
                 let _ = reply.send(r);
             }
@@ -949,6 +987,19 @@ impl Speaker {
                     }
                 }
             }
+            FromSession::RefreshMarker { id, epoch, begin } => {
+                let Some(p) = self.entry(id) else { return };
+                if p.epoch != Some(epoch) {
+                    return;
+                }
+                if begin {
+                    // What the peer does not re-advertise before EoRR is gone (RFC 7313 §4).
+                    self.rib.begin_refresh(id);
+                } else if self.rib.has_stale(id) {
+                    let out = self.rib.sweep_stale(id);
+                    self.distribute(out);
+                }
+            }
             FromSession::EndOfRib { id, epoch } => {
                 let Some(p) = self.entry(id) else { return };
                 if p.epoch != Some(epoch) {
@@ -998,7 +1049,7 @@ impl Speaker {
                 };
                 if p.epoch == Some(epoch) {
                     let update = self.rib.refresh(id);
-                    let _ = p.tx.send(ToSession::Routes { epoch, update });
+                    let _ = p.tx.send(ToSession::Refresh { epoch, update });
                 }
             }
         }

@@ -106,6 +106,13 @@ pub enum PeerCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Route refresh without a reset: ask the peer to send its routes again, or with
+    /// `--out` send it ours again.
+    Refresh {
+        peer: String,
+        #[arg(long)]
+        out: bool,
+    },
     /// Delete a peer (by address or name); its routes are withdrawn.
     Del {
         peer: String,
@@ -537,6 +544,25 @@ pub async fn peer(
                     p.name, p.peer_address, p.as_number
                 ))
             }
+        }
+        PeerCommand::Refresh {
+            peer,
+            out: outbound,
+        } => {
+            client
+                .refresh_peer(pb::RefreshPeerRequest {
+                    peer: peer.clone(),
+                    outbound,
+                })
+                .await?;
+            out.line(&format!(
+                "{} {peer}",
+                if outbound {
+                    "routes sent again to"
+                } else {
+                    "route refresh requested from"
+                }
+            ))
         }
         PeerCommand::Del { peer, json } => {
             client

@@ -526,3 +526,45 @@ fn shutdown_for_a_restart_sends_no_notification() {
         Some((bgp_wire::CEASE, cease::ADMIN_SHUTDOWN))
     );
 }
+
+#[test]
+fn enhanced_route_refresh_is_offered_and_its_markers_reach_the_rib() {
+    assert!(
+        cfg()
+            .open()
+            .capabilities
+            .contains(&Capability::EnhancedRouteRefresh)
+    );
+    let mut theirs = peer_open(9);
+    theirs.capabilities.push(Capability::EnhancedRouteRefresh);
+    let mut f = Fsm::new(cfg());
+    f.handle(Event::Start);
+    f.handle(Event::Connected);
+    f.handle(Event::Message(Decoded::Open(theirs)));
+    f.handle(Event::Message(Decoded::Keepalive));
+    assert!(f.negotiated().unwrap().enhanced_refresh);
+    let rr = |subtype| {
+        Event::Message(Decoded::RouteRefresh(RouteRefresh::new(
+            Family::IPV4_UNICAST,
+            subtype,
+        )))
+    };
+    assert!(
+        f.handle(rr(RefreshSubtype::Begin))
+            .contains(&Action::RefreshMarker { begin: true })
+    );
+    assert!(
+        f.handle(rr(RefreshSubtype::End))
+            .contains(&Action::RefreshMarker { begin: false })
+    );
+    // Unknown subtypes and other families are ignored (RFC 7313 §5).
+    let a = f.handle(rr(RefreshSubtype::Other(9)));
+    assert!(
+        !a.iter()
+            .any(|a| matches!(a, Action::Refresh | Action::RefreshMarker { .. }))
+    );
+    assert_eq!(f.state(), State::Established);
+    // Without the peer's capability, no framing.
+    let (f, _) = established(cfg(), 9);
+    assert!(!f.negotiated().unwrap().enhanced_refresh);
+}

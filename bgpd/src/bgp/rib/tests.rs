@@ -614,3 +614,21 @@ fn graceful_restart_keeps_routes_stale_until_refreshed_or_swept() {
     r.peer_down(PeerId(2));
     assert_eq!(r.loc_len(), 0);
 }
+
+#[test]
+fn an_enhanced_refresh_drops_what_the_peer_did_not_readvertise() {
+    let mut r = rib();
+    r.peer_up(peer(2, 64512));
+    let a = attrs(&[], Some(100));
+    r.update(
+        PeerId(2),
+        Some(a.clone()),
+        &[pfx("10.1.0.0/24"), pfx("10.2.0.0/24")],
+        &[],
+    );
+    r.begin_refresh(PeerId(2));
+    r.update(PeerId(2), Some(a), &[pfx("10.1.0.0/24")], &[]);
+    let _ = r.sweep_stale(PeerId(2));
+    assert_eq!(best_from(&r, "10.1.0.0/24"), Some(Source::Peer(PeerId(2))));
+    assert_eq!(best_from(&r, "10.2.0.0/24"), None);
+}
