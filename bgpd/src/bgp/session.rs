@@ -11,6 +11,14 @@
 //! back-pressure on the peer); speaker → session is unbounded because the speaker must never
 //! wait on one session (two tasks waiting on each other's full queues would deadlock), and
 //! what it queues is bounded by the Adj-RIB-Out it diffs against.
+//!
+//! **Writes never block the task.** Encoded messages go to a write queue that the task's
+//! loop drains whenever the socket is writable, next to reading, timers and commands; a
+//! peer that stops reading cannot freeze our hold timer or FSM. The queue is bounded: above
+//! [`OUT_HIGH_WATER`] the task stops taking Adj-RIB-Out changes from the speaker (they wait
+//! in the channel) until the peer catches up. A peer that takes nothing for the hold time
+//! while we have something to send is treated like an expired hold timer (NOTIFICATION
+//! attempted, connection closed).
 
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -33,6 +41,12 @@ use super::sockopt::Transport;
 const RX_BUF: usize = 2 * bgp_wire::MAX_EXTENDED_MESSAGE_LEN;
 /// How long a colliding connection gets to send its OPEN.
 const COLLISION_OPEN_WAIT: Duration = Duration::from_secs(10);
+/// Queued output above which the task takes no more route changes from the speaker.
+pub const OUT_HIGH_WATER: usize = 8 << 20;
+/// How long closing a connection may wait for queued messages (a final NOTIFICATION) to go.
+const FLUSH_ON_CLOSE: Duration = Duration::from_secs(1);
+/// Write-stall limit when no hold time applies (hold time 0 negotiated).
+const DEFAULT_STALL: Duration = Duration::from_secs(240);
 
 /// What the speaker tells a session.
 #[derive(Debug)]
@@ -110,6 +124,11 @@ pub struct Session {
     inbound: bool,
     rx: Vec<u8>,
     filled: usize,
+    /// The write queue: bytes not yet taken by the socket start at `out_at`.
+    out: Vec<u8>,
+    out_at: usize,
+    /// When the socket last took bytes (or the queue became non-empty).
+    out_progress: Instant,
     params: SessionParams,
     timers: HashMap<Timer, Instant>,
     connecting: bool,
@@ -139,6 +158,9 @@ impl Session {
             inbound: false,
             rx: vec![0; RX_BUF],
             filled: 0,
+            out: Vec::new(),
+            out_at: 0,
+            out_progress: Instant::now(),
             params: SessionParams::default(),
             timers: HashMap::new(),
             connecting: false,
@@ -196,11 +218,21 @@ impl Session {
                 connect = None;
             }
             let deadline = self.timers.values().min().copied();
-            let stream = self.stream.as_mut();
+            let stall = self.stall_deadline();
+            // Above the high-water mark, route changes wait in the channel.
+            let take_commands = self.queued() < OUT_HIGH_WATER;
+            let (reader, writer) = match self.stream.as_mut() {
+                Some(s) => {
+                    let (r, w) = s.split();
+                    (Some(r), Some(w))
+                }
+                None => (None, None),
+            };
             let filled = self.filled;
             let rx = &mut self.rx;
+            let pending = self.out.get(self.out_at..).unwrap_or_default();
             tokio::select! {
-                cmd = commands.recv() => match cmd {
+                cmd = commands.recv(), if take_commands => match cmd {
                     None => {
                         self.stop(cease::PEER_DECONFIGURED, "speaker stopped").await;
                         return;
@@ -222,7 +254,7 @@ impl Session {
                                 bgp_wire::Family::IPV4_UNICAST,
                                 bgp_wire::RefreshSubtype::Normal,
                             );
-                            self.send(&Message::RouteRefresh(r)).await;
+                            self.send(&Message::RouteRefresh(r));
                         }
                     }
                     Some(ToSession::EndOfRib { epoch }) => {
@@ -230,7 +262,7 @@ impl Session {
                             && epoch == self.epoch
                             && let Some(u) = bgp_wire::Update::end_of_rib(bgp_wire::Family::IPV4_UNICAST)
                         {
-                            self.send(&Message::Update(u)).await;
+                            self.send(&Message::Update(u));
                         }
                     }
                     Some(ToSession::Routes { epoch, update }) => self.routes(epoch, update).await,
@@ -258,13 +290,13 @@ impl Session {
                     }
                 }
                 n = async {
-                    match stream {
-                        Some(s) => s.read(rx.get_mut(filled..).unwrap_or_default()).await,
+                    match reader {
+                        Some(mut s) => s.read(rx.get_mut(filled..).unwrap_or_default()).await,
                         None => std::future::pending().await,
                     }
                 } => match n {
                     Ok(0) | Err(_) => {
-                        self.stream = None;
+                        self.drop_connection();
                         self.feed(Event::ConnectionClosed).await;
                     }
                     Ok(n) => {
@@ -272,6 +304,35 @@ impl Session {
                         self.drain_messages().await;
                     }
                 },
+                w = async {
+                    match writer {
+                        Some(mut s) if !pending.is_empty() => s.write(pending).await,
+                        _ => std::future::pending().await,
+                    }
+                } => match w {
+                    Ok(n) if n > 0 => self.wrote(n),
+                    _ => {
+                        tracing::debug!(peer = %self.remote, "write failed");
+                        self.drop_connection();
+                        self.feed(Event::ConnectionClosed).await;
+                    }
+                },
+                _ = async {
+                    match stall {
+                        Some(d) => tokio::time::sleep_until(d).await,
+                        None => std::future::pending().await,
+                    }
+                } => {
+                    tracing::warn!(peer = %self.remote, queued = self.queued(), "the peer has taken none of our messages for the hold time; closing");
+                    // Treated as an expired hold timer: NOTIFICATION (if it still fits), close.
+                    self.timers.remove(&Timer::Hold);
+                    self.feed(Event::TimerExpired(Timer::Hold)).await;
+                    // Whatever the FSM did, this connection is done.
+                    if self.stream.is_some() {
+                        self.drop_connection();
+                        self.feed(Event::ConnectionClosed).await;
+                    }
+                }
                 Some(c) = self.colliding_rx.recv() => self.collision(c).await,
                 _ = async {
                     match deadline {
@@ -290,9 +351,56 @@ impl Session {
         }
     }
 
+    /// Bytes queued for the socket.
+    fn queued(&self) -> usize {
+        self.out.len().saturating_sub(self.out_at)
+    }
+
+    /// The socket took `n` queued bytes.
+    fn wrote(&mut self, n: usize) {
+        self.out_at = self.out_at.saturating_add(n).min(self.out.len());
+        self.out_progress = Instant::now();
+        if self.out_at == self.out.len() {
+            self.out.clear();
+            self.out_at = 0;
+        } else if self.out_at > self.out.len() / 2 && self.out_at > 64 * 1024 {
+            // Reclaim the written front now and then, not on every write.
+            self.out.drain(..self.out_at);
+            self.out_at = 0;
+        }
+    }
+
+    /// When a stalled write queue ends the connection: the hold time after the socket last
+    /// took anything, while something waits.
+    fn stall_deadline(&self) -> Option<Instant> {
+        if self.stream.is_none() || self.queued() == 0 {
+            return None;
+        }
+        let hold = self
+            .fsm
+            .negotiated()
+            .map_or(self.fsm.config().hold_time, |n| n.hold_time);
+        let limit = if hold == 0 {
+            DEFAULT_STALL
+        } else {
+            Duration::from_secs(u64::from(hold))
+        };
+        Some(self.out_progress + limit)
+    }
+
+    /// Forget the connection and whatever was queued for it.
+    fn drop_connection(&mut self) {
+        self.stream = None;
+        self.out.clear();
+        self.out_at = 0;
+        self.filled = 0;
+    }
+
     fn adopt(&mut self, s: TcpStream, inbound: bool, rest: Vec<u8>) {
         self.stream = Some(s);
         self.inbound = inbound;
+        self.out.clear();
+        self.out_at = 0;
         self.filled = 0;
         self.params = SessionParams::default();
         if let Some(dst) = self.rx.get_mut(..rest.len()) {
@@ -418,13 +526,20 @@ impl Session {
                 self.connecting = true;
                 self.attempt = self.attempt.wrapping_add(1);
             }
-            Action::Send(m) => self.send(&m).await,
+            Action::Send(m) => self.send(&m),
             Action::Disconnect => {
                 self.connecting = false;
                 if let Some(mut s) = self.stream.take() {
-                    let _ = s.shutdown().await;
+                    // What was sent goes first (a NOTIFICATION above all), for a bounded time:
+                    // a peer that does not read must not hold the task.
+                    let rest = self.out.get(self.out_at..).unwrap_or_default();
+                    let _ = tokio::time::timeout(FLUSH_ON_CLOSE, async {
+                        s.write_all(rest).await?;
+                        s.shutdown().await
+                    })
+                    .await;
                 }
-                self.filled = 0;
+                self.drop_connection();
             }
             Action::StartTimer(t, d) => {
                 self.timers.insert(t, Instant::now() + d);
@@ -508,27 +623,24 @@ impl Session {
         }
     }
 
-    async fn send(&mut self, m: &Message) {
+    fn send(&mut self, m: &Message) {
         let mut out = Vec::new();
         if let Err(e) = m.encode(&self.params, &mut out) {
             tracing::error!(peer = %self.remote, error = %e, "cannot encode a message");
             return;
         }
-        self.write(&out).await;
+        self.write(&out);
     }
 
-    async fn write(&mut self, bytes: &[u8]) {
-        if let Some(s) = self.stream.as_mut()
-            && let Err(e) = s.write_all(bytes).await
-        {
-            tracing::debug!(peer = %self.remote, error = %e, "write failed");
-            self.stream = None;
-            self.feed_boxed(Event::ConnectionClosed).await;
+    /// Queue bytes for the peer; the task's loop writes them as the socket takes them.
+    fn write(&mut self, bytes: &[u8]) {
+        if self.stream.is_none() {
+            return;
         }
-    }
-
-    fn feed_boxed(&mut self, e: Event) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send + '_>> {
-        Box::pin(self.feed(e))
+        if self.queued() == 0 {
+            self.out_progress = Instant::now();
+        }
+        self.out.extend_from_slice(bytes);
     }
 
     /// Answer a ROUTE-REFRESH: the routes, between BoRR and EoRR when enhanced route refresh
@@ -545,11 +657,11 @@ impl Session {
             ))
         };
         if enhanced {
-            self.send(&marker(bgp_wire::RefreshSubtype::Begin)).await;
+            self.send(&marker(bgp_wire::RefreshSubtype::Begin));
         }
         self.routes(epoch, update).await;
         if enhanced {
-            self.send(&marker(bgp_wire::RefreshSubtype::End)).await;
+            self.send(&marker(bgp_wire::RefreshSubtype::End));
         }
     }
 
@@ -578,7 +690,7 @@ impl Session {
             }
         }
         if !out.is_empty() {
-            self.write(&out).await;
+            self.write(&out);
         }
     }
 
@@ -635,3 +747,6 @@ async fn read_open(mut s: TcpStream) -> Option<Colliding> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -15,7 +15,8 @@
 //! **Boundaries.** The only owner of the RIB: nothing else reads or writes it, so nothing
 //! locks. Never awaits a session (sends to sessions cannot block).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
+use std::hash::BuildHasherDefault;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::time::SystemTime;
 
@@ -30,7 +31,7 @@ use proto::v1 as pb;
 
 use super::fsm::{Fsm, FsmConfig, State};
 use super::policy::{KernelVia, PeerClass, Policy};
-use super::rib::{OutUpdate, PeerId, PeerInfo, Rib, Route, Source};
+use super::rib::{OutUpdate, PeerId, PeerInfo, PrefixHasher, Rib, Route, Source};
 use super::session::{FromSession, Session, ToSession};
 use super::sockopt::{self, Transport};
 
@@ -376,6 +377,8 @@ struct Speaker {
     listener_fd: Option<std::os::fd::OwnedFd>,
     self_tx: mpsc::Sender<Command>,
     from_sessions: mpsc::Sender<FromSession>,
+    /// Prefixes the kernel sink holds a route for (told to it, not withdrawn since).
+    in_kernel: HashSet<Ipv4Prefix, BuildHasherDefault<PrefixHasher>>,
 }
 
 /// Start the speaker task; peers and announcements are added through the handle.
@@ -396,6 +399,7 @@ pub fn start(config: SpeakerConfig) -> SpeakerHandle {
         listener_fd: None,
         self_tx: tx.clone(),
         from_sessions: stx,
+        in_kernel: HashSet::default(),
     };
     tokio::spawn(speaker.run(rx, srx));
     SpeakerHandle { tx }
@@ -851,14 +855,33 @@ impl Speaker {
         if prefixes.is_empty() && !replace {
             return;
         }
-        let changes = prefixes
+        let items: Vec<(Ipv4Prefix, Option<pb::DesiredItem>)> = prefixes
             .into_iter()
-            .filter_map(|p| {
-                let net = Ipv4Net::new(p.addr(), p.prefix_len()).ok()?;
-                Some((IpNet::V4(net), self.kernel_item(&p)))
-            })
-            .filter(|(_, item)| !replace || item.is_some())
+            .map(|p| (p, self.kernel_item(&p)))
             .collect();
+        if replace {
+            self.in_kernel.clear();
+        }
+        // Only prefixes that have, or had, a kernel route are the sink's business: a best
+        // route that changed but is not programmed (policy) costs the sink nothing.
+        let mut changes = Vec::with_capacity(items.len());
+        for (p, item) in items {
+            let was = if item.is_some() {
+                !self.in_kernel.insert(p)
+            } else {
+                self.in_kernel.remove(&p)
+            };
+            if item.is_none() && (replace || !was) {
+                continue;
+            }
+            let Ok(net) = Ipv4Net::new(p.addr(), p.prefix_len()) else {
+                continue;
+            };
+            changes.push((IpNet::V4(net), item));
+        }
+        if changes.is_empty() && !replace {
+            return;
+        }
         sink.bgp_routes(changes, replace);
     }
 

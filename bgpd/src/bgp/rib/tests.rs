@@ -399,6 +399,16 @@ fn tables_stay_consistent_under_random_churn() {
     for route in r.loc_rib() {
         assert!(r.decide(&route.prefix).is_some());
     }
+    // The accepted counts kept up to date on the way equal a recount.
+    for p in peers {
+        let st = &r.peers[&p.id];
+        let n = st
+            .adj_in
+            .iter()
+            .filter(|(x, a)| r.eligible(&st.info, x, a))
+            .count() as u64;
+        assert_eq!(r.counts(p.id).1, n, "accepted of {:?}", p.id);
+    }
 }
 
 fn cluster_peer(n: u8, client: bool) -> PeerInfo {
