@@ -240,6 +240,9 @@ fn peer_status(p: &PeerStatus) -> proto::v1::PeerStatus {
         prefixes_advertised: p.advertised,
         last_error: p.last_error.clone().unwrap_or_default(),
         info,
+        malformed_treat_as_withdraw: p.malformed.treat_as_withdraw,
+        malformed_attribute_discard: p.malformed.attribute_discard,
+        malformed_session_reset: p.malformed.session_reset,
     }
 }
 

@@ -96,6 +96,8 @@ pub enum FromSession {
     },
     /// The peer's End-of-RIB for IPv4 unicast.
     EndOfRib { id: PeerId, epoch: u64 },
+    /// A message from the peer was malformed beyond repair: the session is reset.
+    MalformedReset { id: PeerId },
     /// The peer begins or ends an enhanced route refresh (RFC 7313).
     RefreshMarker { id: PeerId, epoch: u64, begin: bool },
     Update {
@@ -425,6 +427,10 @@ impl Session {
                         Ok(d) => Event::Message(d),
                         Err(e) => {
                             tracing::warn!(peer = %self.remote, error = %e, "bad message");
+                            let _ = self
+                                .to_speaker
+                                .send(FromSession::MalformedReset { id: self.id })
+                                .await;
                             Event::DecodeError(e)
                         }
                     };
@@ -434,6 +440,10 @@ impl Session {
                 Split::Incomplete(_) => break,
                 Split::Error(e) => {
                     tracing::warn!(peer = %self.remote, error = %e, "bad message header");
+                    let _ = self
+                        .to_speaker
+                        .send(FromSession::MalformedReset { id: self.id })
+                        .await;
                     self.feed(Event::DecodeError(e)).await;
                     self.filled = 0;
                     return;

@@ -174,6 +174,18 @@ pub struct PeerStatus {
     pub received: u64,
     pub accepted: u64,
     pub advertised: u64,
+    pub malformed: Malformed,
+}
+
+/// Malformed UPDATEs from a peer by RFC 7606 disposition, since the peer was added.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Malformed {
+    /// UPDATEs whose routes were treated as withdrawn.
+    pub treat_as_withdraw: u64,
+    /// Attributes discarded while the rest of their UPDATE stood.
+    pub attribute_discard: u64,
+    /// Messages that ended the session with a NOTIFICATION.
+    pub session_reset: u64,
 }
 
 /// Which table to list.
@@ -363,6 +375,7 @@ struct PeerEntry {
     limit_warned: bool,
     /// Bumped by every event that makes a pending graceful-restart timer moot.
     gr_token: u64,
+    malformed: Malformed,
 }
 
 struct Speaker {
@@ -453,6 +466,7 @@ impl Speaker {
                             received,
                             accepted,
                             advertised,
+                            malformed: p.malformed,
                         }
                     })
                     .collect();
@@ -713,6 +727,7 @@ impl Speaker {
                 limit_hit: false,
                 limit_warned: false,
                 gr_token: 0,
+                malformed: Malformed::default(),
             },
         );
         Ok(())
@@ -1023,6 +1038,11 @@ impl Speaker {
                     self.distribute(out);
                 }
             }
+            FromSession::MalformedReset { id } => {
+                if let Some(p) = self.entry(id) {
+                    p.malformed.session_reset = p.malformed.session_reset.saturating_add(1);
+                }
+            }
             FromSession::EndOfRib { id, epoch } => {
                 let Some(p) = self.entry(id) else { return };
                 if p.epoch != Some(epoch) {
@@ -1047,7 +1067,15 @@ impl Speaker {
                 let mut withdrawn: Vec<Ipv4Prefix> = u.withdrawn_routes().filter_map(v4).collect();
                 let mut announced: Vec<Ipv4Prefix> = u.announced().filter_map(v4).collect();
                 let mut attrs = Some(u.attributes);
+                p.malformed.attribute_discard = p
+                    .malformed
+                    .attribute_discard
+                    .saturating_add(update.discarded.len() as u64);
+                if !update.discarded.is_empty() {
+                    tracing::info!(peer = %p.spec.address, discarded = ?update.discarded, "attributes discarded (RFC 7606)");
+                }
                 if let Disposition::TreatAsWithdraw(problems) = &update.disposition {
+                    p.malformed.treat_as_withdraw = p.malformed.treat_as_withdraw.saturating_add(1);
                     tracing::warn!(peer = %p.spec.address, ?problems, "UPDATE treated as withdraw (RFC 7606)");
                     withdrawn.append(&mut announced);
                     attrs = None;

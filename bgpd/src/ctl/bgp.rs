@@ -186,6 +186,11 @@ pub fn peer_json(p: &pb::PeerStatus) -> serde_json::Value {
         "prefixes_received": p.prefixes_received,
         "prefixes_accepted": p.prefixes_accepted,
         "prefixes_advertised": p.prefixes_advertised,
+        "malformed": {
+            "treat_as_withdraw": p.malformed_treat_as_withdraw,
+            "attribute_discard": p.malformed_attribute_discard,
+            "session_reset": p.malformed_session_reset,
+        },
     })
 }
 
@@ -238,6 +243,20 @@ pub async fn show(
                 } else {
                     p.info.clone()
                 };
+                let mut info = info;
+                let bad = [
+                    (p.malformed_treat_as_withdraw, "treated as withdraw"),
+                    (p.malformed_attribute_discard, "attributes discarded"),
+                    (p.malformed_session_reset, "resets"),
+                ];
+                if bad.iter().any(|(n, _)| *n > 0) {
+                    let parts: Vec<String> = bad
+                        .iter()
+                        .filter(|(n, _)| *n > 0)
+                        .map(|(n, what)| format!("{n} {what}"))
+                        .collect();
+                    info.push_str(&format!(" [malformed: {}]", parts.join(", ")));
+                }
                 t.row(vec![
                     peer.name,
                     "BGP".into(),
