@@ -25,6 +25,10 @@ pub struct PeerRow {
     pub accepted: u64,
     pub advertised: u64,
     pub last_error: Option<String>,
+    /// Malformed UPDATEs by RFC 7606 disposition.
+    pub malformed_treat_as_withdraw: u64,
+    pub malformed_attribute_discard: u64,
+    pub malformed_session_reset: u64,
 }
 
 impl PeerRow {
@@ -39,6 +43,9 @@ impl PeerRow {
             accepted: p.accepted,
             advertised: p.advertised,
             last_error: p.last_error.clone(),
+            malformed_treat_as_withdraw: p.malformed.treat_as_withdraw,
+            malformed_attribute_discard: p.malformed.attribute_discard,
+            malformed_session_reset: p.malformed.session_reset,
         }
     }
 }
@@ -162,6 +169,9 @@ mod tests {
             accepted: 0,
             advertised: 0,
             last_error: error.map(Into::into),
+            malformed_treat_as_withdraw: 0,
+            malformed_attribute_discard: 0,
+            malformed_session_reset: 0,
         }
     }
 

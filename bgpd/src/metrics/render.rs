@@ -129,7 +129,7 @@ fn bgp(e: &mut Exposition, peers: &Result<Vec<PeerRow>, String>) {
             );
         }
     }
-    let per_peer: [Column<PeerRow, u64>; 3] = [
+    let per_peer: [Column<PeerRow, u64>; 6] = [
         (
             "bgp_prefixes_received",
             "Prefixes the peer sent us (Adj-RIB-In).",
@@ -144,6 +144,21 @@ fn bgp(e: &mut Exposition, peers: &Result<Vec<PeerRow>, String>) {
             "bgp_prefixes_advertised",
             "Prefixes we advertise to the peer (Adj-RIB-Out).",
             |p| p.advertised,
+        ),
+        (
+            "bgp_malformed_treat_as_withdraw_total",
+            "UPDATEs from the peer treated as withdraw (RFC 7606).",
+            |p| p.malformed_treat_as_withdraw,
+        ),
+        (
+            "bgp_malformed_attribute_discard_total",
+            "Attributes from the peer discarded (RFC 7606).",
+            |p| p.malformed_attribute_discard,
+        ),
+        (
+            "bgp_malformed_session_reset_total",
+            "Messages from the peer that reset the session.",
+            |p| p.malformed_session_reset,
         ),
     ];
     for (name, help, value) in per_peer {
@@ -237,6 +252,9 @@ mod tests {
             accepted: received / 2,
             advertised: 3,
             last_error: None,
+            malformed_treat_as_withdraw: 0,
+            malformed_attribute_discard: 0,
+            malformed_session_reset: 0,
         }
     }
 
