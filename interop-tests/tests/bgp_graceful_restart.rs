@@ -13,7 +13,7 @@ use interop_tests::lab::bgp_peer::{
     BGPD_ADDR, BgpPeer, Bgpd, LOCAL_AS, Link, PEER_ADDR, wait_until,
 };
 use interop_tests::lab::bird::{Bird, BirdVersion};
-use interop_tests::lab::frr::Frr;
+use interop_tests::lab::frr::{Frr, one_neighbor_conf};
 use interop_tests::lab::netns::Netns;
 
 const PEER_AS: u32 = 65000;
@@ -115,17 +115,15 @@ fn bird2_keeps_our_routes_across_a_bgpd_restart() {
 }
 
 fn frr_conf(restarting: bool) -> String {
-    format!(
-        "frr defaults traditional\nhostname peer\nrouter bgp {PEER_AS}\n bgp router-id {PEER_ADDR}\n\
-         no bgp ebgp-requires-policy\n no bgp network import-check\n{}\
-         neighbor {BGPD_ADDR} remote-as {LOCAL_AS}\n neighbor {BGPD_ADDR} timers connect 2\n\
-         address-family ipv4 unicast\n  network 10.30.1.0/24\n exit-address-family\n",
-        if restarting {
-            " bgp graceful-restart\n bgp graceful-restart preserve-fw-state\n"
-        } else {
-            ""
-        }
-    )
+    let gr: &[&str] = if restarting {
+        &[
+            "bgp graceful-restart",
+            "bgp graceful-restart preserve-fw-state",
+        ]
+    } else {
+        &[]
+    };
+    one_neighbor_conf(PEER_AS, gr, &[], &["10.30.1.0/24"])
 }
 
 #[test]

@@ -8,23 +8,16 @@ use std::time::{Duration, Instant};
 use interop_tests::lab::bgp_peer::{
     BGPD_ADDR, BgpPeer, Bgpd, LOCAL_AS, Link, PEER_ADDR, wait_until,
 };
-use interop_tests::lab::frr::Frr;
+use interop_tests::lab::frr::{Frr, one_neighbor_conf};
 
 const PEER_AS: u32 = 65000;
 
 #[test]
 fn a_peer_above_its_prefix_limit_is_stopped_with_the_right_cease() {
     let link = Link::new("maxp");
-    let mut conf = format!(
-        "frr defaults traditional\nhostname peer\nrouter bgp {PEER_AS}\n bgp router-id {PEER_ADDR}\n\
-         no bgp ebgp-requires-policy\n no bgp network import-check\n\
-         neighbor {BGPD_ADDR} remote-as {LOCAL_AS}\n neighbor {BGPD_ADDR} timers connect 2\n\
-         address-family ipv4 unicast\n"
-    );
-    for i in 1..=6 {
-        conf.push_str(&format!("  network 10.40.{i}.0/24\n"));
-    }
-    conf.push_str(" exit-address-family\n");
+    let networks: Vec<String> = (1..=6).map(|i| format!("10.40.{i}.0/24")).collect();
+    let networks: Vec<&str> = networks.iter().map(String::as_str).collect();
+    let conf = one_neighbor_conf(PEER_AS, &[], &[], &networks);
     let frr = Frr::start_with_config(&link.b, PEER_AS, &conf).unwrap_or_else(|e| panic!("{e}"));
     let b = Bgpd::start_with(
         &link.a,

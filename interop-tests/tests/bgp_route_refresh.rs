@@ -10,7 +10,7 @@ use interop_tests::lab::bgp_peer::{
     BGPD_ADDR, BgpPeer, Bgpd, LOCAL_AS, Link, PEER_ADDR, wait_until,
 };
 use interop_tests::lab::bgpd::bgpctl;
-use interop_tests::lab::frr::Frr;
+use interop_tests::lab::frr::{Frr, one_neighbor_conf};
 
 const PEER_AS: u32 = 65000;
 const OURS: &str = "10.10.1.0/24";
@@ -25,12 +25,7 @@ fn stat(frr: &Frr, key: &str) -> u64 {
 #[test]
 fn enhanced_route_refresh_both_ways_with_frr() {
     let link = Link::new("rref");
-    let conf = format!(
-        "frr defaults traditional\nhostname peer\nrouter bgp {PEER_AS}\n bgp router-id {PEER_ADDR}\n\
-         no bgp ebgp-requires-policy\n no bgp network import-check\n\
-         neighbor {BGPD_ADDR} remote-as {LOCAL_AS}\n neighbor {BGPD_ADDR} timers connect 2\n\
-         address-family ipv4 unicast\n  network {THEIRS}\n exit-address-family\n"
-    );
+    let conf = one_neighbor_conf(PEER_AS, &[], &[], &[THEIRS]);
     let frr = Frr::start_with_config(&link.b, PEER_AS, &conf).unwrap_or_else(|e| panic!("{e}"));
     let b = Bgpd::start_with(
         &link.a,

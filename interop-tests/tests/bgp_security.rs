@@ -9,7 +9,7 @@ use interop_tests::lab::bgp_peer::{
     BGPD_ADDR, BgpPeer, Bgpd, LOCAL_AS, Link, PEER_ADDR, wait_until,
 };
 use interop_tests::lab::bird::{Bird, BirdVersion};
-use interop_tests::lab::frr::Frr;
+use interop_tests::lab::frr::{Frr, one_neighbor_conf};
 use interop_tests::lab::netns::Netns;
 
 const PEER_AS: u32 = 65000;
@@ -30,14 +30,7 @@ fn bgpd(ns: &Netns, options: &str) -> Bgpd {
 }
 
 fn frr(ns: &Netns, neighbor_options: &[&str]) -> Frr {
-    let mut conf = format!(
-        "frr defaults traditional\nhostname peer\nrouter bgp {PEER_AS}\n bgp router-id {PEER_ADDR}\n\
-         no bgp ebgp-requires-policy\n neighbor {BGPD_ADDR} remote-as {LOCAL_AS}\n\
-         neighbor {BGPD_ADDR} timers connect 2\n"
-    );
-    for o in neighbor_options {
-        conf.push_str(&format!(" neighbor {BGPD_ADDR} {o}\n"));
-    }
+    let conf = one_neighbor_conf(PEER_AS, &[], neighbor_options, &[]);
     Frr::start_with_config(ns, PEER_AS, &conf).unwrap_or_else(|e| panic!("{e}"))
 }
 

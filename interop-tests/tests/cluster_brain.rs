@@ -204,21 +204,9 @@ fn the_cluster_brain_with_a_tor_and_real_daemons() {
         ipam.create_pool(&IpPool::new("nonencap", POOL.parse().unwrap()))
             .await
             .unwrap();
-        ipam.put_bgp_peer(&BgpPeer {
-            name: "tor".into(),
-            node: String::new(),
-            peer_address: TOR.parse().unwrap(),
-            as_number: 65000,
-            port: 0,
-            passive: false,
-            password: String::new(),
-            ttl_security_hops: 0,
-            keepalive_time_s: 0,
-            hold_time_s: 0,
-            max_prefixes: 0,
-        })
-        .await
-        .unwrap();
+        ipam.put_bgp_peer(&BgpPeer::new("tor", "", TOR.parse().unwrap(), 65000))
+            .await
+            .unwrap();
         ipam
     });
 

@@ -397,6 +397,23 @@ impl Resource for BgpPeer {
 }
 
 impl BgpPeer {
+    /// A peering of every node (`node` empty) with `peer_address`, defaults elsewhere.
+    pub fn new(name: &str, node: &str, peer_address: IpAddr, as_number: u32) -> Self {
+        BgpPeer {
+            name: name.into(),
+            node: node.into(),
+            peer_address,
+            as_number,
+            port: 0,
+            passive: false,
+            password: String::new(),
+            ttl_security_hops: 0,
+            keepalive_time_s: 0,
+            hold_time_s: 0,
+            max_prefixes: 0,
+        }
+    }
+
     pub fn validate(&self) -> Result<(), IpamError> {
         validate_name("name", &self.name)?;
         if !self.node.is_empty() {

@@ -290,12 +290,7 @@ impl Rib {
         self.recompute(&all, None);
         // Export decisions may change for routes whose best did not.
         let mut out = HashMap::new();
-        let ids: Vec<PeerId> = self
-            .peers
-            .iter()
-            .filter(|(_, s)| s.adj_out.is_some())
-            .map(|(id, _)| *id)
-            .collect();
+        let ids = self.established();
         for id in ids {
             self.export_to(id, &all, &mut out);
         }
@@ -330,6 +325,15 @@ impl Rib {
             Source::Local => self.local.get(p),
             Source::Peer(id) => self.peers.get(&id)?.adj_in.get(p),
         }
+    }
+
+    /// Peers with an Adj-RIB-Out (established sessions).
+    fn established(&self) -> Vec<PeerId> {
+        self.peers
+            .iter()
+            .filter(|(_, s)| s.adj_out.is_some())
+            .map(|(id, _)| *id)
+            .collect()
     }
 
     /// The source of a Loc-RIB route as policy sees it.
@@ -696,12 +700,7 @@ impl Rib {
         if changed.is_empty() {
             return out;
         }
-        let ids: Vec<PeerId> = self
-            .peers
-            .iter()
-            .filter(|(_, s)| s.adj_out.is_some())
-            .map(|(id, _)| *id)
-            .collect();
+        let ids = self.established();
         for id in ids {
             self.export_to(id, &changed, &mut out);
         }

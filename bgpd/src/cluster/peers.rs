@@ -255,19 +255,7 @@ mod tests {
     }
 
     fn resource(name: &str, node: &str, addr: &str, asn: u32) -> BgpPeer {
-        BgpPeer {
-            name: name.into(),
-            node: node.into(),
-            peer_address: addr.parse().unwrap(),
-            as_number: asn,
-            port: 0,
-            passive: false,
-            password: String::new(),
-            ttl_security_hops: 0,
-            keepalive_time_s: 0,
-            hold_time_s: 0,
-            max_prefixes: 0,
-        }
+        BgpPeer::new(name, node, addr.parse().unwrap(), asn)
     }
 
     #[test]

@@ -111,6 +111,36 @@ impl Frr {
     }
 }
 
+/// A `bgpd.conf` for FRR in AS `asn` at PEER_ADDR with bgpd (AS 64512, at BGPD_ADDR) as its
+/// one neighbour: `router` lines go into `router bgp`, `neighbor` options apply to bgpd, and
+/// `networks` are announced.
+pub fn one_neighbor_conf(
+    asn: u32,
+    router: &[&str],
+    neighbor: &[&str],
+    networks: &[&str],
+) -> String {
+    let mut c = format!(
+        "frr defaults traditional\nhostname peer\nrouter bgp {asn}\n bgp router-id {PEER_ADDR}\n\
+         no bgp ebgp-requires-policy\n no bgp network import-check\n"
+    );
+    for r in router {
+        c.push_str(&format!(" {r}\n"));
+    }
+    c.push_str(&format!(
+        " neighbor {BGPD_ADDR} remote-as {LOCAL_AS}\n neighbor {BGPD_ADDR} timers connect 2\n"
+    ));
+    for o in neighbor {
+        c.push_str(&format!(" neighbor {BGPD_ADDR} {o}\n"));
+    }
+    c.push_str(" address-family ipv4 unicast\n");
+    for n in networks {
+        c.push_str(&format!("  network {n}\n"));
+    }
+    c.push_str(" exit-address-family\n");
+    c
+}
+
 /// The route for a prefix from `show bgp ipv4 unicast PREFIX json`.
 pub fn parse_route(v: &serde_json::Value) -> Option<PeerRoute> {
     let path = v["paths"].as_array()?.first()?;
