@@ -407,6 +407,25 @@ impl Policy {
                     Action::Program(KernelVia::Ipip),
                     format!("pool {} is ipipMode Always", p.name),
                 ));
+            } else if let Some(subnet) = inp.subnet {
+                let mut direct = Rule::new(
+                    within(*n),
+                    Action::Program(KernelVia::NextHop),
+                    format!("pool {} has no encapsulation", p.name),
+                );
+                direct.next_hop_in = Some(subnet);
+                kernel.push(direct);
+                // A next hop beyond our subnet is not on a link of ours: the node's own
+                // routes (its default route to the router that learned the block) reach it,
+                // as BIRD's `gateway recursive` would.
+                kernel.push(Rule::new(
+                    within(*n),
+                    Action::Reject,
+                    format!(
+                        "pool {} has no encapsulation, next hop beyond our subnet: reached through the node's own routes",
+                        p.name
+                    ),
+                ));
             } else {
                 kernel.push(Rule::new(
                     within(*n),

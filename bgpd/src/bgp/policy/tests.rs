@@ -66,11 +66,13 @@ fn vxlan_pools_never_reach_the_kernel_from_bgp() {
 }
 
 #[test]
-fn no_encapsulation_goes_via_the_next_hop() {
+fn no_encapsulation_goes_via_the_next_hop_in_our_subnet_only() {
     let pol = Case::new(vec![pool("default", "172.20.0.0/16")]).policy();
     let (via, why) = pol.kernel(&pfx("172.20.9.0/26"), CLUSTER, NH_SAME).unwrap();
     assert_eq!(via, KernelVia::NextHop);
     assert!(why.contains("no encapsulation"), "{why}");
+    // Beyond our subnet the gateway is not on a link of ours: left to the node's routes.
+    assert!(pol.kernel(&pfx("172.20.9.0/26"), CLUSTER, NH_OTHER).is_none());
 }
 
 #[test]
