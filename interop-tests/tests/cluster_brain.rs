@@ -134,7 +134,7 @@ fn start_tor(ns: &Netns) -> Frr {
           bgp listen range 10.98.0.0/24 peer-group NODES\n\
           address-family ipv4 unicast\n  neighbor NODES activate\n exit-address-family\n"
     );
-    Frr::start_with_config(ns, 65000, &conf).unwrap_or_else(|e| panic!("{e}"))
+    Frr::start_with_kernel(ns, 65000, &conf).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// The ToR's next hop for a prefix, if it has a route.
@@ -269,6 +269,20 @@ fn the_cluster_brain_with_a_tor_and_real_daemons() {
         why.starts_with("bgp from Mesh_10_98_0_11") && why.contains("no encapsulation"),
         "{why}"
     );
+    // The ToR's own kernel (zebra) routes each block to its node.
+    let tor_routes = tor_member
+        .ns
+        .ip(&["route", "show", "proto", "bgp"])
+        .unwrap();
+    for (owner, block) in nodes.iter().zip(&blocks) {
+        assert!(
+            tor_routes
+                .lines()
+                .any(|l| l.starts_with(block.as_str())
+                    && l.contains(&format!("via {} ", owner.addr))),
+            "{tor_routes}"
+        );
+    }
     eprintln!("no encapsulation: ToR and kernel tables hold every block");
 
     // A block claimed on one node: how long until it is in every other kernel table. The

@@ -18,7 +18,12 @@ pub struct Frr {
     asn: u32,
     dir: tempfile::TempDir,
     daemon: DaemonPid,
+    /// zebra, when FRR installs what it learns into its namespace's kernel.
+    zebra: Option<DaemonPid>,
 }
+
+/// FRR's kernel daemon: routes learned by bgpd are installed through it.
+pub const FRR_ZEBRA: &str = "/usr/lib/frr/zebra";
 
 impl Frr {
     pub fn start(ns: &Netns, asn: u32) -> Result<Frr, String> {
@@ -50,6 +55,55 @@ impl Frr {
             asn,
             dir,
             daemon: DaemonPid { pid: 0 },
+            zebra: None,
+        };
+        f.launch()?;
+        Ok(f)
+    }
+
+    /// Like [`Frr::start_with_config`], with zebra: what bgpd learns goes into the kernel of
+    /// `ns` (a router that forwards, not only a BGP speaker).
+    pub fn start_with_kernel(ns: &Netns, asn: u32, conf: &str) -> Result<Frr, String> {
+        if !std::path::Path::new(FRR_ZEBRA).exists() {
+            return Err("FRR's zebra is not installed: apt-get install frr".into());
+        }
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        std::fs::write(dir.path().join("bgpd.conf"), conf).map_err(|e| e.to_string())?;
+        std::fs::write(dir.path().join("zebra.conf"), "hostname zebra\n")
+            .map_err(|e| e.to_string())?;
+        let _ = Command::new("chown")
+            .args(["-R", "frr:frr"])
+            .arg(dir.path())
+            .status();
+        let pidfile = dir.path().join("zebra.pid");
+        let o = Command::new("ip")
+            .args(["netns", "exec", ns.name(), FRR_ZEBRA, "-d", "-f"])
+            .arg(dir.path().join("zebra.conf"))
+            .arg("-i")
+            .arg(&pidfile)
+            .arg("--vty_socket")
+            .arg(dir.path())
+            .arg("-z")
+            .arg(dir.path().join("zserv.api"))
+            .args(["-A", "127.0.0.1", "-P", "0", "--log"])
+            .arg(format!("file:{}", dir.path().join("zebra.log").display()))
+            .output()
+            .map_err(|e| e.to_string())?;
+        if !o.status.success() {
+            return Err(format!(
+                "FRR zebra did not start: {}",
+                String::from_utf8_lossy(&o.stderr)
+            ));
+        }
+        let zebra = DaemonPid {
+            pid: read_pid(&pidfile).ok_or("FRR zebra wrote no pid file")?,
+        };
+        let mut f = Frr {
+            ns: ns.name().to_owned(),
+            asn,
+            dir,
+            daemon: DaemonPid { pid: 0 },
+            zebra: Some(zebra),
         };
         f.launch()?;
         Ok(f)
@@ -69,7 +123,15 @@ impl Frr {
             .arg(&pidfile)
             .arg("--vty_socket")
             .arg(self.dir.path())
-            .args(["-Z", "-A", "127.0.0.1", "-P", "0", "--log"])
+            .args(if self.zebra.is_some() {
+                vec![
+                    "-z".to_owned(),
+                    self.path("zserv.api").display().to_string(),
+                ]
+            } else {
+                vec!["-Z".to_owned()]
+            })
+            .args(["-A", "127.0.0.1", "-P", "0", "--log"])
             .arg(format!("file:{}", self.path("bgpd.log").display()))
             .output()
             .map_err(|e| e.to_string())?;

@@ -72,7 +72,10 @@ fn no_encapsulation_goes_via_the_next_hop_in_our_subnet_only() {
     assert_eq!(via, KernelVia::NextHop);
     assert!(why.contains("no encapsulation"), "{why}");
     // Beyond our subnet the gateway is not on a link of ours: left to the node's routes.
-    assert!(pol.kernel(&pfx("172.20.9.0/26"), CLUSTER, NH_OTHER).is_none());
+    assert!(
+        pol.kernel(&pfx("172.20.9.0/26"), CLUSTER, NH_OTHER)
+            .is_none()
+    );
 }
 
 #[test]
