@@ -72,7 +72,9 @@ pub async fn register<D: Datastore>(config: &Config, ipam: &Ipam<D>) -> Result<(
     };
     node.ipv4 = config.node.address;
     node.ipv6 = config.node.address6;
-    node.asn = Some(config.bgp.as_number);
+    // The node's AS stays what the datastore says (unset: the cluster's, from the
+    // BGPConfiguration or, until there is one, `[bgp] as`): writing the file's AS here would
+    // pin every node and keep a cluster-wide AS change from taking.
     node.labels = config.node.labels.clone();
     ipam.register_node(&node, None).await?;
     tracing::info!(node = %name, "node registered");

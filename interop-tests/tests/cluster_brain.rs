@@ -124,12 +124,13 @@ impl Node {
     }
 }
 
-/// FRR in AS 65000 taking any node of the segment as an eBGP neighbour (dynamic peers).
+/// FRR in AS 65000 taking any node of the segment as an eBGP neighbour (dynamic peers, any
+/// AS but its own, so that the cluster's AS can change).
 fn start_tor(ns: &Netns) -> Frr {
     let conf = format!(
         "frr defaults traditional\nhostname tor\n\
          router bgp 65000\n bgp router-id {TOR}\n no bgp ebgp-requires-policy\n\
-          neighbor NODES peer-group\n neighbor NODES remote-as 64512\n\
+          neighbor NODES peer-group\n neighbor NODES remote-as external\n\
           neighbor NODES timers connect 2\n\
           bgp listen range 10.98.0.0/24 peer-group NODES\n\
           address-family ipv4 unicast\n  neighbor NODES activate\n exit-address-family\n"
@@ -471,4 +472,25 @@ fn the_cluster_brain_with_a_tor_and_real_daemons() {
     );
     assert!(vxlan_converged(), "{}", context(&nodes));
     eprintln!("disableBGPExport: the ToR no longer learns the blocks");
+
+    // The cluster's AS changes live: every session comes back in the new AS.
+    rt.block_on(async {
+        let (mut pool, rev) = ipam.get_pool("nonencap").await.unwrap();
+        pool.disable_bgp_export = false;
+        ipam.update_pool(&pool, Some(rev)).await.unwrap();
+        let (mut cfg, rev) = ipam.bgp_configuration().await.unwrap().unwrap();
+        cfg.as_number = 64600;
+        ipam.set_bgp_configuration(&cfg, Some(rev)).await.unwrap();
+    });
+    let path = |block: &str| {
+        parse_route(&tor.json(&format!("show bgp ipv4 unicast {block} json"))).map(|r| r.as_path)
+    };
+    assert!(
+        wait_until(CONVERGE, || blocks.iter().all(|b| path(b) == Some(vec![64600]))
+            && nodes.iter().all(|n| rr_sessions(n))),
+        "the new AS did not take: {:?}\n{}",
+        path(&blocks[0]),
+        context(&nodes)
+    );
+    eprintln!("AS 64512 -> 64600 live: the ToR sees every block from AS 64600");
 }
