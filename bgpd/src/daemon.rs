@@ -38,15 +38,21 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     let api = Api::bind(&config.api).await?;
     tokio::spawn(crate::registration::run(config.clone(), datastore.clone()));
     let dataplane = crate::dataplane::Hub::new();
-    tokio::spawn(crate::dataplane::run(
-        config.node.name.clone(),
-        datastore.clone(),
-        dataplane.clone(),
-    ));
     // The speaker always runs (it serves the Bgp API); it binds the BGP port only once it
     // has a peer, so nodes without peers never contend for port 179.
-    let bgp =
-        crate::bgp::start_from_config(&config.bgp, config.node.address.map(|a| a.addr())).await?;
+    let bgp = crate::bgp::start_from_config(
+        &config.bgp,
+        config.node.address.map(|a| a.addr()),
+        Some(std::sync::Arc::new(dataplane.clone())),
+    )
+    .await?;
+    tokio::spawn(crate::cluster::run(
+        config.node.name.clone(),
+        config.bgp.clone(),
+        datastore.clone(),
+        dataplane.clone(),
+        bgp.clone(),
+    ));
     let info = DaemonInfo {
         node: config.node.name.clone(),
         datastore,

@@ -1,7 +1,9 @@
 //! bgpd, margay's node daemon: the control plane of one node (BIRD + confd in one process),
 //! and bgpctl, the operator's CLI that talks to it over the gRPC API.
 //!
-//! - `bgp`: the BGP speaker (FSM, RIBs, sessions).
+//! - `bgp`: the BGP speaker (FSM, RIBs, policy, sessions).
+//! - `cluster`: the cluster brain: peers, originated routes and policy derived from the
+//!   datastore, live.
 //! - `config`: the TOML configuration with `MARGAY_` environment overrides.
 //! - `api`: the gRPC server (unix socket, optional TCP with mutual TLS), health and reflection.
 //! - `daemon`: start-up, signals and clean shutdown of bgpd.
@@ -14,6 +16,7 @@
 
 pub mod api;
 pub mod bgp;
+pub mod cluster;
 pub mod config;
 pub mod ctl;
 pub mod daemon;

@@ -16,7 +16,9 @@ use ipnet::IpNet;
 
 use crate::block::{AffinityState, Block, BlockAffinity, Handle, Released, cidr_key};
 use crate::error::IpamError;
-use crate::model::{AllowedUse, AssignmentMode, IpPool, IpamConfig, Node, overlaps};
+use crate::model::{
+    AllowedUse, AssignmentMode, BgpConfiguration, BgpPeer, IpPool, IpamConfig, Node, overlaps,
+};
 use crate::resource::{Resource, decode, encode};
 use crate::selector::Selector;
 use crate::store::{Datastore, Op, Read, ReadResult, Revision, StoreError};
@@ -479,6 +481,72 @@ impl<D: Datastore> Ipam<D> {
             what: "the IPAM configuration".into(),
             attempts: RETRIES,
         })
+    }
+
+    // ---- BGP resources (read live by every bgpd's cluster brain) ----
+
+    /// The cluster's BGP configuration, if one was stored.
+    pub async fn bgp_configuration(
+        &self,
+    ) -> Result<Option<(BgpConfiguration, Revision)>, IpamError> {
+        self.get(&BgpConfiguration::key(BgpConfiguration::NAME))
+            .await
+    }
+
+    /// Stores the BGP configuration: created when `expected` is `None`, else replaced if its
+    /// revision is still `expected` (a conflict is `Stale`, so a caller re-reads).
+    pub async fn set_bgp_configuration(
+        &self,
+        config: &BgpConfiguration,
+        expected: Option<Revision>,
+    ) -> Result<Revision, IpamError> {
+        config.validate()?;
+        let key = BgpConfiguration::key(BgpConfiguration::NAME);
+        match self.store.txn(vec![Self::put(key, config, expected)]).await {
+            Err(StoreError::Conflict { .. }) => Err(IpamError::Stale(
+                "the BGP configuration changed since it was read; read it again".into(),
+            )),
+            other => other.map_err(Into::into),
+        }
+    }
+
+    pub async fn list_bgp_peers(&self) -> Result<Vec<(BgpPeer, Revision)>, IpamError> {
+        self.list(BgpPeer::PREFIX).await
+    }
+
+    /// Creates or replaces a `BGPPeer` resource.
+    pub async fn put_bgp_peer(&self, peer: &BgpPeer) -> Result<Revision, IpamError> {
+        peer.validate()?;
+        for _ in 0..RETRIES {
+            let rev = self
+                .get::<BgpPeer>(&BgpPeer::key(&peer.name))
+                .await?
+                .map(|(_, r)| r);
+            match self
+                .store
+                .txn(vec![Self::put(BgpPeer::key(&peer.name), peer, rev)])
+                .await
+            {
+                Err(StoreError::Conflict { .. }) => continue,
+                other => return other.map_err(Into::into),
+            }
+        }
+        Err(IpamError::Contention {
+            what: format!("BGP peer {}", peer.name),
+            attempts: RETRIES,
+        })
+    }
+
+    /// Deletes a `BGPPeer` resource; `NotFound` if there is none of that name.
+    pub async fn delete_bgp_peer(&self, name: &str) -> Result<(), IpamError> {
+        let key = BgpPeer::key(name);
+        let Some((_, rev)) = self.get::<BgpPeer>(&key).await? else {
+            return Err(IpamError::NotFound(format!("BGP peer {name}")));
+        };
+        self.store
+            .txn(vec![Op::Delete { key, expected: rev }])
+            .await?;
+        Ok(())
     }
 
     // ---- pools ----

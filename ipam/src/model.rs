@@ -288,6 +288,136 @@ impl Resource for IpamConfig {
     const PREFIX: &'static str = "/margay/v1/ipam/config/";
 }
 
+/// The cluster-wide BGP settings (Calico's `BGPConfiguration` "default"); absent means
+/// every default. Read live by every bgpd.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct BgpConfiguration {
+    /// The cluster's AS (nodes may override theirs).
+    pub as_number: u32,
+    /// Full iBGP mesh between the nodes.
+    pub node_to_node_mesh: bool,
+    pub listen_port: u16,
+    /// Seconds; 0: the defaults (hold 240, keepalive a third of it, as BIRD).
+    pub keepalive_time_s: u16,
+    pub hold_time_s: u16,
+    /// Export one aggregate per pool to external peers instead of its blocks.
+    pub aggregate_pools_to_external: bool,
+    /// Routes learned from one external peer are exported to the other external peers.
+    pub external_transit: bool,
+    /// Routes from external peers outside every pool go into the kernel table (Calico does).
+    pub program_external_routes: bool,
+}
+
+impl Default for BgpConfiguration {
+    fn default() -> Self {
+        Self {
+            as_number: 64512,
+            node_to_node_mesh: true,
+            listen_port: 179,
+            keepalive_time_s: 0,
+            hold_time_s: 0,
+            aggregate_pools_to_external: false,
+            external_transit: false,
+            program_external_routes: true,
+        }
+    }
+}
+
+impl Resource for BgpConfiguration {
+    const KIND: &'static str = "BGPConfiguration";
+    const SCHEMA: u32 = 1;
+    const PREFIX: &'static str = "/margay/v1/bgpconfigurations/";
+}
+
+impl BgpConfiguration {
+    /// The name of the one cluster-wide resource.
+    pub const NAME: &'static str = "default";
+
+    pub fn validate(&self) -> Result<(), IpamError> {
+        if self.as_number == 0 || self.as_number == 23456 {
+            return Err(invalid(
+                "as_number",
+                format!(
+                    "{} cannot be a node's AS (0 and AS_TRANS 23456 are reserved)",
+                    self.as_number
+                ),
+            ));
+        }
+        if self.listen_port == 0 {
+            return Err(invalid("listen_port", "must be 1-65535"));
+        }
+        if self.hold_time_s != 0 && self.hold_time_s < 3 {
+            return Err(invalid(
+                "hold_time_s",
+                "must be 0 or at least 3 seconds (RFC 4271)",
+            ));
+        }
+        if self.hold_time_s != 0 && self.keepalive_time_s >= self.hold_time_s {
+            return Err(invalid("keepalive_time_s", "must be less than hold_time_s"));
+        }
+        Ok(())
+    }
+}
+
+/// An explicit BGP peering (Calico's `BGPPeer`): every node (`node` empty) or one node peers
+/// with `peer_address`, e.g. the node's top-of-rack router.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BgpPeer {
+    pub name: String,
+    /// Empty: every node.
+    #[serde(default)]
+    pub node: String,
+    pub peer_address: IpAddr,
+    pub as_number: u32,
+    /// 0: 179.
+    #[serde(default)]
+    pub port: u16,
+    #[serde(default)]
+    pub passive: bool,
+    /// TCP MD5 password (needs the production speaker, see issue #6).
+    #[serde(default)]
+    pub password: String,
+    /// GTSM hops; 0 off.
+    #[serde(default)]
+    pub ttl_security_hops: u8,
+    #[serde(default)]
+    pub keepalive_time_s: u16,
+    #[serde(default)]
+    pub hold_time_s: u16,
+}
+
+impl Resource for BgpPeer {
+    const KIND: &'static str = "BGPPeer";
+    const SCHEMA: u32 = 1;
+    const PREFIX: &'static str = "/margay/v1/bgppeers/";
+}
+
+impl BgpPeer {
+    pub fn validate(&self) -> Result<(), IpamError> {
+        validate_name("name", &self.name)?;
+        if !self.node.is_empty() {
+            validate_name("node", &self.node)?;
+        }
+        if self.as_number == 0 || self.as_number == 23456 {
+            return Err(invalid(
+                "as_number",
+                "0 and AS_TRANS 23456 cannot be a peer's AS",
+            ));
+        }
+        if self.peer_address.is_unspecified() || self.peer_address.is_multicast() {
+            return Err(invalid("peer_address", "must be a unicast address"));
+        }
+        if self.hold_time_s != 0 && self.hold_time_s < 3 {
+            return Err(invalid(
+                "hold_time_s",
+                "must be 0 or at least 3 seconds (RFC 4271)",
+            ));
+        }
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

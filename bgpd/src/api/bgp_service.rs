@@ -1,6 +1,7 @@
-//! The `Bgp` service: peers and their sessions, route tables, announcements. A thin adapter
-//! over [`SpeakerHandle`]: it converts and validates, the speaker task owns the truth.
-//! Cluster configuration and generated filters are not served yet (UNIMPLEMENTED).
+//! The `Bgp` service: peers and their sessions, route tables, announcements, the cluster's
+//! BGP configuration and `BGPPeer` resources, the generated filters. A thin adapter: the
+//! speaker task owns sessions and tables, the datastore owns the cluster resources (which the
+//! cluster brain turns into peers and policy), the dataplane hub owns the kernel table.
 
 use std::net::Ipv4Addr;
 use std::pin::Pin;
@@ -18,9 +19,18 @@ use proto::v1::{
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
+use ipam::allocator::Ipam;
+use ipam::model;
+use ipam::store::Store;
+use proto::v1::{FilterRule, FilterScope};
+
+use crate::api::convert;
 use crate::bgp::fsm::State;
+use crate::bgp::policy::Scope;
 use crate::bgp::speaker::ListedRoute;
 use crate::bgp::{Announcement, PeerSpec, PeerStatus, SpeakerError, SpeakerHandle, Table};
+use crate::dataplane::Hub;
+use crate::datastore::DatastoreHandle;
 
 /// Routes per streamed message.
 const BATCH: usize = 1000;
@@ -28,11 +38,101 @@ const BATCH: usize = 1000;
 #[derive(Clone)]
 pub struct BgpService {
     speaker: SpeakerHandle,
+    datastore: DatastoreHandle,
+    dataplane: Hub,
 }
 
 impl BgpService {
-    pub fn new(speaker: SpeakerHandle) -> Self {
-        Self { speaker }
+    pub fn new(speaker: SpeakerHandle, datastore: DatastoreHandle, dataplane: Hub) -> Self {
+        Self {
+            speaker,
+            datastore,
+            dataplane,
+        }
+    }
+
+    fn ipam(&self) -> Result<Ipam<Store>, Status> {
+        self.datastore.store().map(Ipam::new).ok_or_else(|| {
+            Status::unavailable(format!(
+                "datastore {} unavailable: {:?}",
+                self.datastore.describe(),
+                self.datastore.state()
+            ))
+        })
+    }
+}
+
+fn config_message(c: &model::BgpConfiguration, revision: u64) -> BgpConfiguration {
+    BgpConfiguration {
+        as_number: c.as_number,
+        node_to_node_mesh: Some(c.node_to_node_mesh),
+        listen_port: u32::from(c.listen_port),
+        keepalive_time_s: u32::from(c.keepalive_time_s),
+        hold_time_s: u32::from(c.hold_time_s),
+        service_cluster_cidrs: vec![],
+        service_external_cidrs: vec![],
+        revision,
+        aggregate_pools_to_external: c.aggregate_pools_to_external,
+        external_transit: c.external_transit,
+        program_external_routes: Some(c.program_external_routes),
+    }
+}
+
+fn config_from(m: &BgpConfiguration) -> Result<model::BgpConfiguration, Status> {
+    if !m.service_cluster_cidrs.is_empty() || !m.service_external_cidrs.is_empty() {
+        return Err(Status::unimplemented(
+            "advertising service CIDRs is not supported yet",
+        ));
+    }
+    let d = model::BgpConfiguration::default();
+    let u16_of = |field: &str, v: u32, default: u16| -> Result<u16, Status> {
+        if v == 0 {
+            return Ok(default);
+        }
+        u16::try_from(v).map_err(|_| Status::invalid_argument(format!("{field}: above 65535")))
+    };
+    Ok(model::BgpConfiguration {
+        as_number: if m.as_number == 0 {
+            d.as_number
+        } else {
+            m.as_number
+        },
+        node_to_node_mesh: m.node_to_node_mesh.unwrap_or(d.node_to_node_mesh),
+        listen_port: u16_of("listen_port", m.listen_port, d.listen_port)?,
+        keepalive_time_s: u16_of("keepalive_time_s", m.keepalive_time_s, 0)?,
+        hold_time_s: u16_of("hold_time_s", m.hold_time_s, 0)?,
+        aggregate_pools_to_external: m.aggregate_pools_to_external,
+        external_transit: m.external_transit,
+        program_external_routes: m
+            .program_external_routes
+            .unwrap_or(d.program_external_routes),
+    })
+}
+
+/// A kernel route as `ip route` would show it.
+fn kernel_text(r: &proto::v1::KernelRoute) -> String {
+    use proto::v1::RouteKind;
+    let dev = if r.device.is_empty() {
+        String::new()
+    } else {
+        format!(" dev {}", r.device)
+    };
+    let onlink = if r.onlink { " onlink" } else { "" };
+    match RouteKind::try_from(r.kind).unwrap_or(RouteKind::Unspecified) {
+        RouteKind::Blackhole => "blackhole".into(),
+        RouteKind::Workload => format!("dev {} scope link", r.device),
+        RouteKind::Vxlan => format!("via {} dev vxlan.calico onlink", r.gateway),
+        RouteKind::Ipip => format!("via {} dev tunl0 onlink", r.gateway),
+        RouteKind::Gateway | RouteKind::Unspecified => format!("via {}{dev}{onlink}", r.gateway),
+    }
+}
+
+fn scope_message(s: Scope) -> FilterScope {
+    match s {
+        Scope::Import => FilterScope::Import,
+        Scope::ExportCluster => FilterScope::ExportCluster,
+        Scope::ExportExternal => FilterScope::ExportExternal,
+        Scope::Kernel => FilterScope::Kernel,
     }
 }
 
@@ -63,14 +163,18 @@ fn parse_prefix(s: &str) -> Result<Ipv4Prefix, Status> {
         .ok_or_else(|| Status::invalid_argument(format!("prefix: {s:?} is not valid")))
 }
 
-/// Accepts a peer as its address or its name (`peer_10_0_0_2`).
+/// Accepts a peer as its address or its session name (`peer_10_0_0_2`, `Mesh_10_0_0_2`,
+/// `Node_10_0_0_2_port_1790`).
 fn peer_ref(s: &str) -> Result<Ipv4Addr, Status> {
     let t = s.trim();
-    let t = t
-        .strip_prefix("peer_")
-        .map(|r| r.replace('_', "."))
-        .unwrap_or_else(|| t.to_owned());
-    parse_addr("peer", &t)
+    let named = ["peer_", "Mesh_", "Node_", "Global_"]
+        .iter()
+        .find_map(|k| t.strip_prefix(k))
+        .map(|r| {
+            let r = r.split("_port_").next().unwrap_or(r);
+            r.replace('_', ".")
+        });
+    parse_addr("peer", named.as_deref().unwrap_or(t))
 }
 
 pub fn session_state(s: State) -> SessionState {
@@ -93,12 +197,15 @@ fn peer_message(spec: &PeerSpec) -> BgpPeer {
         hold_time_s: u32::from(spec.hold_time),
         keepalive_time_s: spec.keepalive.map_or(0, u32::from),
         port: u32::from(spec.port),
-        origin: if spec.from_config {
-            PeerOrigin::Config
-        } else {
-            PeerOrigin::Api
+        origin: match spec.origin {
+            crate::bgp::PeerOrigin::Config => PeerOrigin::Config,
+            crate::bgp::PeerOrigin::Api => PeerOrigin::Api,
+            crate::bgp::PeerOrigin::Mesh => PeerOrigin::Mesh,
+            crate::bgp::PeerOrigin::RouteReflector => PeerOrigin::RouteReflector,
+            crate::bgp::PeerOrigin::Resource => PeerOrigin::Resource,
         }
         .into(),
+        route_reflector_client: spec.rr_client,
         ..BgpPeer::default()
     }
 }
@@ -167,18 +274,40 @@ impl Bgp for BgpService {
         &self,
         _request: Request<GetConfigurationRequest>,
     ) -> Result<Response<BgpConfiguration>, Status> {
-        Err(Status::unimplemented(
-            "BGP cluster configuration is not served yet",
-        ))
+        let stored = self
+            .ipam()?
+            .bgp_configuration()
+            .await
+            .map_err(convert::status)?;
+        Ok(Response::new(match stored {
+            Some((c, rev)) => config_message(&c, rev.0),
+            None => config_message(&model::BgpConfiguration::default(), 0),
+        }))
     }
 
     async fn set_configuration(
         &self,
-        _request: Request<SetConfigurationRequest>,
+        request: Request<SetConfigurationRequest>,
     ) -> Result<Response<BgpConfiguration>, Status> {
-        Err(Status::unimplemented(
-            "BGP cluster configuration is not served yet",
-        ))
+        let m = request
+            .into_inner()
+            .configuration
+            .ok_or_else(|| Status::invalid_argument("configuration: required"))?;
+        let c = config_from(&m)?;
+        let ipam = self.ipam()?;
+        let expected = if m.revision != 0 {
+            Some(ipam::store::Revision(m.revision))
+        } else {
+            ipam.bgp_configuration()
+                .await
+                .map_err(convert::status)?
+                .map(|(_, r)| r)
+        };
+        let rev = ipam
+            .set_bgp_configuration(&c, expected)
+            .await
+            .map_err(convert::status)?;
+        Ok(Response::new(config_message(&c, rev.0)))
     }
 
     async fn add_peer(
@@ -192,6 +321,38 @@ impl Bgp for BgpService {
         let address = parse_addr("peer.peer_address", &p.peer_address)?;
         if p.as_number == 0 {
             return Err(Status::invalid_argument("peer.as_number: AS 0 is reserved"));
+        }
+        if p.origin == i32::from(PeerOrigin::Resource) {
+            // A BGPPeer resource: stored; every bgpd it concerns adds the session.
+            let u16_of = |field: &str, v: u32| {
+                u16::try_from(v)
+                    .map_err(|_| Status::invalid_argument(format!("peer.{field}: above 65535")))
+            };
+            let r = model::BgpPeer {
+                name: p.name.clone(),
+                node: p.node.clone(),
+                peer_address: std::net::IpAddr::V4(address),
+                as_number: p.as_number,
+                port: u16_of("port", p.port)?,
+                passive: p.passive,
+                password: p.password.clone(),
+                ttl_security_hops: u8::try_from(p.ttl_security_hops)
+                    .map_err(|_| Status::invalid_argument("peer.ttl_security_hops: at most 255"))?,
+                keepalive_time_s: u16_of("keepalive_time_s", p.keepalive_time_s)?,
+                hold_time_s: u16_of("hold_time_s", p.hold_time_s)?,
+            };
+            if !r.password.is_empty() || r.ttl_security_hops != 0 {
+                return Err(Status::unimplemented(
+                    "TCP MD5 passwords and TTL security come with the production speaker (issue #6)",
+                ));
+            }
+            self.ipam()?
+                .put_bgp_peer(&r)
+                .await
+                .map_err(convert::status)?;
+            let mut echo = p.clone();
+            echo.password.clear();
+            return Ok(Response::new(echo));
         }
         let mut spec = PeerSpec::new(address, bgp_wire::Asn(p.as_number));
         spec.passive = p.passive;
@@ -224,7 +385,26 @@ impl Bgp for BgpService {
         &self,
         request: Request<DeletePeerRequest>,
     ) -> Result<Response<DeletePeerResponse>, Status> {
-        let addr = peer_ref(&request.into_inner().peer)?;
+        let peer = request.into_inner().peer;
+        let Ok(addr) = peer_ref(&peer) else {
+            // Not an address or session name: a BGPPeer resource's name.
+            self.ipam()?
+                .delete_bgp_peer(peer.trim())
+                .await
+                .map_err(convert::status)?;
+            return Ok(Response::new(DeletePeerResponse {}));
+        };
+        let peers = self.speaker.peers().await.map_err(status)?;
+        if let Some(p) = peers
+            .iter()
+            .find(|p| p.spec.address == addr && p.spec.origin.is_cluster())
+        {
+            return Err(Status::failed_precondition(format!(
+                "{} comes from the cluster state ({:?}); change the nodes, the BGP configuration or the BGPPeer resources instead",
+                p.spec.name(),
+                p.spec.origin
+            )));
+        }
         self.speaker.delete_peer(addr).await.map_err(status)?;
         Ok(Response::new(DeletePeerResponse {}))
     }
@@ -250,11 +430,7 @@ impl Bgp for BgpService {
             RouteTable::Unspecified | RouteTable::LocRib => Table::Loc,
             RouteTable::AdjRibIn => Table::AdjIn,
             RouteTable::AdjRibOut => Table::AdjOut,
-            RouteTable::Kernel => {
-                return Err(Status::unimplemented(
-                    "the kernel table is served by the Dataplane service",
-                ));
-            }
+            RouteTable::Kernel => return self.kernel_routes(&req),
         };
         let peer = match table {
             Table::Loc => None,
@@ -336,8 +512,61 @@ impl Bgp for BgpService {
         &self,
         _request: Request<GetFiltersRequest>,
     ) -> Result<Response<GetFiltersResponse>, Status> {
-        Err(Status::unimplemented(
-            "generated filters are not served yet",
-        ))
+        let policy = self.speaker.policy().await.map_err(status)?;
+        let rules = [
+            Scope::Import,
+            Scope::ExportCluster,
+            Scope::ExportExternal,
+            Scope::Kernel,
+        ]
+        .into_iter()
+        .flat_map(|scope| {
+            policy.rules(scope).iter().map(move |r| FilterRule {
+                scope: scope_message(scope).into(),
+                r#match: r.describe_match(),
+                action: r.action.to_string(),
+                reason: r.reason.clone(),
+            })
+        })
+        .collect();
+        Ok(Response::new(GetFiltersResponse { rules }))
+    }
+}
+
+impl BgpService {
+    /// The desired kernel state's routes, as the routes of a table.
+    fn kernel_routes(&self, req: &ListRoutesRequest) -> Result<Response<RouteStream>, Status> {
+        let filter = if req.prefix.trim().is_empty() {
+            None
+        } else {
+            Some(parse_prefix(&req.prefix)?)
+        };
+        let (desired, _) = self.dataplane.current();
+        let mut routes: Vec<proto::v1::Route> = desired
+            .values()
+            .filter_map(|item| match &item.item {
+                Some(proto::v1::desired_item::Item::Route(r)) => Some(r),
+                _ => None,
+            })
+            .filter(|r| {
+                filter.is_none_or(|f| parse_prefix(&r.destination).is_ok_and(|p| f.contains(&p)))
+            })
+            .map(|r| proto::v1::Route {
+                prefix: r.destination.clone(),
+                next_hop: r.gateway.clone(),
+                from_peer: r.source.clone(),
+                best: true,
+                kernel: kernel_text(r),
+                ..Default::default()
+            })
+            .collect();
+        if req.limit > 0 {
+            routes.truncate(usize::try_from(req.limit).unwrap_or(usize::MAX));
+        }
+        let batches: Vec<Result<ListRoutesResponse, Status>> = routes
+            .chunks(BATCH)
+            .map(|c| Ok(ListRoutesResponse { routes: c.to_vec() }))
+            .collect();
+        Ok(Response::new(Box::pin(tokio_stream::iter(batches))))
     }
 }

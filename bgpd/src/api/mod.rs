@@ -163,7 +163,11 @@ async fn routes(info: DaemonInfo) -> Result<Routes, ApiError> {
             dataplane_service::DataplaneService::new(info.dataplane.clone()),
         ))
         .add_service(proto::v1::bgp_server::BgpServer::new(
-            bgp_service::BgpService::new(info.bgp.clone()),
+            bgp_service::BgpService::new(
+                info.bgp.clone(),
+                info.datastore.clone(),
+                info.dataplane.clone(),
+            ),
         ))
         .add_service(DaemonServer::new(daemon_service::DaemonService::new(info))))
 }

@@ -7,12 +7,14 @@
 //! - `speaker`: the task that owns the RIB and the peers; [`SpeakerHandle`] is its API.
 
 pub mod fsm;
+pub mod policy;
 pub mod rib;
 pub mod session;
 pub mod speaker;
 
 pub use speaker::{
-    Announcement, PeerSpec, PeerStatus, SpeakerConfig, SpeakerError, SpeakerHandle, Table,
+    Announcement, KernelSink, PeerOrigin, PeerSpec, PeerStatus, SpeakerConfig, SpeakerError,
+    SpeakerHandle, Table,
 };
 
 use std::net::{Ipv4Addr, SocketAddr};
@@ -23,6 +25,7 @@ use crate::config::BgpConfig;
 pub async fn start_from_config(
     config: &BgpConfig,
     node_address: Option<Ipv4Addr>,
+    kernel: Option<std::sync::Arc<dyn KernelSink>>,
 ) -> Result<SpeakerHandle, SpeakerError> {
     let router_id = config
         .router_id
@@ -32,6 +35,7 @@ pub async fn start_from_config(
         local_as: bgp_wire::Asn(config.as_number),
         router_id,
         listen: SocketAddr::from((Ipv4Addr::UNSPECIFIED, config.listen_port)),
+        kernel,
     });
     for a in &config.announce {
         let prefix = bgp_wire::Ipv4Prefix::new(a.prefix.network(), a.prefix.prefix_len());
@@ -55,7 +59,7 @@ pub async fn start_from_config(
         spec.port = p.port.unwrap_or(179);
         spec.hold_time = p.hold_time.unwrap_or(240);
         spec.keepalive = p.keepalive;
-        spec.from_config = true;
+        spec.origin = PeerOrigin::Config;
         speaker.add_peer(spec).await?;
     }
     Ok(speaker)

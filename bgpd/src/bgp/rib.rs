@@ -9,6 +9,14 @@
 //! it; nothing here locks or awaits. Packing the returned [`OutUpdate`]s into messages is
 //! the session's job (`bgp_wire::pack`).
 //!
+//! **Policy.** Adj-RIB-In keeps what peers sent, before policy, so a new [`Policy`] (pools
+//! changed) is applied without asking peers again: import rules are evaluated when the
+//! decision process looks at a candidate, export rules when Adj-RIB-Out is computed.
+//!
+//! **Route reflection (RFC 4456).** With a cluster id this RIB reflects: routes from clients
+//! go to every iBGP peer, routes from non-clients to clients only; ORIGINATOR_ID and
+//! CLUSTER_LIST are set on the way out and checked on the way in.
+//!
 //! **Memory.** Path attributes are interned: one `Arc` per distinct [`PathAttributes`], shared
 //! by every route that carries them (BIRD's attribute cache). Routes hold only the `Arc`,
 //! so equality of attributes is pointer equality.
@@ -20,6 +28,8 @@ use std::net::Ipv4Addr;
 use std::sync::Arc;
 
 use bgp_wire::{AsPath, Asn, Community, Ipv4Prefix, Origin, PathAttributes};
+
+use super::policy::{PeerClass, Policy, RouteSource};
 
 /// A peer's identity inside the speaker (stable while the peer is configured).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -42,6 +52,10 @@ pub struct PeerInfo {
     /// Our address on the session: the next hop we advertise for what we originate (and on
     /// eBGP, for everything).
     pub local_address: Ipv4Addr,
+    /// Which policy rules apply to the peer.
+    pub class: PeerClass,
+    /// A route-reflector client of ours (meaningful only when we have a cluster id).
+    pub rr_client: bool,
 }
 
 /// Where a candidate route came from.
@@ -127,6 +141,11 @@ pub struct Rib {
     loc: BTreeMap<Ipv4Prefix, (Source, Attrs)>,
     /// Changes since the last sweep; the interner is swept after many.
     churn: usize,
+    policy: Arc<Policy>,
+    /// Set: we are a route reflector with this cluster id.
+    cluster_id: Option<Ipv4Addr>,
+    /// Prefixes whose best route changed, when someone drains them (`track_loc_changes`).
+    loc_changes: Option<Vec<Ipv4Prefix>>,
 }
 
 impl Rib {
@@ -139,7 +158,93 @@ impl Rib {
             peers: BTreeMap::new(),
             loc: BTreeMap::new(),
             churn: 0,
+            policy: Arc::new(Policy::accept_all()),
+            cluster_id: None,
+            loc_changes: None,
         }
+    }
+
+    /// Record Loc-RIB changes for [`Rib::take_loc_changes`] from now on.
+    pub fn track_loc_changes(&mut self) {
+        self.loc_changes.get_or_insert_with(Vec::new);
+    }
+
+    /// The prefixes whose best route changed since the last call (tracking must be on).
+    pub fn take_loc_changes(&mut self) -> Vec<Ipv4Prefix> {
+        self.loc_changes
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
+    pub fn policy(&self) -> &Arc<Policy> {
+        &self.policy
+    }
+
+    pub fn cluster_id(&self) -> Option<Ipv4Addr> {
+        self.cluster_id
+    }
+
+    /// Apply a new policy and reflector role to everything held: the Loc-RIB is decided
+    /// again and every Adj-RIB-Out brought in line (no session is reset).
+    pub fn set_policy(
+        &mut self,
+        policy: Arc<Policy>,
+        cluster_id: Option<Ipv4Addr>,
+    ) -> HashMap<PeerId, OutUpdate> {
+        if *policy == *self.policy && cluster_id == self.cluster_id {
+            return HashMap::new();
+        }
+        self.policy = policy;
+        self.cluster_id = cluster_id;
+        let mut all: Vec<Ipv4Prefix> = self.loc.keys().copied().collect();
+        all.extend(self.local.keys().copied());
+        for st in self.peers.values() {
+            all.extend(st.adj_in.keys().copied());
+        }
+        all.sort_unstable();
+        all.dedup();
+        self.recompute(&all);
+        // Export decisions may change for routes whose best did not.
+        let mut out = HashMap::new();
+        let ids: Vec<PeerId> = self
+            .peers
+            .iter()
+            .filter(|(_, s)| s.adj_out.is_some())
+            .map(|(id, _)| *id)
+            .collect();
+        for id in ids {
+            self.export_to(id, &all, &mut out);
+        }
+        out.retain(|_, u: &mut OutUpdate| !u.is_empty());
+        out
+    }
+
+    /// The source of a Loc-RIB route as policy sees it.
+    pub fn route_source(&self, source: Source) -> RouteSource {
+        match source {
+            Source::Local => RouteSource::Local,
+            Source::Peer(q) => RouteSource::Peer(
+                self.peers
+                    .get(&q)
+                    .map_or(PeerClass::External, |s| s.info.class),
+            ),
+        }
+    }
+
+    /// Whether a received route may be used: import policy and the reflection loop checks.
+    fn eligible(&self, info: &PeerInfo, prefix: &Ipv4Prefix, a: &PathAttributes) -> bool {
+        if info.asn == self.local_as {
+            if a.originator_id == Some(self.router_id) {
+                return false;
+            }
+            if let Some(c) = self.cluster_id
+                && a.cluster_list.contains(&c)
+            {
+                return false;
+            }
+        }
+        self.policy.import(info.class, prefix)
     }
 
     pub fn local_as(&self) -> Asn {
@@ -259,6 +364,14 @@ impl Rib {
         })
     }
 
+    /// What this node originates.
+    pub fn local_routes(&self) -> Vec<(Ipv4Prefix, PathAttributes)> {
+        self.local
+            .iter()
+            .map(|(p, a)| (*p, PathAttributes::clone(a)))
+            .collect()
+    }
+
     pub fn loc_len(&self) -> usize {
         self.loc.len()
     }
@@ -300,9 +413,14 @@ impl Rib {
     /// (received, accepted, advertised) counts for a peer.
     pub fn counts(&self, id: PeerId) -> (u64, u64, u64) {
         self.peers.get(&id).map_or((0, 0, 0), |s| {
-            let acc = s.adj_in.len() as u64;
+            let held = s.adj_in.len() as u64;
+            let acc = s
+                .adj_in
+                .iter()
+                .filter(|(p, a)| self.eligible(&s.info, p, a))
+                .count() as u64;
             let adv = s.adj_out.as_ref().map_or(0, |o| o.len() as u64);
-            (acc.saturating_add(s.rejected), acc, adv)
+            (held.saturating_add(s.rejected), acc, adv)
         })
     }
 
@@ -332,6 +450,9 @@ impl Rib {
                 Some(b) => self.loc.insert(*p, b),
                 None => self.loc.remove(p),
             };
+            if let Some(track) = self.loc_changes.as_mut() {
+                track.push(*p);
+            }
             changed.push(*p);
         }
         let mut out = HashMap::new();
@@ -360,6 +481,9 @@ impl Rib {
         });
         for (id, st) in &self.peers {
             let Some(a) = st.adj_in.get(p) else { continue };
+            if !self.eligible(&st.info, p, a) {
+                continue;
+            }
             let c = Candidate {
                 source: Source::Peer(*id),
                 attrs: a,
@@ -390,7 +514,17 @@ impl Rib {
                     Source::Local => None,
                     Source::Peer(q) => self.peers.get(q).map(|s| s.info),
                 };
-                export_attrs(self.local_as, &info, *src, from.as_ref(), a)
+                if !self.policy.export(info.class, p, self.route_source(*src)) {
+                    return None;
+                }
+                export_attrs(
+                    self.local_as,
+                    self.cluster_id,
+                    &info,
+                    *src,
+                    from.as_ref(),
+                    a,
+                )
             });
             let want = want.map(|w| self.interner.intern(w));
             let Some(adj) = self.peers.get_mut(&id).and_then(|s| s.adj_out.as_mut()) else {
@@ -468,6 +602,8 @@ fn compare(a: &Candidate<'_>, b: &Candidate<'_>, local_as: Asn) -> Ordering {
             };
             rid(a).cmp(&rid(b))
         })
+        // Shorter CLUSTER_LIST (RFC 4456 §9).
+        .then_with(|| x.cluster_list.len().cmp(&y.cluster_list.len()))
         .then_with(|| {
             let addr = |c: &Candidate<'_>| c.peer.map_or(0, |p| u32::from(p.address));
             addr(a).cmp(&addr(b))
@@ -485,19 +621,28 @@ fn origin(a: &PathAttributes) -> Origin {
 /// The attributes `to` must see for the best route from `src` (None: do not advertise).
 fn export_attrs(
     local_as: Asn,
+    cluster_id: Option<Ipv4Addr>,
     to: &PeerInfo,
     src: Source,
     from: Option<&PeerInfo>,
     a: &PathAttributes,
 ) -> Option<PathAttributes> {
     let to_ebgp = to.asn != local_as;
+    // Set when an iBGP-learned route goes to an iBGP peer: only by reflection.
+    let mut reflect = None;
     if let Source::Peer(q) = src {
-        // Never back to where it came from; never iBGP to iBGP (no reflection yet).
+        // Never back to where it came from.
         if q == to.id {
             return None;
         }
-        if !to_ebgp && from.is_some_and(|f| f.asn == local_as) {
-            return None;
+        if let Some(f) = from.filter(|f| !to_ebgp && f.asn == local_as) {
+            // iBGP to iBGP: only a reflector passes it on, from a client to everyone, from
+            // a non-client to clients (RFC 4456 §6).
+            let c = cluster_id?;
+            if !(f.rr_client || to.rr_client) {
+                return None;
+            }
+            reflect = Some((c, f.router_id));
         }
     }
     if a.communities.contains(&Community::NO_ADVERTISE)
@@ -526,6 +671,10 @@ fn export_attrs(
         e.cluster_list.clear();
     } else {
         e.local_pref = Some(local_pref(a));
+        if let Some((cluster, originator)) = reflect {
+            e.originator_id.get_or_insert(originator);
+            e.cluster_list.insert(0, cluster);
+        }
         if src == Source::Local {
             // Next-hop-self for what we originate unless the announcement named one.
             if e.next_hop.is_none() {

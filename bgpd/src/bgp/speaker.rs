@@ -23,8 +23,14 @@ use bgp_wire::{Asn, Community, Disposition, Ipv4Prefix, Origin, PathAttributes, 
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
 
+use std::sync::Arc;
+
+use ipnet::{IpNet, Ipv4Net};
+use proto::v1 as pb;
+
 use super::fsm::{Fsm, FsmConfig, State};
-use super::rib::{OutUpdate, PeerId, PeerInfo, Rib, Route};
+use super::policy::{KernelVia, PeerClass, Policy};
+use super::rib::{OutUpdate, PeerId, PeerInfo, Rib, Route, Source};
 use super::session::{FromSession, Session, ToSession};
 
 /// Depth of the speaker's inbound queues.
@@ -52,6 +58,29 @@ pub enum SpeakerError {
     NotAnnounced(Ipv4Prefix),
 }
 
+/// Where a peer comes from; the cluster brain manages only its own kinds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PeerOrigin {
+    Config,
+    Api,
+    /// Node-to-node mesh.
+    Mesh,
+    /// A reflector of ours, or a client of ours.
+    RouteReflector,
+    /// A `BGPPeer` resource.
+    Resource,
+}
+
+impl PeerOrigin {
+    /// Derived from the cluster state (and so removed when it changes).
+    pub fn is_cluster(self) -> bool {
+        matches!(
+            self,
+            PeerOrigin::Mesh | PeerOrigin::RouteReflector | PeerOrigin::Resource
+        )
+    }
+}
+
 /// How a peer was configured.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PeerSpec {
@@ -61,8 +90,13 @@ pub struct PeerSpec {
     pub port: u16,
     pub hold_time: u16,
     pub keepalive: Option<u16>,
-    /// From the configuration file (true) or the API (false).
-    pub from_config: bool,
+    pub origin: PeerOrigin,
+    /// Which policy rules apply.
+    pub class: PeerClass,
+    /// A route-reflector client of this node.
+    pub rr_client: bool,
+    /// The operator's name for it; `peer_<address>` when unset.
+    pub label: Option<String>,
 }
 
 impl PeerSpec {
@@ -74,13 +108,19 @@ impl PeerSpec {
             port: 179,
             hold_time: 240,
             keepalive: None,
-            from_config: false,
+            origin: PeerOrigin::Api,
+            class: PeerClass::External,
+            rr_client: false,
+            label: None,
         }
     }
 
-    /// The name shown to operators, BIRD style.
+    /// The name shown to operators, BIRD style (`Mesh_10_0_0_2`, `peer_192_0_2_1`).
     pub fn name(&self) -> String {
-        format!("peer_{}", self.address.to_string().replace('.', "_"))
+        match &self.label {
+            Some(l) => l.clone(),
+            None => format!("peer_{}", self.address.to_string().replace('.', "_")),
+        }
     }
 }
 
@@ -131,6 +171,13 @@ enum Command {
         reply: oneshot::Sender<Result<Vec<ListedRoute>, SpeakerError>>,
     },
     Announce(Announcement, oneshot::Sender<()>),
+    SetPolicy(Arc<Policy>, Option<Ipv4Addr>, oneshot::Sender<()>),
+    GetPolicy(oneshot::Sender<Arc<Policy>>),
+    Reconfigure {
+        local_as: Asn,
+        listen_port: u16,
+        reply: oneshot::Sender<Result<(), SpeakerError>>,
+    },
     Withdraw(Ipv4Prefix, oneshot::Sender<Result<(), SpeakerError>>),
     Accepted(TcpStream, SocketAddr),
 }
@@ -182,15 +229,51 @@ impl SpeakerHandle {
     pub async fn withdraw(&self, prefix: Ipv4Prefix) -> Result<(), SpeakerError> {
         self.ask(|r| Command::Withdraw(prefix, r)).await?
     }
+
+    /// Apply a new policy, and be a route reflector with `cluster_id` (or not); no session
+    /// is reset.
+    pub async fn set_policy(
+        &self,
+        policy: Arc<Policy>,
+        cluster_id: Option<Ipv4Addr>,
+    ) -> Result<(), SpeakerError> {
+        self.ask(|r| Command::SetPolicy(policy, cluster_id, r))
+            .await
+    }
+
+    /// The policy in force.
+    pub async fn policy(&self) -> Result<Arc<Policy>, SpeakerError> {
+        self.ask(Command::GetPolicy).await
+    }
+
+    /// Change the local AS or the listen port: every session restarts (its OPEN changes),
+    /// which is why the caller does it only when one of them changed.
+    pub async fn reconfigure(&self, local_as: Asn, listen_port: u16) -> Result<(), SpeakerError> {
+        self.ask(|reply| Command::Reconfigure {
+            local_as,
+            listen_port,
+            reply,
+        })
+        .await?
+    }
 }
 
 /// Speaker-wide settings.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct SpeakerConfig {
     pub local_as: Asn,
     pub router_id: Ipv4Addr,
     /// Where to listen; bound when the first peer is added (port 0: never listen).
     pub listen: SocketAddr,
+    /// Told the kernel routes the policy derives from the Loc-RIB.
+    pub kernel: Option<Arc<dyn KernelSink>>,
+}
+
+/// Receives the BGP part of the desired kernel state.
+pub trait KernelSink: Send + Sync {
+    /// Routes to add or replace (`Some`) or remove (`None`), by destination. With `replace`
+    /// the list is the whole BGP part (what is not in it goes).
+    fn bgp_routes(&self, changes: Vec<(IpNet, Option<pb::DesiredItem>)>, replace: bool);
 }
 
 struct PeerEntry {
@@ -211,7 +294,8 @@ struct Speaker {
     peers: BTreeMap<Ipv4Addr, PeerEntry>,
     by_id: BTreeMap<PeerId, Ipv4Addr>,
     next_id: u32,
-    listening: bool,
+    /// The running listener task, to rebind when the port changes.
+    listener: Option<tokio::task::JoinHandle<()>>,
     self_tx: mpsc::Sender<Command>,
     from_sessions: mpsc::Sender<FromSession>,
 }
@@ -220,13 +304,17 @@ struct Speaker {
 pub fn start(config: SpeakerConfig) -> SpeakerHandle {
     let (tx, rx) = mpsc::channel(QUEUE);
     let (stx, srx) = mpsc::channel(QUEUE);
+    let mut rib = Rib::new(config.local_as, config.router_id);
+    if config.kernel.is_some() {
+        rib.track_loc_changes();
+    }
     let speaker = Speaker {
-        rib: Rib::new(config.local_as, config.router_id),
+        rib,
         config,
         peers: BTreeMap::new(),
         by_id: BTreeMap::new(),
         next_id: 1,
-        listening: false,
+        listener: None,
         self_tx: tx.clone(),
         from_sessions: stx,
     };
@@ -289,6 +377,22 @@ impl Speaker {
             }
             Command::Routes { table, peer, reply } => {
                 let _ = reply.send(self.list(table, peer));
+            }
+            Command::SetPolicy(policy, cluster_id, reply) => {
+                let out = self.rib.set_policy(policy, cluster_id);
+                self.distribute(out);
+                self.publish_kernel(true);
+                let _ = reply.send(());
+            }
+            Command::GetPolicy(reply) => {
+                let _ = reply.send(self.rib.policy().clone());
+            }
+            Command::Reconfigure {
+                local_as,
+                listen_port,
+                reply,
+            } => {
+                let _ = reply.send(self.reconfigure(local_as, listen_port).await);
             }
             Command::Announce(a, reply) => {
                 let attrs = PathAttributes {
@@ -379,14 +483,13 @@ impl Speaker {
     }
 
     async fn ensure_listening(&mut self) -> Result<(), SpeakerError> {
-        if self.listening || self.config.listen.port() == 0 {
+        if self.listener.is_some() || self.config.listen.port() == 0 {
             return Ok(());
         }
         let addr = self.config.listen;
         let listener = bind(addr).map_err(|source| SpeakerError::Listen { addr, source })?;
-        self.listening = true;
         let tx = self.self_tx.clone();
-        tokio::spawn(async move {
+        self.listener = Some(tokio::spawn(async move {
             loop {
                 match listener.accept().await {
                     Ok((s, from)) => {
@@ -400,7 +503,7 @@ impl Speaker {
                     }
                 }
             }
-        });
+        }));
         tracing::info!(%addr, "BGP listening");
         Ok(())
     }
@@ -443,6 +546,99 @@ impl Speaker {
             },
         );
         Ok(())
+    }
+
+    async fn reconfigure(&mut self, local_as: Asn, listen_port: u16) -> Result<(), SpeakerError> {
+        if listen_port != self.config.listen.port() {
+            if let Some(l) = self.listener.take() {
+                l.abort();
+                // Let the aborted task drop its socket before binding the new port.
+                tokio::task::yield_now().await;
+            }
+            self.config.listen.set_port(listen_port);
+            if !self.peers.is_empty() {
+                self.ensure_listening().await?;
+            }
+            tracing::info!(port = listen_port, "BGP listen port changed");
+        }
+        if local_as != self.config.local_as {
+            let specs: Vec<PeerSpec> = self.peers.values().map(|p| p.spec.clone()).collect();
+            for s in &specs {
+                let _ = self.delete_peer(s.address);
+            }
+            let mut rib = Rib::new(local_as, self.config.router_id);
+            if self.config.kernel.is_some() {
+                rib.track_loc_changes();
+            }
+            let _ = rib.set_policy(self.rib.policy().clone(), self.rib.cluster_id());
+            for (prefix, attrs) in self.rib.local_routes() {
+                let _ = rib.announce(prefix, attrs);
+            }
+            self.rib = rib;
+            self.config.local_as = local_as;
+            self.publish_kernel(true);
+            for s in specs {
+                self.add_peer(s).await?;
+            }
+            tracing::info!(asn = %local_as, "local AS changed; sessions restarted");
+        }
+        Ok(())
+    }
+
+    /// Tell the kernel sink what changed in the Loc-RIB (everything, with `replace`).
+    fn publish_kernel(&mut self, replace: bool) {
+        let Some(sink) = self.config.kernel.clone() else {
+            return;
+        };
+        let changed = self.rib.take_loc_changes();
+        let prefixes: Vec<Ipv4Prefix> = if replace {
+            self.rib.loc_rib().map(|r| r.prefix).collect()
+        } else {
+            changed
+        };
+        if prefixes.is_empty() && !replace {
+            return;
+        }
+        let changes = prefixes
+            .into_iter()
+            .filter_map(|p| {
+                let net = Ipv4Net::new(p.addr(), p.prefix_len()).ok()?;
+                Some((IpNet::V4(net), self.kernel_item(&p)))
+            })
+            .filter(|(_, item)| !replace || item.is_some())
+            .collect();
+        sink.bgp_routes(changes, replace);
+    }
+
+    /// The kernel route the policy derives from the best route for `p`, if any.
+    fn kernel_item(&self, p: &Ipv4Prefix) -> Option<pb::DesiredItem> {
+        let (src, attrs) = self.rib.best(p)?;
+        let Source::Peer(q) = src else { return None };
+        let next_hop = attrs.next_hop?;
+        let (via, reason) =
+            self.rib
+                .policy()
+                .kernel(p, self.rib.route_source(src), Some(next_hop))?;
+        let from = self
+            .by_id
+            .get(&q)
+            .and_then(|a| self.peers.get(a))
+            .map(|e| e.spec.name())
+            .unwrap_or_default();
+        let (kind, onlink) = match via {
+            KernelVia::NextHop => (pb::RouteKind::Gateway, false),
+            KernelVia::Ipip => (pb::RouteKind::Ipip, true),
+        };
+        Some(pb::DesiredItem {
+            item: Some(pb::desired_item::Item::Route(pb::KernelRoute {
+                destination: format!("{}/{}", p.addr(), p.prefix_len()),
+                kind: kind.into(),
+                gateway: next_hop.to_string(),
+                device: String::new(),
+                onlink,
+                source: format!("bgp from {from} ({reason})"),
+            })),
+        })
     }
 
     fn delete_peer(&mut self, addr: Ipv4Addr) -> Result<(), SpeakerError> {
@@ -492,6 +688,8 @@ impl Speaker {
                     asn: p.spec.asn,
                     router_id: remote_id,
                     local_address,
+                    class: p.spec.class,
+                    rr_client: p.spec.rr_client,
                 };
                 let tx = p.tx.clone();
                 let update = self.rib.peer_up(info);
@@ -555,6 +753,7 @@ impl Speaker {
     }
 
     fn distribute(&mut self, out: std::collections::HashMap<PeerId, OutUpdate>) {
+        self.publish_kernel(false);
         for (id, update) in out {
             let Some(addr) = self.by_id.get(&id) else {
                 continue;

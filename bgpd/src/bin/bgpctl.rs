@@ -43,9 +43,12 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// BGP sessions and routes: show protocols, show route.
+    /// BGP sessions, routes and filters: show protocols, show route, show filters.
     #[command(subcommand)]
     Show(ctl::bgp::ShowCommand),
+    /// The cluster's BGP configuration: show, set.
+    #[command(subcommand)]
+    Config(ctl::bgp::ConfigCommand),
     /// BGP peers: add, del.
     #[command(subcommand)]
     Peer(ctl::bgp::PeerCommand),
@@ -109,6 +112,7 @@ async fn run(socket: PathBuf, command: Command) -> Result<(), CtlError> {
         Command::Routewriter { .. } => unreachable!("answered above"),
         Command::Show(c) => ctl::bgp::show(channel, c, &mut out).await,
         Command::Peer(c) => ctl::bgp::peer(channel, c, &mut out).await,
+        Command::Config(c) => ctl::bgp::config(channel, c, &mut out).await,
         Command::Route(c) => ctl::bgp::route(channel, c, &mut out).await,
     }
 }

@@ -1,5 +1,6 @@
-//! `bgpctl show protocols|route`, `bgpctl peer add|del`, `bgpctl route add|del`: the BGP
-//! speaker through the `Bgp` service, with birdc-like tables and `--json`.
+//! `bgpctl show protocols|route|filters`, `bgpctl peer add|del`, `bgpctl route add|del`,
+//! `bgpctl config show|set`: the BGP speaker and the cluster's BGP resources through the
+//! `Bgp` service, with birdc-like tables and `--json`.
 
 use clap::Subcommand;
 use proto::v1 as pb;
@@ -20,9 +21,48 @@ pub enum ShowCommand {
     /// Routes of a table, optionally only those inside PREFIX.
     Route {
         prefix: Option<String>,
-        /// `loc` (default), `adj-in PEER` or `adj-out PEER` (PEER: address or name).
+        /// `loc` (default), `adj-in PEER`, `adj-out PEER` (PEER: address or name), or
+        /// `kernel` (the desired kernel state).
         #[arg(long, num_args = 1..=2, value_names = ["TABLE", "PEER"])]
         table: Vec<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// The filters generated from the pools, one rule per line with its reason (first
+    /// match wins within a scope).
+    Filters {
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand)]
+pub enum ConfigCommand {
+    /// The cluster's BGP configuration.
+    Show {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Change the cluster's BGP configuration (fields not given keep their value); every
+    /// bgpd applies it live.
+    Set {
+        #[arg(long = "as")]
+        asn: Option<u32>,
+        /// Node-to-node mesh: on or off.
+        #[arg(long, value_parser = ["on", "off"])]
+        mesh: Option<String>,
+        #[arg(long)]
+        listen_port: Option<u32>,
+        #[arg(long)]
+        hold_time: Option<u32>,
+        #[arg(long)]
+        keepalive: Option<u32>,
+        /// One aggregate per pool to external peers: on or off.
+        #[arg(long, value_parser = ["on", "off"])]
+        aggregate: Option<String>,
+        /// Routes outside the pools from external peers into the kernel: on or off.
+        #[arg(long, value_parser = ["on", "off"])]
+        program_external_routes: Option<String>,
         #[arg(long)]
         json: bool,
     },
@@ -41,6 +81,13 @@ pub enum PeerCommand {
         /// The peer's BGP port [default: 179].
         #[arg(long)]
         port: Option<u32>,
+        /// Store it as a BGPPeer resource of this name (kept in the datastore; every node
+        /// it concerns peers) instead of a session on this node only.
+        #[arg(long)]
+        resource: Option<String>,
+        /// With --resource: only this node peers [default: every node].
+        #[arg(long, requires = "resource")]
+        node: Option<String>,
         #[arg(long)]
         json: bool,
     },
@@ -186,13 +233,14 @@ pub async fn show(
             let peer = table.get(1).cloned();
             let table = match table.first().map(String::as_str) {
                 None | Some("loc") => pb::RouteTable::LocRib,
+                Some("kernel") => pb::RouteTable::Kernel,
                 Some("adj-in") => pb::RouteTable::AdjRibIn,
                 Some("adj-out") => pb::RouteTable::AdjRibOut,
                 Some(other) => {
                     return Err(CtlError::Status {
                         code: tonic::Code::InvalidArgument,
                         message: format!(
-                            "--table {other}: expected loc, adj-in PEER or adj-out PEER"
+                            "--table {other}: expected loc, adj-in PEER, adj-out PEER or kernel"
                         ),
                     });
                 }
@@ -209,6 +257,9 @@ pub async fn show(
             let mut routes = Vec::new();
             while let Some(batch) = stream.message().await? {
                 routes.extend(batch.routes);
+            }
+            if table == pb::RouteTable::Kernel {
+                return kernel_table(&routes, json, out);
             }
             if json {
                 return out.json(&serde_json::Value::Array(
@@ -242,7 +293,175 @@ pub async fn show(
             }
             out.text(&t.render())
         }
+        ShowCommand::Filters { json } => {
+            let rules = client
+                .get_filters(pb::GetFiltersRequest {})
+                .await?
+                .into_inner()
+                .rules;
+            if json {
+                return out.json(&serde_json::Value::Array(
+                    rules
+                        .iter()
+                        .map(|r| {
+                            json!({"scope": scope_name(r.scope), "match": r.r#match,
+                                   "action": r.action, "reason": r.reason})
+                        })
+                        .collect(),
+                ));
+            }
+            out.text(&render_filters(&rules))
+        }
     }
+}
+
+fn scope_name(s: i32) -> &'static str {
+    match pb::FilterScope::try_from(s) {
+        Ok(pb::FilterScope::Import) => "import",
+        Ok(pb::FilterScope::ExportCluster) => "export to cluster peers",
+        Ok(pb::FilterScope::ExportExternal) => "export to external peers",
+        Ok(pb::FilterScope::Kernel) => "kernel",
+        _ => "unknown",
+    }
+}
+
+/// The rules grouped by scope, like BIRD filters: `filter kernel { ... }`.
+pub fn render_filters(rules: &[pb::FilterRule]) -> String {
+    let mut s = String::new();
+    let mut current = None;
+    for r in rules {
+        if current != Some(r.scope) {
+            if current.is_some() {
+                s.push_str("}\n\n");
+            }
+            s.push_str(&format!("filter {} {{\n", scope_name(r.scope)));
+            current = Some(r.scope);
+        }
+        s.push_str(&format!(
+            "  if {} then {};  # {}\n",
+            r.r#match, r.action, r.reason
+        ));
+    }
+    if current.is_some() {
+        s.push_str("}\n");
+    }
+    s
+}
+
+fn kernel_table(routes: &[pb::Route], json: bool, out: &mut Output) -> Result<(), CtlError> {
+    if json {
+        return out.json(&serde_json::Value::Array(
+            routes
+                .iter()
+                .map(|r| json!({"prefix": r.prefix, "route": r.kernel, "source": r.from_peer}))
+                .collect(),
+        ));
+    }
+    let mut t = Table::new(&["prefix", "route", "source"]);
+    for r in routes {
+        t.row(vec![
+            r.prefix.clone(),
+            r.kernel.clone(),
+            r.from_peer.clone(),
+        ]);
+    }
+    out.text(&t.render())
+}
+
+fn on(v: &Option<String>) -> Option<bool> {
+    v.as_deref().map(|s| s == "on")
+}
+
+pub async fn config(
+    channel: Channel,
+    command: ConfigCommand,
+    out: &mut Output,
+) -> Result<(), CtlError> {
+    let mut client = BgpClient::new(channel);
+    let mut c = client
+        .get_configuration(pb::GetConfigurationRequest {})
+        .await?
+        .into_inner();
+    let json = match command {
+        ConfigCommand::Show { json } => json,
+        ConfigCommand::Set {
+            asn,
+            mesh,
+            listen_port,
+            hold_time,
+            keepalive,
+            aggregate,
+            program_external_routes,
+            json,
+        } => {
+            if let Some(a) = asn {
+                c.as_number = a;
+            }
+            if let Some(m) = on(&mesh) {
+                c.node_to_node_mesh = Some(m);
+            }
+            if let Some(p) = listen_port {
+                c.listen_port = p;
+            }
+            if let Some(h) = hold_time {
+                c.hold_time_s = h;
+            }
+            if let Some(k) = keepalive {
+                c.keepalive_time_s = k;
+            }
+            if let Some(a) = on(&aggregate) {
+                c.aggregate_pools_to_external = a;
+            }
+            if let Some(p) = on(&program_external_routes) {
+                c.program_external_routes = Some(p);
+            }
+            c = client
+                .set_configuration(pb::SetConfigurationRequest {
+                    configuration: Some(c),
+                })
+                .await?
+                .into_inner();
+            json
+        }
+    };
+    let onoff = |b: bool| if b { "on" } else { "off" };
+    if json {
+        return out.json(&json!({
+            "as": c.as_number,
+            "node_to_node_mesh": c.node_to_node_mesh.unwrap_or(true),
+            "listen_port": c.listen_port,
+            "hold_time_s": c.hold_time_s,
+            "keepalive_time_s": c.keepalive_time_s,
+            "aggregate_pools_to_external": c.aggregate_pools_to_external,
+            "external_transit": c.external_transit,
+            "program_external_routes": c.program_external_routes.unwrap_or(true),
+            "revision": c.revision,
+        }));
+    }
+    let mut t = Table::new(&["setting", "value"]);
+    for (k, v) in [
+        ("as", c.as_number.to_string()),
+        (
+            "node-to-node mesh",
+            onoff(c.node_to_node_mesh.unwrap_or(true)).into(),
+        ),
+        ("listen port", c.listen_port.to_string()),
+        ("hold time", c.hold_time_s.to_string()),
+        ("keepalive", c.keepalive_time_s.to_string()),
+        (
+            "aggregate pools to external",
+            onoff(c.aggregate_pools_to_external).into(),
+        ),
+        ("external transit", onoff(c.external_transit).into()),
+        (
+            "program external routes",
+            onoff(c.program_external_routes.unwrap_or(true)).into(),
+        ),
+        ("revision", c.revision.to_string()),
+    ] {
+        t.row(vec![k.into(), v]);
+    }
+    out.text(&t.render())
 }
 
 pub async fn peer(
@@ -257,15 +476,25 @@ pub async fn peer(
             asn,
             passive,
             port,
+            resource,
+            node,
             json,
         } => {
+            let origin = if resource.is_some() {
+                pb::PeerOrigin::Resource
+            } else {
+                pb::PeerOrigin::Api
+            };
             let p = client
                 .add_peer(pb::AddPeerRequest {
                     peer: Some(pb::BgpPeer {
+                        name: resource.unwrap_or_default(),
+                        node: node.unwrap_or_default(),
                         peer_address: address,
                         as_number: asn,
                         passive,
                         port: port.unwrap_or(0),
+                        origin: origin.into(),
                         ..pb::BgpPeer::default()
                     }),
                 })

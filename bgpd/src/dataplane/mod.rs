@@ -1,39 +1,39 @@
 //! The desired kernel state of this node, kept current from the datastore and served as the
 //! `Dataplane.Watch` stream: a snapshot, then ordered changes, each with a revision.
 //!
-//! One task (`run`) owns the computation: it lists the cluster state, makes sure this node has
-//! its VXLAN tunnel address when a VXLAN pool selects it, computes the desired state
-//! (`desired::compute`), publishes the difference to the `Hub`, then waits on a datastore watch
-//! for the next change. The `Hub` keeps the current state and a bounded history, so a client
-//! that reconnects with its last revision gets only what changed (or a snapshot when that
-//! revision is too old or from an earlier bgpd).
+//! Two parts make it: the IPAM part, computed by `desired::compute` whenever the cluster state
+//! changes (the cluster brain's task calls [`Hub::publish`]), and the BGP part, routes the
+//! kernel policy lets through from the Loc-RIB (the speaker calls the hub as its
+//! [`crate::bgp::KernelSink`]). The `Hub` merges them, keeps the current state and a bounded
+//! history, so a client that reconnects with its last revision gets only what changed (or a
+//! snapshot when that revision is too old or from an earlier bgpd).
 
 pub mod desired;
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use ipam::IpamError;
 use ipam::allocator::{AssignRequest, Ipam, TUNNEL_HANDLE_PREFIX};
-use ipam::block::{Block, BlockAffinity};
-use ipam::model::{AllowedUse, IpPool, Node};
-use ipam::resource::{Resource, decode};
+use ipam::model::AllowedUse;
 use ipam::selector::Selector;
-use ipam::store::{Datastore, Listing, Store};
+use ipam::store::Store;
 use proto::v1 as pb;
 use tokio::sync::broadcast;
 
-use crate::datastore::DatastoreHandle;
-use desired::{Desired, Inputs};
+use desired::{Desired, ItemKey};
 
 /// Updates kept for clients that resume.
 const HISTORY: usize = 1024;
-/// Changes arriving within this window are computed once.
-const DEBOUNCE: Duration = Duration::from_millis(20);
 
 struct HubState {
+    /// What clients are told: the IPAM part over the BGP part (IPAM wins a destination both
+    /// name, e.g. an own block's blackhole).
     current: Desired,
+    /// Computed from IPAM blocks and nodes.
+    ipam: Desired,
+    /// Kernel-filtered BGP routes.
+    bgp: Desired,
     revision: u64,
     history: VecDeque<Arc<pb::DataplaneUpdate>>,
     /// Whether a first state has been computed.
@@ -65,6 +65,8 @@ impl Hub {
         Self {
             state: Arc::new(Mutex::new(HubState {
                 current: Desired::new(),
+                ipam: Desired::new(),
+                bgp: Desired::new(),
                 revision: epoch,
                 history: VecDeque::new(),
                 ready: false,
@@ -126,19 +128,84 @@ impl Hub {
         Arc::new(Self::snapshot_of(&self.lock()))
     }
 
-    /// Publishes `new` as the desired state: the difference as one update.
+    /// Publishes `new` as the IPAM part of the desired state: the difference as one update.
     pub fn publish(&self, new: Desired) {
         let mut s = self.lock();
+        let old = std::mem::replace(&mut s.ipam, new);
+        let keys = changed_keys(&old, &s.ipam);
         let first = !s.ready;
-        let (upsert, remove) = desired::diff(&s.current, &new);
+        s.ready = true;
+        Self::commit(&mut s, &self.tx, keys, first);
+    }
+
+    /// Applies changes to the BGP part.
+    fn apply_bgp(&self, changes: Vec<(ItemKey, Option<pb::DesiredItem>)>, replace: bool) {
+        let mut s = self.lock();
+        let keys = if replace {
+            let new: Desired = changes
+                .into_iter()
+                .filter_map(|(k, v)| Some((k, v?)))
+                .collect();
+            let old = std::mem::replace(&mut s.bgp, new);
+            changed_keys(&old, &s.bgp)
+        } else {
+            let mut keys = Vec::with_capacity(changes.len());
+            for (k, v) in changes {
+                match v {
+                    Some(v) => s.bgp.insert(k.clone(), v),
+                    None => s.bgp.remove(&k),
+                };
+                keys.push(k);
+            }
+            keys
+        };
+        // Before the first IPAM computation nothing is published: the first update is the
+        // snapshot, which will include this.
+        if s.ready {
+            Self::commit(&mut s, &self.tx, keys, false);
+        } else {
+            for k in keys {
+                let v = s.ipam.get(&k).or(s.bgp.get(&k)).cloned();
+                match v {
+                    Some(v) => s.current.insert(k, v),
+                    None => s.current.remove(&k),
+                };
+            }
+        }
+    }
+
+    /// Brings `current` in line for `keys` and publishes what changed (the whole state when
+    /// `first`).
+    fn commit(
+        s: &mut HubState,
+        tx: &broadcast::Sender<Arc<pb::DataplaneUpdate>>,
+        keys: Vec<ItemKey>,
+        first: bool,
+    ) {
+        let mut upsert = Vec::new();
+        let mut remove = Vec::new();
+        for k in keys {
+            let want = s.ipam.get(&k).or(s.bgp.get(&k)).cloned();
+            match want {
+                Some(v) => {
+                    if s.current.get(&k) != Some(&v) {
+                        upsert.push(v.clone());
+                        s.current.insert(k, v);
+                    }
+                }
+                None => {
+                    if s.current.remove(&k).is_some() {
+                        remove.push(k.to_proto());
+                    }
+                }
+            }
+        }
         if !first && upsert.is_empty() && remove.is_empty() {
             return;
         }
         s.revision += 1;
-        s.current = new;
-        s.ready = true;
         let update = Arc::new(if first {
-            Self::snapshot_of(&s)
+            Self::snapshot_of(s)
         } else {
             pb::DataplaneUpdate {
                 revision: s.revision,
@@ -152,43 +219,40 @@ impl Hub {
             s.history.pop_front();
         }
         // Nobody listening is fine.
-        let _ = self.tx.send(update);
+        let _ = tx.send(update);
     }
 }
 
-/// The cluster state the computation needs, from one listing.
-struct Cluster {
-    nodes: Vec<Node>,
-    pools: Vec<IpPool>,
-    blocks: Vec<Block>,
-    affinities: Vec<BlockAffinity>,
+/// Keys whose value differs between `old` and `new`.
+fn changed_keys(old: &Desired, new: &Desired) -> Vec<ItemKey> {
+    let mut keys: Vec<ItemKey> = new
+        .iter()
+        .filter(|(k, v)| old.get(*k) != Some(*v))
+        .map(|(k, _)| k.clone())
+        .collect();
+    keys.extend(old.keys().filter(|k| !new.contains_key(*k)).cloned());
+    keys
 }
 
-fn parse(listing: &Listing) -> Result<Cluster, IpamError> {
-    let mut c = Cluster {
-        nodes: vec![],
-        pools: vec![],
-        blocks: vec![],
-        affinities: vec![],
-    };
-    for kv in &listing.items {
-        let k = kv.key.as_str();
-        if k.starts_with(Node::PREFIX) {
-            c.nodes.push(decode(&kv.value)?);
-        } else if k.starts_with(IpPool::PREFIX) {
-            c.pools.push(decode(&kv.value)?);
-        } else if k.starts_with(Block::PREFIX) {
-            c.blocks.push(decode(&kv.value)?);
-        } else if k.starts_with(BlockAffinity::PREFIX) {
-            c.affinities.push(decode(&kv.value)?);
-        }
+impl crate::bgp::KernelSink for Hub {
+    fn bgp_routes(&self, changes: Vec<(ipnet::IpNet, Option<pb::DesiredItem>)>, replace: bool) {
+        self.apply_bgp(
+            changes
+                .into_iter()
+                .map(|(n, v)| (desired::ItemKey::Route(n), v))
+                .collect(),
+            replace,
+        );
     }
-    Ok(c)
 }
 
 /// Gives this node its VXLAN tunnel address and VTEP MAC when a VXLAN pool that allows
 /// tunnel addresses selects it (as calico-node does). Returns whether it wrote anything.
-async fn ensure_tunnel(ipam: &Ipam<Store>, me: &str, c: &Cluster) -> Result<bool, IpamError> {
+pub async fn ensure_tunnel(
+    ipam: &Ipam<Store>,
+    me: &str,
+    c: &crate::cluster::ClusterState,
+) -> Result<bool, IpamError> {
     let Some(node) = c.nodes.iter().find(|n| n.name == me) else {
         return Ok(false);
     };
@@ -239,54 +303,4 @@ async fn ensure_tunnel(ipam: &Ipam<Store>, me: &str, c: &Cluster) -> Result<bool
     ipam.register_node(&node, Some(rev)).await?;
     tracing::info!(node = me, tunnel = %address, "VXLAN tunnel address assigned");
     Ok(true)
-}
-
-/// Keeps the hub's desired state current for node `me`, for as long as bgpd runs.
-pub async fn run(me: String, mut datastore: DatastoreHandle, hub: Hub) {
-    let mut backoff = Duration::from_millis(250);
-    loop {
-        let Some(store) = datastore.store() else {
-            datastore.changed().await;
-            if !datastore.is_alive() {
-                return;
-            }
-            continue;
-        };
-        match follow(&me, &store, &hub).await {
-            Ok(()) => backoff = Duration::from_millis(250),
-            Err(e) => {
-                tracing::warn!(error = %e, "desired dataplane state: re-reading after an error");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(10));
-            }
-        }
-    }
-}
-
-/// Lists, computes, publishes, then waits for the next change; returns to re-list.
-async fn follow(me: &str, store: &Store, hub: &Hub) -> Result<(), IpamError> {
-    let ipam = Ipam::new(store.clone());
-    loop {
-        let listing = store.list("/margay/v1/").await?;
-        let cluster = parse(&listing)?;
-        if ensure_tunnel(&ipam, me, &cluster).await? {
-            continue;
-        }
-        hub.publish(desired::compute(&Inputs {
-            me,
-            nodes: &cluster.nodes,
-            pools: &cluster.pools,
-            blocks: &cluster.blocks,
-            affinities: &cluster.affinities,
-        }));
-        let mut watch = store.watch("/margay/v1/", listing.revision).await?;
-        match watch.next().await {
-            Some(Ok(_)) => {}
-            Some(Err(e)) => return Err(e.into()),
-            None => return Ok(()),
-        }
-        // Let a burst of changes (a pod start writes a block and a handle) settle.
-        let until = tokio::time::Instant::now() + DEBOUNCE;
-        while let Ok(Some(Ok(_))) = tokio::time::timeout_at(until, watch.next()).await {}
-    }
 }

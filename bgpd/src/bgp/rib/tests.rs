@@ -3,6 +3,8 @@
 use super::*;
 use bgp_wire::AsSegment;
 
+use crate::bgp::policy::PeerClass;
+
 const LOCAL_AS: Asn = Asn(64512);
 
 fn pfx(s: &str) -> Ipv4Prefix {
@@ -17,6 +19,8 @@ fn peer(n: u8, asn: u32) -> PeerInfo {
         asn: Asn(asn),
         router_id: Ipv4Addr::new(10, 0, 0, n),
         local_address: Ipv4Addr::new(10, 0, 0, 1),
+        class: PeerClass::External,
+        rr_client: false,
     }
 }
 
@@ -374,8 +378,15 @@ fn tables_stay_consistent_under_random_churn() {
                     Source::Peer(q) => peers.iter().find(|x| x.id == q).copied(),
                     Source::Local => None,
                 };
-                export_attrs(LOCAL_AS, &p, route.source, from.as_ref(), &route.attrs)
-                    .map(|a| (route.prefix, a))
+                export_attrs(
+                    LOCAL_AS,
+                    None,
+                    &p,
+                    route.source,
+                    from.as_ref(),
+                    &route.attrs,
+                )
+                .map(|a| (route.prefix, a))
             })
             .collect();
         fresh.sort_by_key(|(p, _)| *p);
@@ -388,4 +399,185 @@ fn tables_stay_consistent_under_random_churn() {
     for route in r.loc_rib() {
         assert!(r.decide(&route.prefix).is_some());
     }
+}
+
+fn cluster_peer(n: u8, client: bool) -> PeerInfo {
+    PeerInfo {
+        class: PeerClass::Cluster,
+        rr_client: client,
+        ..peer(n, 64512)
+    }
+}
+
+fn announced_to(out: &HashMap<PeerId, OutUpdate>, id: u32) -> Vec<(Ipv4Prefix, Attrs)> {
+    out.get(&PeerId(id))
+        .map(|u| {
+            u.announce
+                .iter()
+                .flat_map(|(a, ps)| ps.iter().map(|p| (*p, a.clone())))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+const CLUSTER_ID: Ipv4Addr = Ipv4Addr::new(244, 0, 0, 1);
+
+#[test]
+fn a_reflector_passes_client_routes_to_everyone_and_others_to_clients_only() {
+    let mut r = rib();
+    let _ = r.set_policy(Arc::new(Policy::accept_all()), Some(CLUSTER_ID));
+    r.peer_up(cluster_peer(2, true));
+    r.peer_up(cluster_peer(3, true));
+    r.peer_up(cluster_peer(4, false));
+    let from_client = r.update(
+        PeerId(2),
+        Some(attrs(&[], Some(100))),
+        &[pfx("172.20.2.0/26")],
+        &[],
+    );
+    let to3 = announced_to(&from_client, 3);
+    let to4 = announced_to(&from_client, 4);
+    assert_eq!(to3.len(), 1, "client to client");
+    assert_eq!(to4.len(), 1, "client to non-client");
+    assert!(
+        announced_to(&from_client, 2).is_empty(),
+        "never back to the sender"
+    );
+    let a = &to3[0].1;
+    assert_eq!(a.originator_id, Some(Ipv4Addr::new(10, 0, 0, 2)));
+    assert_eq!(a.cluster_list, vec![CLUSTER_ID]);
+    assert_eq!(
+        a.next_hop,
+        Some(Ipv4Addr::new(192, 0, 2, 1)),
+        "next hop kept"
+    );
+
+    let from_non_client = r.update(
+        PeerId(4),
+        Some(attrs(&[], Some(100))),
+        &[pfx("172.20.4.0/26")],
+        &[],
+    );
+    assert_eq!(announced_to(&from_non_client, 2).len(), 1);
+    assert_eq!(announced_to(&from_non_client, 3).len(), 1);
+    assert!(announced_to(&from_non_client, 4).is_empty());
+}
+
+#[test]
+fn without_a_cluster_id_ibgp_routes_stay_put() {
+    let mut r = rib();
+    r.peer_up(cluster_peer(2, true));
+    r.peer_up(cluster_peer(3, true));
+    let out = r.update(
+        PeerId(2),
+        Some(attrs(&[], Some(100))),
+        &[pfx("172.20.2.0/26")],
+        &[],
+    );
+    assert!(announced_to(&out, 3).is_empty());
+}
+
+#[test]
+fn reflection_loops_are_refused_on_the_way_in() {
+    let mut r = rib();
+    let _ = r.set_policy(Arc::new(Policy::accept_all()), Some(CLUSTER_ID));
+    r.peer_up(cluster_peer(2, false));
+    let mut looped = attrs(&[], Some(100));
+    looped.cluster_list = vec![Ipv4Addr::new(244, 0, 0, 9), CLUSTER_ID];
+    r.update(PeerId(2), Some(looped), &[pfx("172.20.2.0/26")], &[]);
+    let mut mine = attrs(&[], Some(100));
+    mine.originator_id = Some(Ipv4Addr::new(10, 0, 0, 1));
+    r.update(PeerId(2), Some(mine), &[pfx("172.20.3.0/26")], &[]);
+    assert_eq!(r.loc_len(), 0);
+    assert_eq!(r.counts(PeerId(2)), (2, 0, 0));
+}
+
+#[test]
+fn shorter_cluster_list_wins_a_tie() {
+    let mut r = rib();
+    r.peer_up(peer(2, 64512));
+    r.peer_up(peer(3, 64512));
+    let p = [pfx("172.20.2.0/26")];
+    let mut long = attrs(&[], Some(100));
+    long.originator_id = Some(Ipv4Addr::new(10, 9, 9, 9));
+    long.cluster_list = vec![Ipv4Addr::new(1, 1, 1, 1), Ipv4Addr::new(2, 2, 2, 2)];
+    let mut short = long.clone();
+    short.cluster_list.truncate(1);
+    r.update(PeerId(2), Some(long), &p, &[]);
+    r.update(PeerId(3), Some(short), &p, &[]);
+    assert_eq!(
+        best_from(&r, "172.20.2.0/26"),
+        Some(Source::Peer(PeerId(3)))
+    );
+}
+
+fn pool_policy(own: &[&str]) -> Arc<Policy> {
+    let pools = vec![ipam::model::IpPool::new(
+        "default",
+        "172.20.0.0/16".parse().unwrap(),
+    )];
+    let own: Vec<ipnet::Ipv4Net> = own.iter().map(|s| s.parse().unwrap()).collect();
+    Arc::new(Policy::generate(&crate::bgp::policy::PolicyInputs {
+        pools: &pools,
+        own_blocks: &own,
+        program_external_routes: true,
+        ..Default::default()
+    }))
+}
+
+#[test]
+fn a_new_policy_applies_to_routes_already_held_without_asking_the_peer() {
+    let mut r = rib();
+    r.track_loc_changes();
+    r.peer_up(cluster_peer(2, false));
+    r.update(
+        PeerId(2),
+        Some(attrs(&[], Some(100))),
+        &[
+            pfx("172.20.2.0/26"),
+            pfx("10.0.0.0/8"),
+            pfx("172.20.1.0/26"),
+        ],
+        &[],
+    );
+    assert_eq!(r.loc_len(), 3);
+    let _ = r.take_loc_changes();
+    let _ = r.set_policy(pool_policy(&["172.20.1.0/26"]), None);
+    // Outside the pools from a cluster peer, and our own block coming back: out.
+    let loc: Vec<Ipv4Prefix> = r.loc_rib().map(|x| x.prefix).collect();
+    assert_eq!(loc, vec![pfx("172.20.2.0/26")]);
+    assert_eq!(r.counts(PeerId(2)), (3, 1, 0));
+    let mut changed = r.take_loc_changes();
+    changed.sort();
+    assert_eq!(changed, vec![pfx("10.0.0.0/8"), pfx("172.20.1.0/26")]);
+    // And back.
+    let _ = r.set_policy(Arc::new(Policy::accept_all()), None);
+    assert_eq!(r.loc_len(), 3);
+}
+
+#[test]
+fn export_policy_keeps_cluster_routes_from_external_peers() {
+    let mut r = rib();
+    let _ = r.set_policy(pool_policy(&["172.20.1.0/26"]), None);
+    r.peer_up(cluster_peer(2, false));
+    r.peer_up(peer(3, 65000));
+    let own = r.announce(
+        pfx("172.20.1.0/26"),
+        PathAttributes {
+            origin: Some(Origin::Igp),
+            next_hop: Some(Ipv4Addr::new(10, 0, 0, 1)),
+            ..Default::default()
+        },
+    );
+    assert_eq!(announced_to(&own, 2).len(), 1);
+    assert_eq!(announced_to(&own, 3).len(), 1);
+    // Another node's block: not relayed to the external peer.
+    let other = r.update(
+        PeerId(2),
+        Some(attrs(&[], Some(100))),
+        &[pfx("172.20.2.0/26")],
+        &[],
+    );
+    assert!(announced_to(&other, 3).is_empty());
+    assert_eq!(r.loc_len(), 2);
 }

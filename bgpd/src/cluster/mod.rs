@@ -1,0 +1,299 @@
+//! The cluster brain: bgpd's whole BGP world and desired kernel state derived from the
+//! datastore, live — what confd does for BIRD by rewriting files, done in-process and
+//! without dropping the sessions a change does not concern.
+//!
+//! One task ([`run`]) follows the datastore: it lists the cluster state, then
+//! - makes sure this node has its VXLAN tunnel address (`dataplane::ensure_tunnel`),
+//! - publishes the IPAM part of the desired kernel state (`dataplane::desired`),
+//! - brings the speaker in line ([`Brain::apply`]): local AS and port, the policy generated
+//!   from the pools (`bgp::policy`), the peers (`peers`), what this node originates
+//!   (`origin`),
+//!
+//! then waits for the next change. The computations are pure functions of [`ClusterState`];
+//! this module only moves their results to the speaker and the hub.
+
+pub mod origin;
+pub mod peers;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bgp_wire::{Asn, Ipv4Prefix};
+use ipam::IpamError;
+use ipam::allocator::Ipam;
+use ipam::block::{AffinityState, Block, BlockAffinity};
+use ipam::model::{BgpConfiguration, BgpPeer, IpPool, Node};
+use ipam::resource::{Resource, decode};
+use ipam::store::{Datastore, Listing, Store};
+
+use crate::bgp::policy::{Policy, PolicyInputs};
+use crate::bgp::{Announcement, PeerSpec, SpeakerError, SpeakerHandle};
+use crate::config::BgpConfig;
+use crate::dataplane::{self, Hub, desired};
+use crate::datastore::DatastoreHandle;
+
+/// Changes arriving within this window are computed once.
+const DEBOUNCE: Duration = Duration::from_millis(20);
+
+/// The cluster state the computations need, from one listing.
+#[derive(Debug, Clone, Default)]
+pub struct ClusterState {
+    pub nodes: Vec<Node>,
+    pub pools: Vec<IpPool>,
+    pub blocks: Vec<Block>,
+    pub affinities: Vec<BlockAffinity>,
+    pub bgp_config: Option<BgpConfiguration>,
+    pub bgp_peers: Vec<BgpPeer>,
+}
+
+impl ClusterState {
+    pub fn parse(listing: &Listing) -> Result<Self, IpamError> {
+        let mut c = ClusterState::default();
+        for kv in &listing.items {
+            let k = kv.key.as_str();
+            if k.starts_with(Node::PREFIX) {
+                c.nodes.push(decode(&kv.value)?);
+            } else if k.starts_with(IpPool::PREFIX) {
+                c.pools.push(decode(&kv.value)?);
+            } else if k.starts_with(Block::PREFIX) {
+                c.blocks.push(decode(&kv.value)?);
+            } else if k.starts_with(BlockAffinity::PREFIX) {
+                c.affinities.push(decode(&kv.value)?);
+            } else if k == BgpConfiguration::key(BgpConfiguration::NAME) {
+                c.bgp_config = Some(decode(&kv.value)?);
+            } else if k.starts_with(BgpPeer::PREFIX) {
+                c.bgp_peers.push(decode(&kv.value)?);
+            }
+        }
+        Ok(c)
+    }
+
+    /// The node a block is affine to, if that affinity is confirmed (a pending block is
+    /// neither routed nor announced).
+    pub fn confirmed_owner<'a>(&self, b: &'a Block) -> Option<&'a str> {
+        let owner = b.affinity.as_deref()?;
+        self.affinities
+            .iter()
+            .any(|a| a.node == owner && a.cidr == b.cidr && a.state == AffinityState::Confirmed)
+            .then_some(owner)
+    }
+
+    pub fn node(&self, name: &str) -> Option<&Node> {
+        self.nodes.iter().find(|n| n.name == name)
+    }
+
+    /// The cluster's BGP settings: the datastore's, else this node's configuration file.
+    pub fn bgp_settings(&self, file: &BgpConfig) -> BgpConfiguration {
+        self.bgp_config.clone().unwrap_or_else(|| BgpConfiguration {
+            as_number: file.as_number,
+            listen_port: file.listen_port,
+            ..Default::default()
+        })
+    }
+}
+
+/// What was last given to the speaker.
+#[derive(Default)]
+struct Applied {
+    speaker: Option<(Asn, u16)>,
+    policy: Option<(Arc<Policy>, Option<Ipv4Addr>)>,
+    announced: BTreeSet<Ipv4Prefix>,
+    next_hop: Option<Ipv4Addr>,
+}
+
+/// Keeps the speaker in line with the cluster state for node `me`.
+pub struct Brain {
+    me: String,
+    file: BgpConfig,
+    speaker: SpeakerHandle,
+    applied: Applied,
+}
+
+impl Brain {
+    pub fn new(me: String, file: BgpConfig, speaker: SpeakerHandle) -> Self {
+        Brain {
+            me,
+            file,
+            speaker,
+            applied: Applied::default(),
+        }
+    }
+
+    /// Bring the speaker in line with `c`: settings, policy, peers, announcements.
+    pub async fn apply(&mut self, c: &ClusterState) -> Result<(), SpeakerError> {
+        let Some(me) = c.node(&self.me) else {
+            // Not registered yet: nothing derives from a node we do not know.
+            return Ok(());
+        };
+        let settings = c.bgp_settings(&self.file);
+        let wanted = (Asn(peers::node_as(&settings, me)), settings.listen_port);
+        if self.applied.speaker != Some(wanted) {
+            self.speaker.reconfigure(wanted.0, wanted.1).await?;
+            self.applied.speaker = Some(wanted);
+        }
+
+        let own = origin::own_blocks(&self.me, c);
+        let policy = Arc::new(Policy::generate(&PolicyInputs {
+            pools: &c.pools,
+            own_blocks: &own,
+            subnet: me.ipv4.map(|n| n.trunc()),
+            aggregate_to_external: settings.aggregate_pools_to_external,
+            external_transit: settings.external_transit,
+            program_external_routes: settings.program_external_routes,
+        }));
+        let role = me.route_reflector_cluster_id;
+        if self
+            .applied
+            .policy
+            .as_ref()
+            .is_none_or(|(p, r)| **p != *policy || *r != role)
+        {
+            self.speaker.set_policy(policy.clone(), role).await?;
+            self.applied.policy = Some((policy, role));
+        }
+
+        self.apply_peers(peers::desired_peers(
+            &self.me,
+            &settings,
+            &c.nodes,
+            &c.bgp_peers,
+        ))
+        .await?;
+
+        let next_hop = me.ipv4.map(|a| a.addr());
+        let want = if next_hop.is_some() {
+            origin::originated(&self.me, c, settings.aggregate_pools_to_external)
+        } else {
+            BTreeSet::new()
+        };
+        if next_hop != self.applied.next_hop {
+            // Every announcement carries the node's address: all again.
+            self.applied.announced.clear();
+            self.applied.next_hop = next_hop;
+        }
+        for p in want.difference(&self.applied.announced.clone()) {
+            self.speaker
+                .announce(Announcement {
+                    prefix: *p,
+                    next_hop,
+                    communities: vec![],
+                })
+                .await?;
+            self.applied.announced.insert(*p);
+        }
+        for p in self.applied.announced.clone().difference(&want) {
+            match self.speaker.withdraw(*p).await {
+                Ok(()) | Err(SpeakerError::NotAnnounced(_)) => {}
+                Err(e) => return Err(e),
+            }
+            self.applied.announced.remove(p);
+        }
+        Ok(())
+    }
+
+    /// Add, replace or remove the cluster-derived peers; peers from the configuration file
+    /// or the API are never touched (and win an address both name).
+    async fn apply_peers(&self, want: BTreeMap<Ipv4Addr, PeerSpec>) -> Result<(), SpeakerError> {
+        let have = self.speaker.peers().await?;
+        let mut keep = BTreeSet::new();
+        for p in &have {
+            let a = p.spec.address;
+            if !p.spec.origin.is_cluster() {
+                keep.insert(a);
+                if want.contains_key(&a) {
+                    tracing::debug!(peer = %a, "a configured peer has this address; the derived one waits");
+                }
+            } else if want.get(&a) == Some(&p.spec) {
+                keep.insert(a);
+            } else {
+                tracing::info!(peer = %p.spec.name(), "cluster peer removed or changed");
+                match self.speaker.delete_peer(a).await {
+                    Ok(()) | Err(SpeakerError::NoPeer(_)) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        for (a, spec) in want {
+            if keep.contains(&a) {
+                continue;
+            }
+            tracing::info!(peer = %spec.name(), asn = %spec.asn, "cluster peer added");
+            match self.speaker.add_peer(spec).await {
+                Ok(()) | Err(SpeakerError::PeerExists(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+enum FollowError {
+    #[error(transparent)]
+    Ipam(#[from] IpamError),
+    #[error(transparent)]
+    Store(#[from] ipam::store::StoreError),
+    #[error("BGP: {0}")]
+    Bgp(#[from] SpeakerError),
+}
+
+/// Follows the cluster state for node `me` for as long as bgpd runs.
+pub async fn run(
+    me: String,
+    file: BgpConfig,
+    mut datastore: DatastoreHandle,
+    hub: Hub,
+    speaker: SpeakerHandle,
+) {
+    let mut brain = Brain::new(me, file, speaker);
+    let mut backoff = Duration::from_millis(250);
+    loop {
+        let Some(store) = datastore.store() else {
+            datastore.changed().await;
+            if !datastore.is_alive() {
+                return;
+            }
+            continue;
+        };
+        match follow(&mut brain, &store, &hub).await {
+            Ok(()) => backoff = Duration::from_millis(250),
+            Err(FollowError::Bgp(SpeakerError::Stopped)) => return,
+            Err(e) => {
+                tracing::warn!(error = %e, "cluster state: re-reading after an error");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(10));
+            }
+        }
+    }
+}
+
+/// Lists, computes, applies, then waits for the next change; returns to re-list.
+async fn follow(brain: &mut Brain, store: &Store, hub: &Hub) -> Result<(), FollowError> {
+    let ipam = Ipam::new(store.clone());
+    loop {
+        let listing = store.list("/margay/v1/").await?;
+        let c = ClusterState::parse(&listing)?;
+        if dataplane::ensure_tunnel(&ipam, &brain.me, &c).await? {
+            continue;
+        }
+        hub.publish(desired::compute(&desired::Inputs {
+            me: &brain.me,
+            nodes: &c.nodes,
+            pools: &c.pools,
+            blocks: &c.blocks,
+            affinities: &c.affinities,
+        }));
+        brain.apply(&c).await?;
+        let mut watch = store.watch("/margay/v1/", listing.revision).await?;
+        match watch.next().await {
+            Some(Ok(_)) => {}
+            Some(Err(e)) => return Err(e.into()),
+            None => return Ok(()),
+        }
+        // Let a burst of changes (a pod start writes a block and a handle) settle.
+        let until = tokio::time::Instant::now() + DEBOUNCE;
+        while let Ok(Some(Ok(_))) = tokio::time::timeout_at(until, watch.next()).await {}
+    }
+}

@@ -1,0 +1,311 @@
+//! Who this node peers with, from the cluster state: the node-to-node mesh, route
+//! reflectors, and `BGPPeer` resources. A pure function, so every rule is tested without a
+//! datastore or a socket.
+//!
+//! The rules (Calico's, `confd` `updatePeersV1`):
+//! - mesh on: every other node with an IPv4 address, named `Mesh_<address>`; route
+//!   reflector nodes take no part in the mesh;
+//! - a reflector peers with every other node: nodes without its cluster id are its clients,
+//!   reflectors with the same cluster id are plain iBGP peers; other nodes peer with every
+//!   reflector (`Node_<address>`), also with the mesh off;
+//! - `BGPPeer` resources: global ones (`Global_<address>`), then this node's (`Node_<address>`)
+//!   which replace a global one for the same address; an explicit peering replaces a derived
+//!   one;
+//! - between two nodes exactly one side connects: the node whose peer has the lexically
+//!   larger address string waits (`passive`), as Calico's templates do.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr};
+
+use bgp_wire::Asn;
+use ipam::model::{BgpConfiguration, BgpPeer, Node};
+
+use crate::bgp::policy::PeerClass;
+use crate::bgp::{PeerOrigin, PeerSpec};
+
+/// BIRD's default hold time, which Calico keeps.
+pub const DEFAULT_HOLD: u16 = 240;
+
+/// The name of a peer as Calico's tools expect it: `Mesh_10_0_0_2`, `Node_10_0_0_2_port_1790`.
+pub fn peer_name(kind: &str, address: Ipv4Addr, port: u16) -> String {
+    let mut n = format!("{kind}_{}", address.to_string().replace('.', "_"));
+    if port != 0 && port != 179 {
+        n.push_str(&format!("_port_{port}"));
+    }
+    n
+}
+
+/// Exactly one side of a node pair connects.
+fn passive_towards(me: Ipv4Addr, peer: Ipv4Addr) -> bool {
+    peer.to_string() > me.to_string()
+}
+
+/// The AS a node speaks.
+pub fn node_as(config: &BgpConfiguration, node: &Node) -> u32 {
+    node.asn.unwrap_or(config.as_number)
+}
+
+fn timers(spec: &mut PeerSpec, hold: u16, keepalive: u16) {
+    spec.hold_time = if hold == 0 { DEFAULT_HOLD } else { hold };
+    spec.keepalive = (keepalive != 0).then_some(keepalive);
+}
+
+/// The peers node `me` must have, by address.
+pub fn desired_peers(
+    me: &str,
+    config: &BgpConfiguration,
+    nodes: &[Node],
+    resources: &[BgpPeer],
+) -> BTreeMap<Ipv4Addr, PeerSpec> {
+    let mut out = BTreeMap::new();
+    let Some(my) = nodes.iter().find(|n| n.name == me) else {
+        return out;
+    };
+    let Some(my_addr) = my.ipv4.map(|a| a.addr()) else {
+        return out;
+    };
+    let my_cluster = my.route_reflector_cluster_id;
+    let others = nodes
+        .iter()
+        .filter(|n| n.name != me)
+        .filter_map(|n| Some((n, n.ipv4?.addr())))
+        .filter(|(_, a)| *a != my_addr);
+
+    for (node, addr) in others {
+        let theirs = node.route_reflector_cluster_id;
+        let (kind, origin, rr_client) = match (my_cluster, theirs) {
+            (None, None) if config.node_to_node_mesh => ("Mesh", PeerOrigin::Mesh, false),
+            (None, None) => continue,
+            // We are a client of theirs.
+            (None, Some(_)) => ("Node", PeerOrigin::RouteReflector, false),
+            // Reflectors of one cluster are plain iBGP peers; anyone else is our client.
+            (Some(c), Some(t)) if c == t => ("Node", PeerOrigin::RouteReflector, false),
+            (Some(_), _) => ("Node", PeerOrigin::RouteReflector, true),
+        };
+        let mut spec = PeerSpec::new(addr, Asn(node_as(config, node)));
+        spec.passive = passive_towards(my_addr, addr);
+        spec.origin = origin;
+        spec.class = PeerClass::Cluster;
+        spec.rr_client = rr_client;
+        spec.label = Some(peer_name(kind, addr, 0));
+        timers(&mut spec, config.hold_time_s, config.keepalive_time_s);
+        out.insert(addr, spec);
+    }
+
+    // Global resources first, so a node-specific one for the same address replaces them.
+    let mut explicit: Vec<&BgpPeer> = resources
+        .iter()
+        .filter(|p| p.node.is_empty() || p.node == me)
+        .collect();
+    explicit.sort_by_key(|p| (!p.node.is_empty(), p.name.clone()));
+    for p in explicit {
+        let IpAddr::V4(addr) = p.peer_address else {
+            // IPv6 sessions come with the production speaker (issue #6).
+            continue;
+        };
+        if addr == my_addr {
+            continue;
+        }
+        let is_node = nodes
+            .iter()
+            .any(|n| n.name != me && n.ipv4.is_some_and(|a| a.addr() == addr));
+        let mut spec = PeerSpec::new(addr, Asn(p.as_number));
+        spec.port = if p.port == 0 { 179 } else { p.port };
+        spec.passive = p.passive || (is_node && passive_towards(my_addr, addr));
+        spec.origin = PeerOrigin::Resource;
+        spec.class = if is_node {
+            PeerClass::Cluster
+        } else {
+            PeerClass::External
+        };
+        let kind = if p.node.is_empty() { "Global" } else { "Node" };
+        spec.label = Some(peer_name(kind, addr, p.port));
+        timers(
+            &mut spec,
+            if p.hold_time_s != 0 {
+                p.hold_time_s
+            } else {
+                config.hold_time_s
+            },
+            if p.keepalive_time_s != 0 {
+                p.keepalive_time_s
+            } else {
+                config.keepalive_time_s
+            },
+        );
+        out.insert(addr, spec);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(name: &str, ip: &str) -> Node {
+        let mut n = Node::new(name);
+        n.ipv4 = Some(format!("{ip}/24").parse().unwrap());
+        n
+    }
+
+    fn rr(mut n: Node, cluster: &str) -> Node {
+        n.route_reflector_cluster_id = Some(cluster.parse().unwrap());
+        n
+    }
+
+    fn ip(s: &str) -> Ipv4Addr {
+        s.parse().unwrap()
+    }
+
+    fn names(p: &BTreeMap<Ipv4Addr, PeerSpec>) -> Vec<String> {
+        p.values().map(PeerSpec::name).collect()
+    }
+
+    fn three() -> Vec<Node> {
+        vec![
+            node("a", "10.0.0.1"),
+            node("b", "10.0.0.2"),
+            node("c", "10.0.0.10"),
+        ]
+    }
+
+    #[test]
+    fn the_mesh_peers_with_every_other_node_and_one_side_connects() {
+        let cfg = BgpConfiguration::default();
+        let nodes = three();
+        let a = desired_peers("a", &cfg, &nodes, &[]);
+        assert_eq!(names(&a), ["Mesh_10_0_0_2", "Mesh_10_0_0_10"]);
+        assert!(
+            a.values()
+                .all(|p| p.class == PeerClass::Cluster && p.asn == Asn(64512))
+        );
+        // For every pair, exactly one side is passive.
+        for x in &nodes {
+            for y in &nodes {
+                if x.name >= y.name {
+                    continue;
+                }
+                let (xa, ya) = (x.ipv4.unwrap().addr(), y.ipv4.unwrap().addr());
+                let px = desired_peers(&x.name, &cfg, &nodes, &[])[&ya].passive;
+                let py = desired_peers(&y.name, &cfg, &nodes, &[])[&xa].passive;
+                assert_ne!(px, py, "{} and {}", x.name, y.name);
+            }
+        }
+        // Lexical, like Calico: "10.0.0.10" < "10.0.0.2".
+        assert!(!a[&ip("10.0.0.10")].passive || a[&ip("10.0.0.2")].passive);
+        assert!(a[&ip("10.0.0.2")].passive);
+    }
+
+    #[test]
+    fn mesh_off_without_reflectors_means_no_peers_and_node_as_overrides() {
+        let mut cfg = BgpConfiguration {
+            node_to_node_mesh: false,
+            ..Default::default()
+        };
+        assert!(desired_peers("a", &cfg, &three(), &[]).is_empty());
+        cfg.node_to_node_mesh = true;
+        let mut nodes = three();
+        nodes[1].asn = Some(65001);
+        let a = desired_peers("a", &cfg, &nodes, &[]);
+        assert_eq!(a[&ip("10.0.0.2")].asn, Asn(65001));
+        // An unknown or address-less node has no peers.
+        assert!(desired_peers("z", &cfg, &nodes, &[]).is_empty());
+    }
+
+    #[test]
+    fn reflectors_take_clients_and_peer_with_each_other() {
+        let cfg = BgpConfiguration {
+            node_to_node_mesh: false,
+            ..Default::default()
+        };
+        let nodes = vec![
+            rr(node("r1", "10.0.0.1"), "244.0.0.1"),
+            rr(node("r2", "10.0.0.2"), "244.0.0.1"),
+            node("a", "10.0.0.3"),
+            node("b", "10.0.0.4"),
+        ];
+        let r1 = desired_peers("r1", &cfg, &nodes, &[]);
+        assert_eq!(r1.len(), 3);
+        assert!(!r1[&ip("10.0.0.2")].rr_client);
+        assert!(r1[&ip("10.0.0.3")].rr_client && r1[&ip("10.0.0.4")].rr_client);
+        let a = desired_peers("a", &cfg, &nodes, &[]);
+        assert_eq!(names(&a), ["Node_10_0_0_1", "Node_10_0_0_2"]);
+        assert!(a.values().all(|p| !p.rr_client));
+        // With the mesh on, clients also mesh with each other, never with reflectors.
+        let on = BgpConfiguration::default();
+        let a = desired_peers("a", &on, &nodes, &[]);
+        assert_eq!(
+            names(&a),
+            ["Node_10_0_0_1", "Node_10_0_0_2", "Mesh_10_0_0_4"]
+        );
+        assert_eq!(desired_peers("r1", &on, &nodes, &[]).len(), 3);
+    }
+
+    fn resource(name: &str, node: &str, addr: &str, asn: u32) -> BgpPeer {
+        BgpPeer {
+            name: name.into(),
+            node: node.into(),
+            peer_address: addr.parse().unwrap(),
+            as_number: asn,
+            port: 0,
+            passive: false,
+            password: String::new(),
+            ttl_security_hops: 0,
+            keepalive_time_s: 0,
+            hold_time_s: 0,
+        }
+    }
+
+    #[test]
+    fn bgp_peer_resources_global_and_per_node() {
+        let cfg = BgpConfiguration::default();
+        let tor = resource("tor", "", "10.0.0.254", 65000);
+        let mut mine = resource("my-tor", "a", "10.0.0.254", 65010);
+        mine.hold_time_s = 9;
+        let theirs = resource("their-tor", "b", "10.0.0.253", 65000);
+        let a = desired_peers("a", &cfg, &three(), &[tor.clone(), theirs.clone()]);
+        let t = &a[&ip("10.0.0.254")];
+        assert_eq!(
+            (t.name(), t.asn, t.class),
+            (
+                "Global_10_0_0_254".to_string(),
+                Asn(65000),
+                PeerClass::External
+            )
+        );
+        assert!(!a.contains_key(&ip("10.0.0.253")));
+        let a = desired_peers("a", &cfg, &three(), &[mine, tor]);
+        let t = &a[&ip("10.0.0.254")];
+        assert_eq!(
+            (t.name().as_str(), t.asn, t.hold_time),
+            ("Node_10_0_0_254", Asn(65010), 9)
+        );
+        // A resource naming another node is a cluster peer and follows the pair rule.
+        let b = resource("to-b", "", "10.0.0.2", 64512);
+        let a = desired_peers("a", &cfg, &three(), &[b]);
+        let p = &a[&ip("10.0.0.2")];
+        assert_eq!(
+            (p.class, p.passive, p.origin),
+            (PeerClass::Cluster, true, PeerOrigin::Resource)
+        );
+        let mut ported = resource("p", "", "192.0.2.1", 65000);
+        ported.port = 1790;
+        let a = desired_peers("a", &cfg, &three(), &[ported]);
+        assert_eq!(a[&ip("192.0.2.1")].name(), "Global_192_0_2_1_port_1790");
+        assert_eq!(a[&ip("192.0.2.1")].port, 1790);
+    }
+
+    #[test]
+    fn timers_come_from_the_configuration() {
+        let cfg = BgpConfiguration {
+            hold_time_s: 30,
+            keepalive_time_s: 10,
+            ..Default::default()
+        };
+        let a = desired_peers("a", &cfg, &three(), &[]);
+        let p = &a[&ip("10.0.0.2")];
+        assert_eq!((p.hold_time, p.keepalive), (30, Some(10)));
+        let d = desired_peers("a", &BgpConfiguration::default(), &three(), &[]);
+        assert_eq!(d[&ip("10.0.0.2")].hold_time, DEFAULT_HOLD);
+    }
+}
