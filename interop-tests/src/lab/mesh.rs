@@ -71,7 +71,13 @@ impl Mesh {
                 "{n} nodes: the mesh holds 1 to {MAX_NODES} (the pool {POOL} has four /26 blocks for each)"
             ));
         }
-        let limits = NeighLimits::raise([32768, 65536, 131072])?;
+        // About n² entries in all; small meshes stay within the defaults (128/512/1024), and
+        // leaving them alone keeps concurrent small runs from restoring under a large one.
+        let limits = if n * n > 256 {
+            NeighLimits::raise([32768, 65536, 131072])?
+        } else {
+            NeighLimits { old: Vec::new() }
+        };
         let hub = Netns::new("hub").map_err(|e| e.to_string())?;
         hub.ip(&["link", "add", "br0", "type", "bridge"])
             .and_then(|_| hub.ip(&["link", "set", "br0", "up"]))
