@@ -2,8 +2,8 @@
 //! Calico's confd configures it (issue #10).
 //!
 //! For each N and each implementation, in fresh namespaces (see `lab::mesh`: N nodes on one
-//! bridge, 10.77.0.0/16, four /26 blocks of 172.20.0.0/16 each), it starts one daemon per node
-//! and measures:
+//! bridge, 10.77.0.0/16, four /26 blocks each of 172.20.0.0/16, a /14 beyond 256 nodes), it
+//! starts one daemon per node and measures:
 //! - converge s: from just before the first daemon is started until every node holds every
 //!   other node's blocks (4N−4), polled per node every `--poll-ms` over kept connections
 //!   (BIRD's control socket: `show route where net ~ [pool+] count`; bgpd's API: the Loc-RIB
@@ -49,7 +49,7 @@ use tonic::transport::Channel;
 #[derive(Parser)]
 #[command(about = "The node-to-node mesh at scale: bgpd against BIRD 1.6 as Calico runs it")]
 struct Args {
-    /// Node counts (at most 256: the pool's /26 blocks, four per node).
+    /// Node counts (2 to 1024; up to 256 the pool is 172.20.0.0/16, beyond it a /14).
     #[arg(long, value_delimiter = ',', default_values_t = [10, 50, 100, 150])]
     n: Vec<usize>,
     /// Seconds to measure idle CPU after convergence.
@@ -135,10 +135,12 @@ struct Row {
 enum Probe {
     Bird {
         socket: PathBuf,
+        pool: &'static str,
         ctl: Option<BirdCtl>,
     },
     Bgpd {
         socket: PathBuf,
+        pool: &'static str,
         own: Vec<ipnet::Ipv4Net>,
         client: Option<BgpClient<Channel>>,
     },
@@ -148,11 +150,11 @@ impl Probe {
     /// Blocks of other nodes the node holds; `None` while it cannot be asked (starting up).
     async fn others(&mut self) -> Option<usize> {
         match self {
-            Probe::Bird { socket, ctl } => {
+            Probe::Bird { socket, pool, ctl } => {
                 if ctl.is_none() {
                     *ctl = BirdCtl::connect(socket).await.ok();
                 }
-                match ctl.as_mut()?.networks_in(mesh::POOL).await {
+                match ctl.as_mut()?.networks_in(pool).await {
                     // Its own blocks are static routes, there from the start.
                     Ok(n) => Some(n.saturating_sub(mesh::BLOCKS_PER_NODE)),
                     Err(_) => {
@@ -163,6 +165,7 @@ impl Probe {
             }
             Probe::Bgpd {
                 socket,
+                pool,
                 own,
                 client,
             } => {
@@ -172,7 +175,7 @@ impl Probe {
                         .ok()
                         .map(BgpClient::new);
                 }
-                match loc_rib_others(client.as_mut()?, own).await {
+                match loc_rib_others(client.as_mut()?, pool, own).await {
                     Ok(n) => Some(n),
                     Err(_) => {
                         *client = None;
@@ -187,13 +190,14 @@ impl Probe {
 /// Distinct prefixes of the pool in bgpd's Loc-RIB that are not the node's own blocks.
 async fn loc_rib_others(
     client: &mut BgpClient<Channel>,
+    pool: &str,
     own: &[ipnet::Ipv4Net],
 ) -> Result<usize, tonic::Status> {
     let mut stream = client
         .list_routes(pb::ListRoutesRequest {
             table: pb::RouteTable::LocRib.into(),
             peer: String::new(),
-            prefix: mesh::POOL.into(),
+            prefix: pool.into(),
             limit: 0,
         })
         .await?
@@ -355,7 +359,7 @@ fn start_bird(mesh: &Mesh, dir: &Path, bird_log: bool) -> Result<(Daemons, Vec<P
         let conf = calico_bird::config(
             node.addr,
             &mesh::node_blocks(i),
-            mesh::POOL,
+            mesh::pool(mesh.nodes.len()),
             &addrs,
             bird_log.then_some(log.as_path()),
         );
@@ -379,7 +383,11 @@ fn start_bird(mesh: &Mesh, dir: &Path, bird_log: bool) -> Result<(Daemons, Vec<P
                 .spawn(&mut cmd)
                 .map_err(|e| format!("starting bird in {}: {e}", node.ns.name()))?,
         );
-        probes.push(Probe::Bird { socket, ctl: None });
+        probes.push(Probe::Bird {
+            socket,
+            pool: mesh::pool(mesh.nodes.len()),
+            ctl: None,
+        });
     }
     Ok((daemons, probes))
 }
@@ -422,6 +430,7 @@ fn start_etcd(mesh: &Mesh, dir: &Path) -> Result<NsProcess, String> {
 /// each) into the datastore, from inside the hub namespace (where etcd listens).
 fn seed(mesh: &Mesh, spec: &str) -> Result<(), String> {
     let addrs: Vec<_> = mesh.nodes.iter().map(|node| node.addr).collect();
+    let cidr = mesh::pool(addrs.len());
     let spec = spec.to_owned();
     mesh.hub
         .run_in(move || {
@@ -444,11 +453,11 @@ fn seed(mesh: &Mesh, spec: &str) -> Result<(), String> {
                 let ipam = Ipam::new(store);
                 let pool = IpPool::new(
                     "default-ipv4-ippool",
-                    mesh::POOL.parse().map_err(|e| format!("{e}"))?,
+                    cidr.parse().map_err(|e| format!("{cidr}: {e}"))?,
                 );
                 ipam.create_pool(&pool)
                     .await
-                    .map_err(|e| format!("creating pool {}: {e}", mesh::POOL))?;
+                    .map_err(|e| format!("creating pool {cidr}: {e}"))?;
                 for (i, addr) in addrs.iter().enumerate() {
                     let name = mesh::node_name(i);
                     let mut node = Node::new(&name);
@@ -521,6 +530,7 @@ fn start_bgpd(mesh: &Mesh, dir: &Path, spec: &str) -> Result<(Daemons, Vec<Probe
         );
         probes.push(Probe::Bgpd {
             socket,
+            pool: mesh::pool(mesh.nodes.len()),
             own: mesh::node_blocks(i),
             client: None,
         });

@@ -1,8 +1,9 @@
 //! A flat cluster of many nodes on one machine, for scale runs: a hub namespace holding a
 //! bridge, and one namespace per node whose `eth0` is a veth plugged into that bridge. Every
 //! node is on one L2 segment, 10.77.0.0/16 (node `i` at 10.77.(1 + i/250).(1 + i%250), the hub
-//! at 10.77.0.1), and owns four /26 blocks of the pool 172.20.0.0/16 (node `i`: 172.20.i.0/24
-//! cut in four), so up to 256 nodes fit.
+//! at 10.77.0.1), and owns four /26 blocks of the pool (node `i`: 172.(20 + i/256).(i%256).0/24
+//! cut in four). The pool is Calico's-default-sized 172.20.0.0/16 up to 256 nodes, and
+//! 172.20.0.0/14 beyond, up to 1024.
 //!
 //! What it does not do: start any daemon (the benchmark does, inside the node namespaces).
 //!
@@ -18,16 +19,22 @@ use std::process::Command;
 
 use super::netns::{CmdError, Netns, run};
 
-/// The pool every node's blocks come from.
-pub const POOL: &str = "172.20.0.0/16";
+/// The pool every node's blocks come from, in a mesh of `n` nodes.
+pub fn pool(n: usize) -> &'static str {
+    if n <= 256 {
+        "172.20.0.0/16"
+    } else {
+        "172.20.0.0/14"
+    }
+}
 /// The hub's address on the segment (where a shared service such as etcd can listen).
 pub const HUB_ADDR: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 1);
 /// Prefix length of the node segment.
 pub const PREFIX_LEN: u8 = 16;
 /// Blocks each node owns.
 pub const BLOCKS_PER_NODE: usize = 4;
-/// Nodes the pool has blocks for (1024 /26 blocks, four each).
-pub const MAX_NODES: usize = 256;
+/// Nodes the largest pool has blocks for (4096 /26 blocks, four each).
+pub const MAX_NODES: usize = 1024;
 
 /// Node `i`'s address.
 pub fn node_addr(i: usize) -> Ipv4Addr {
@@ -43,7 +50,8 @@ pub fn node_name(i: usize) -> String {
 pub fn node_blocks(i: usize) -> Vec<ipnet::Ipv4Net> {
     (0..BLOCKS_PER_NODE)
         .map(|k| {
-            ipnet::Ipv4Net::new(Ipv4Addr::new(172, 20, i as u8, (k * 64) as u8), 26)
+            let (hi, lo) = ((20 + i / 256) as u8, (i % 256) as u8);
+            ipnet::Ipv4Net::new(Ipv4Addr::new(172, hi, lo, (k * 64) as u8), 26)
                 .expect("26 is a valid IPv4 prefix length")
         })
         .collect()
@@ -68,13 +76,15 @@ impl Mesh {
     pub fn new(n: usize) -> Result<Mesh, String> {
         if n == 0 || n > MAX_NODES {
             return Err(format!(
-                "{n} nodes: the mesh holds 1 to {MAX_NODES} (the pool {POOL} has four /26 blocks for each)"
+                "{n} nodes: the mesh holds 1 to {MAX_NODES} (the pool {} has four /26 blocks for each)",
+                pool(MAX_NODES)
             ));
         }
         // About n² entries in all; small meshes stay within the defaults (128/512/1024), and
         // leaving them alone keeps concurrent small runs from restoring under a large one.
         let limits = if n * n > 256 {
-            NeighLimits::raise([32768, 65536, 131072])?
+            let e = (n * n) as u64;
+            NeighLimits::raise([e.max(32768), (2 * e).max(65536), (4 * e).max(131072)])?
         } else {
             NeighLimits { old: Vec::new() }
         };
@@ -199,5 +209,13 @@ mod tests {
         let blocks: std::collections::HashSet<_> = (0..MAX_NODES).flat_map(node_blocks).collect();
         assert_eq!(blocks.len(), MAX_NODES * BLOCKS_PER_NODE);
         assert_eq!(node_blocks(3)[1].to_string(), "172.20.3.64/26");
+        assert_eq!(node_blocks(257)[0].to_string(), "172.21.1.0/26");
+        for n in [2, 256, 257, MAX_NODES] {
+            let pool: ipnet::Ipv4Net = pool(n).parse().unwrap();
+            assert!(
+                (0..n).flat_map(node_blocks).all(|b| pool.contains(&b)),
+                "{n}"
+            );
+        }
     }
 }
