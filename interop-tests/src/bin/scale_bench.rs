@@ -567,6 +567,7 @@ fn run_one(rt: &tokio::runtime::Runtime, args: &Args, n: usize, imp: Impl) -> Re
     let converged = converge(rt, &mut probes, want, t0, args, imp);
     let (at, slowest) = match converged {
         Ok(c) => c,
+        Err(e) if INTERRUPTED.load(Ordering::SeqCst) => return Err(format!("N={n}: {e}")),
         Err(e) => {
             let why = daemons.exited().map_or(String::new(), |(i, s)| {
                 format!(
@@ -664,7 +665,11 @@ fn main() -> ExitCode {
         eprintln!("scale_bench: run as root (it creates network namespaces)");
         return ExitCode::FAILURE;
     }
-    if let Some(bad) = args.n.iter().find(|&&n| n < 2 || n > mesh::MAX_NODES) {
+    if let Some(bad) = args
+        .n
+        .iter()
+        .find(|&&n| !(2..=mesh::MAX_NODES).contains(&n))
+    {
         eprintln!(
             "scale_bench: --n {bad}: a mesh needs 2 to {} nodes",
             mesh::MAX_NODES
