@@ -21,21 +21,25 @@ pub enum DaemonError {
     Datastore(#[source] ipam::store::StoreError),
     #[error("cannot start BGP: {0}")]
     Bgp(#[from] crate::bgp::SpeakerError),
+    #[error(transparent)]
+    Metrics(#[from] crate::metrics::MetricsError),
     #[error("cannot install the signal handlers: {0}")]
     Signals(#[source] std::io::Error),
 }
 
-/// Runs bgpd until a stop signal.
-pub async fn run(config: Config) -> Result<(), DaemonError> {
+/// Runs bgpd until a stop signal. SIGHUP reloads `path` (see [`reload`]).
+pub async fn run(config: Config, path: Option<std::path::PathBuf>) -> Result<(), DaemonError> {
     let started = Instant::now();
     let mut sigterm = signal(SignalKind::terminate()).map_err(DaemonError::Signals)?;
     let mut sigint = signal(SignalKind::interrupt()).map_err(DaemonError::Signals)?;
+    let mut sighup = signal(SignalKind::hangup()).map_err(DaemonError::Signals)?;
 
     // The datastore first: a SQLite file that cannot be used stops bgpd before it serves.
     let datastore = datastore::start(&config.datastore)
         .await
         .map_err(DaemonError::Datastore)?;
     let api = Api::bind(&config.api).await?;
+    let observed = crate::metrics::Listener::bind(&config.metrics).await?;
     tokio::spawn(crate::registration::run(config.clone(), datastore.clone()));
     let dataplane = crate::dataplane::Hub::new();
     // The speaker always runs (it serves the Bgp API); it binds the BGP port only once it
@@ -59,7 +63,12 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
         started,
         dataplane,
         bgp,
+        api_stats: Default::default(),
     };
+    if let Some(listener) = observed {
+        tracing::info!(addr = ?listener.local_addr(), "serving /metrics, /ready, /live, /status");
+        tokio::spawn(listener.serve(info.clone()));
+    }
     tracing::info!(
         version = crate::VERSION,
         node = %info.node,
@@ -70,11 +79,25 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     );
 
     let (stop, stopped) = watch::channel(false);
+    let speaker = info.bgp.clone();
     let mut server = tokio::spawn(api.serve(info, stopped));
-    tokio::select! {
-        result = &mut server => return flatten(result),
-        _ = sigterm.recv() => tracing::info!("SIGTERM: stopping"),
-        _ = sigint.recv() => tracing::info!("SIGINT: stopping"),
+    let mut running = config;
+    loop {
+        tokio::select! {
+            result = &mut server => return flatten(result),
+            _ = sigterm.recv() => { tracing::info!("SIGTERM: stopping"); break }
+            _ = sigint.recv() => { tracing::info!("SIGINT: stopping"); break }
+            _ = sighup.recv() => reload(&mut running, path.as_deref(), &speaker).await,
+        }
+    }
+    // Close the BGP sessions first: without a NOTIFICATION where graceful restart is on, so
+    // that peers keep our routes until we are back.
+    if tokio::time::timeout(Duration::from_secs(1), speaker.shutdown())
+        .await
+        .is_ok()
+    {
+        // Let the session tasks close their connections.
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let _ = stop.send(true);
     match tokio::time::timeout(SHUTDOWN_GRACE, &mut server).await {
@@ -88,6 +111,52 @@ pub async fn run(config: Config) -> Result<(), DaemonError> {
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// SIGHUP: read the configuration again; refuse it whole (keeping the running one) if it
+/// does not load, else apply the BGP peers and announcements live — only sessions whose
+/// options changed are reset — and name what needs a restart.
+async fn reload(
+    running: &mut Config,
+    path: Option<&std::path::Path>,
+    speaker: &crate::bgp::SpeakerHandle,
+) {
+    let new = match Config::load(path) {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::error!(error = %e, "SIGHUP: configuration reload refused; the running configuration stays");
+            return;
+        }
+    };
+    match crate::bgp::reload(speaker, &running.bgp, &new.bgp).await {
+        Ok(mut report) => {
+            for (name, changed) in [
+                ("node", running.node != new.node),
+                ("api", running.api != new.api),
+                ("datastore", running.datastore != new.datastore),
+                ("ipam", running.ipam != new.ipam),
+                ("log", running.log != new.log),
+                ("metrics", running.metrics != new.metrics),
+            ] {
+                if changed {
+                    report.need_restart.push(name);
+                }
+            }
+            tracing::info!(
+                added = ?report.added,
+                removed = ?report.removed,
+                reset = ?report.reset,
+                announced = ?report.announced,
+                withdrawn = ?report.withdrawn,
+                need_restart = ?report.need_restart,
+                "SIGHUP: configuration reloaded"
+            );
+            running.bgp = new.bgp;
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "SIGHUP: applying the reloaded BGP configuration failed part way; restart bgpd to be sure of its state");
+        }
+    }
 }
 
 fn flatten(

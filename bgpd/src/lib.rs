@@ -11,6 +11,8 @@
 //! - `datastore`: the connection to the cluster datastore, kept current and reported.
 //! - `ctl`: the client side used by bgpctl (and by tests).
 //! - `logging`: one line per event through `tracing`.
+//! - `metrics`: bgpd's Prometheus metrics, readiness, liveness and status over HTTP.
+//! - `observe`: the HTTP listener and Prometheus writer bgpd and routewriter share.
 //! - `registration`: this node and the configured default pools, written at start.
 //! - `routewriter`: the dataplane agent that makes the kernel match the desired state.
 
@@ -23,6 +25,8 @@ pub mod daemon;
 pub mod dataplane;
 pub mod datastore;
 pub mod logging;
+pub mod metrics;
+pub mod observe;
 pub mod registration;
 pub mod routewriter;
 

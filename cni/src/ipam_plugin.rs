@@ -57,8 +57,19 @@ pub fn attributes(conf: &NetConf, env: &Env) -> HashMap<String, String> {
     }
     a.insert("node".into(), node_name(conf));
     a.insert("container_id".into(), env.container_id.clone());
+    // Only our main plugin wires the host side: bgpd then desires the pod's route on it
+    // (another main plugin using margay-ipam has interfaces of its own).
+    if conf.plugin_type == "margay" {
+        a.insert(
+            WORKLOAD_INTERFACE.into(),
+            crate::main_plugin::host_ifname(conf, env),
+        );
+    }
     a
 }
+
+/// The allocation attribute naming the host-side interface of a workload.
+pub const WORKLOAD_INTERFACE: &str = "interface";
 
 /// The addresses the runtime asked for, if any: configuration first (the conventions say
 /// `args`/`runtimeConfig` win over CNI_ARGS), then CNI_ARGS `IP=`.
@@ -403,6 +414,18 @@ mod tests {
         assert_eq!(
             attributes(&conf(serde_json::json!({})), &env(""))["node"],
             hostname()
+        );
+    }
+
+    #[test]
+    fn only_the_main_plugin_names_the_host_interface() {
+        let args = "K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-0";
+        let standalone = attributes(&conf(serde_json::json!({})), &env(args));
+        assert!(!standalone.contains_key(WORKLOAD_INTERFACE));
+        let main = attributes(&conf(serde_json::json!({"type": "margay"})), &env(args));
+        assert_eq!(
+            main[WORKLOAD_INTERFACE],
+            crate::names::host_ifname("cali", Some("default.web-0"), "c1")
         );
     }
 

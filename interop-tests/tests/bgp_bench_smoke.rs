@@ -1,6 +1,7 @@
 //! bgp_bench's smoke run, so the benchmark keeps working: a tiny N, every receiver row present
-//! with numbers. The real run is `bgp_bench` (release build); this checks the table, not the
-//! figures. Needs root and the peers installed.
+//! with real numbers for both measures (ingest and advertisement to a collector), BIRD 2's
+//! ratios 1.00 and bgpd's ingest resolution printed. The real run is `bgp_bench` (release
+//! build); this checks the table, not the figures. Needs root and the peers installed.
 
 use std::process::Command;
 
@@ -30,9 +31,36 @@ fn bgp_bench_smoke_prints_every_row() {
                         && l.contains(&format!("  {receiver} "))
                 })
                 .unwrap_or_else(|| panic!("no row for {receiver} sets={sets}:\n{text}"));
-            let after = row.split_once(receiver).unwrap().1;
-            let load: f64 = after.split_whitespace().next().unwrap().parse().unwrap();
-            assert!(load > 0.0, "{row}");
+            // ingest s, ±ms, CPU s, RSS MiB, adv s, ±ms, 1st ms, advCPU, advRSS, ×ingest, ×CPU, ×RSS, ×adv, ×aRSS
+            let f: Vec<&str> = row
+                .split_once(receiver)
+                .unwrap()
+                .1
+                .split_whitespace()
+                .collect();
+            assert_eq!(f.len(), 14, "{row}");
+            let num = |i: usize| -> f64 {
+                f[i].parse()
+                    .unwrap_or_else(|_| panic!("column {i} of {row}"))
+            };
+            assert!(num(0) > 0.0, "ingest time: {row}");
+            assert!(num(1) >= 0.0, "ingest resolution: {row}");
+            assert!(num(3) > 1.0, "peak RSS: {row}");
+            assert!(num(4) > 0.0, "advertisement time: {row}");
+            assert!(
+                num(6) >= 0.0 && num(6) <= num(4) * 1000.0 + num(5) + 1.0,
+                "first route: {row}"
+            );
+            assert!(num(8) > 1.0, "advertisement peak RSS: {row}");
+            // CPU seconds of a tiny run may round to 0 (no ratio then: "-").
+            assert!(f[10] == "-" || num(10) >= 0.0, "CPU ratio: {row}");
+            for i in [9, 11, 12, 13] {
+                let r = num(i);
+                assert!(r > 0.0, "ratio column {i}: {row}");
+                if receiver == "BIRD 2" {
+                    assert!((r - 1.0).abs() < 1e-9, "BIRD 2 is the baseline: {row}");
+                }
+            }
         }
     }
 }

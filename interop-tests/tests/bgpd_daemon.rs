@@ -75,12 +75,30 @@ fn reflection_lists_every_service_of_the_contract() {
 }
 
 #[test]
-fn services_not_built_yet_answer_unimplemented() {
+fn filters_are_served_and_what_is_not_built_answers_unimplemented() {
     let d = Daemon::start("");
     runtime().block_on(async {
         let channel = bgpd::ctl::connect_unix(&d.socket).await.unwrap();
-        let err = proto::v1::bgp_client::BgpClient::new(channel)
+        let mut client = proto::v1::bgp_client::BgpClient::new(channel);
+        // Every scope has rules, ending in an unconditional one.
+        let rules = client
             .get_filters(proto::v1::GetFiltersRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .rules;
+        for scope in 1..=4 {
+            let last = rules.iter().rfind(|r| r.scope == scope);
+            assert!(last.is_some_and(|r| r.r#match == "all"), "{rules:?}");
+        }
+        // Advertising service CIDRs is not built yet.
+        let err = client
+            .set_configuration(proto::v1::SetConfigurationRequest {
+                configuration: Some(proto::v1::BgpConfiguration {
+                    service_cluster_cidrs: vec!["10.96.0.0/12".into()],
+                    ..Default::default()
+                }),
+            })
             .await
             .unwrap_err();
         assert_eq!(err.code(), tonic::Code::Unimplemented);

@@ -385,6 +385,9 @@ pub struct BgpPeer {
     pub keepalive_time_s: u16,
     #[serde(default)]
     pub hold_time_s: u16,
+    /// Most prefixes the peer may send; 0: no limit.
+    #[serde(default)]
+    pub max_prefixes: u32,
 }
 
 impl Resource for BgpPeer {

@@ -206,6 +206,19 @@ fn peer_message(spec: &PeerSpec) -> BgpPeer {
         }
         .into(),
         route_reflector_client: spec.rr_client,
+        password: if spec.transport.password.is_some() {
+            "*****".into()
+        } else {
+            String::new()
+        },
+        ttl_security_hops: spec.transport.ttl_security_hops.map_or(0, u32::from),
+        max_prefixes: spec.max_prefixes.unwrap_or(0),
+        graceful_restart_time_s: spec
+            .graceful_restart
+            .map_or(0, |g| u32::from(g.restart_time)),
+        stale_path_time_s: spec.graceful_restart.map_or(0, |g| u32::from(g.stale_time)),
+        max_prefixes_restart_s: spec.max_prefixes_restart.map_or(0, u32::from),
+        multihop_ttl: spec.transport.multihop_ttl.map_or(0, u32::from),
         ..BgpPeer::default()
     }
 }
@@ -263,6 +276,7 @@ fn route_message(r: &ListedRoute) -> proto::v1::Route {
         from_peer: r.from_peer.map(|p| p.to_string()).unwrap_or_default(),
         best: r.best,
         kernel: String::new(),
+        stale: r.stale,
     }
 }
 
@@ -340,22 +354,58 @@ impl Bgp for BgpService {
                     .map_err(|_| Status::invalid_argument("peer.ttl_security_hops: at most 255"))?,
                 keepalive_time_s: u16_of("keepalive_time_s", p.keepalive_time_s)?,
                 hold_time_s: u16_of("hold_time_s", p.hold_time_s)?,
+                max_prefixes: p.max_prefixes,
             };
-            if !r.password.is_empty() || r.ttl_security_hops != 0 {
-                return Err(Status::unimplemented(
-                    "TCP MD5 passwords and TTL security come with the production speaker (issue #6)",
-                ));
-            }
+            crate::bgp::sockopt::Password::new(&r.password)
+                .map_err(|e| Status::invalid_argument(format!("peer.password: {e}")))?;
             self.ipam()?
                 .put_bgp_peer(&r)
                 .await
                 .map_err(convert::status)?;
             let mut echo = p.clone();
-            echo.password.clear();
+            if !echo.password.is_empty() {
+                echo.password = "*****".into();
+            }
             return Ok(Response::new(echo));
         }
         let mut spec = PeerSpec::new(address, bgp_wire::Asn(p.as_number));
         spec.passive = p.passive;
+        let hops = |field: &str, v: u32| -> Result<Option<u8>, Status> {
+            match v {
+                0 => Ok(None),
+                1..=255 => Ok(Some(v as u8)),
+                _ => Err(Status::invalid_argument(format!(
+                    "peer.{field}: 1-255 hops"
+                ))),
+            }
+        };
+        let mut gr = crate::bgp::speaker::GracefulRestart::default();
+        if p.graceful_restart_time_s != 0 {
+            gr.restart_time = u16::try_from(p.graceful_restart_time_s)
+                .ok()
+                .filter(|t| *t <= 4095)
+                .ok_or_else(|| {
+                    Status::invalid_argument("peer.graceful_restart_time_s: at most 4095")
+                })?;
+        }
+        if p.stale_path_time_s != 0 {
+            gr.stale_time = u16::try_from(p.stale_path_time_s)
+                .map_err(|_| Status::invalid_argument("peer.stale_path_time_s: above 65535"))?;
+        }
+        spec.graceful_restart = Some(gr);
+        spec.max_prefixes = (p.max_prefixes != 0).then_some(p.max_prefixes);
+        spec.max_prefixes_restart = match p.max_prefixes_restart_s {
+            0 => None,
+            s => Some(u16::try_from(s).map_err(|_| {
+                Status::invalid_argument("peer.max_prefixes_restart_s: above 65535")
+            })?),
+        };
+        spec.transport = crate::bgp::sockopt::Transport {
+            password: crate::bgp::sockopt::Password::new(&p.password)
+                .map_err(|e| Status::invalid_argument(format!("peer.password: {e}")))?,
+            ttl_security_hops: hops("ttl_security_hops", p.ttl_security_hops)?,
+            multihop_ttl: hops("multihop_ttl", p.multihop_ttl)?,
+        };
         if p.port != 0 {
             spec.port = u16::try_from(p.port)
                 .map_err(|_| Status::invalid_argument("peer.port: above 65535"))?;
@@ -417,6 +467,19 @@ impl Bgp for BgpService {
         Ok(Response::new(ListPeersResponse {
             peers: peers.iter().map(peer_status).collect(),
         }))
+    }
+
+    async fn refresh_peer(
+        &self,
+        request: Request<proto::v1::RefreshPeerRequest>,
+    ) -> Result<Response<proto::v1::RefreshPeerResponse>, Status> {
+        let req = request.into_inner();
+        let addr = peer_ref(&req.peer)?;
+        self.speaker
+            .refresh(addr, req.outbound)
+            .await
+            .map_err(status)?;
+        Ok(Response::new(proto::v1::RefreshPeerResponse {}))
     }
 
     type ListRoutesStream = RouteStream;

@@ -18,6 +18,8 @@ pub struct DaemonInfo {
     pub dataplane: crate::dataplane::Hub,
     /// The BGP speaker task.
     pub bgp: crate::bgp::SpeakerHandle,
+    /// The API's call counters, read by the metrics listener.
+    pub api_stats: crate::metrics::ApiStats,
 }
 
 #[derive(Clone)]

@@ -104,9 +104,12 @@ impl Api {
         info: DaemonInfo,
         shutdown: watch::Receiver<bool>,
     ) -> Result<(), ApiError> {
+        // Every call on every listener is counted for the metrics.
+        let counted = info.api_stats.layer();
         let routes = routes(info).await?;
         let _socket = self.socket;
         let unix = Server::builder()
+            .layer(counted.clone())
             .add_routes(routes.clone())
             .serve_with_incoming_shutdown(
                 UnixListenerStream::new(self.unix),
@@ -118,6 +121,7 @@ impl Api {
                 let tcp = Server::builder()
                     .tls_config(tls)
                     .map_err(ApiError::Tls)?
+                    .layer(counted)
                     .add_routes(routes)
                     .serve_with_incoming_shutdown(
                         TcpListenerStream::new(listener),

@@ -84,6 +84,8 @@ pub struct FsmConfig {
     pub idle_hold_max: Duration,
     /// Seed of the jitter generator (e.g. derived from the peer address).
     pub jitter_seed: u64,
+    /// Graceful restart (RFC 4724): the restart time we announce; `None`: not offered.
+    pub graceful_restart: Option<u16>,
 }
 
 impl FsmConfig {
@@ -101,6 +103,7 @@ impl FsmConfig {
             idle_hold: Duration::from_secs(1),
             idle_hold_max: Duration::from_secs(60),
             jitter_seed: 0x9e37_79b9_7f4a_7c15,
+            graceful_restart: None,
         }
     }
 
@@ -110,16 +113,26 @@ impl FsmConfig {
 
     /// The OPEN we send.
     pub fn open(&self) -> Open {
-        Open::new(
-            self.local_as,
-            self.hold_time,
-            self.router_id,
-            vec![
-                Capability::Multiprotocol(Family::IPV4_UNICAST),
-                Capability::RouteRefresh,
-                Capability::FourOctetAs(self.local_as),
-            ],
-        )
+        let mut caps = vec![
+            Capability::Multiprotocol(Family::IPV4_UNICAST),
+            Capability::RouteRefresh,
+            Capability::EnhancedRouteRefresh,
+            Capability::FourOctetAs(self.local_as),
+        ];
+        if let Some(t) = self.graceful_restart {
+            // Forwarding is preserved across a bgpd restart: routewriter keeps the kernel
+            // routes while bgpd is away.
+            caps.push(Capability::GracefulRestart(bgp_wire::GracefulRestart {
+                restarting: false,
+                notification: false,
+                restart_time: t.min(4095),
+                families: vec![bgp_wire::GrFamily {
+                    family: Family::IPV4_UNICAST,
+                    forwarding_preserved: true,
+                }],
+            }));
+        }
+        Open::new(self.local_as, self.hold_time, self.router_id, caps)
     }
 }
 
@@ -130,6 +143,9 @@ impl FsmConfig {
 pub enum Event {
     /// Administrative or automatic start.
     Start,
+    /// bgpd is going away and will be back (graceful restart): close the connection without
+    /// a NOTIFICATION, so that peers keep our routes, and stay Idle.
+    Shutdown,
     /// Administrative stop: send Cease (if connected) and stay Idle.
     Stop {
         subcode: u8,
@@ -167,14 +183,22 @@ pub enum Action {
     StopTimer(Timer),
     /// The session is up with these parameters.
     Established(Negotiated),
-    /// The session left Established: the peer's routes are gone.
+    /// The session left Established: the peer's routes are gone — or, with `graceful` set,
+    /// kept stale for up to that many seconds (the peer offered graceful restart and the
+    /// transport failed without a NOTIFICATION).
     Down {
         reason: String,
+        graceful: Option<u16>,
     },
     /// An UPDATE for the RIB.
     Deliver(UpdateDecode),
     /// A ROUTE-REFRESH request from the peer: resend the Adj-RIB-Out.
     Refresh,
+    /// The peer begins (BoRR) or ends (EoRR) re-advertising its routes (RFC 7313): at the end,
+    /// what it did not re-advertise is gone.
+    RefreshMarker {
+        begin: bool,
+    },
     /// Collision lost by the new connection: send it this Cease and close it.
     RejectColliding(Notification),
     /// Collision won by the new connection: it becomes current (the old one was closed by
@@ -191,6 +215,11 @@ pub struct Negotiated {
     /// Seconds; 0 means no hold timer and no keepalives.
     pub hold_time: u16,
     pub keepalive: u16,
+    /// The peer's restart time when both sides offered graceful restart for IPv4 unicast.
+    pub peer_restart_time: Option<u16>,
+    /// Both sides offered enhanced route refresh (RFC 7313): refreshes are framed by
+    /// BoRR/EoRR.
+    pub enhanced_refresh: bool,
 }
 
 /// One peer's state machine.
@@ -241,20 +270,36 @@ impl Fsm {
         self.last_error.as_deref()
     }
 
+    /// Record why the transport failed (connect errors and timeouts the FSM only sees as
+    /// `ConnectionFailed`), for operators.
+    pub fn note_transport_error(&mut self, reason: String) {
+        self.last_error = Some(reason);
+    }
+
     /// Feed one event; returns the actions in the order they must be performed.
     pub fn handle(&mut self, event: Event) -> Vec<Action> {
         let mut out = Vec::new();
         match event {
             Event::Start => self.start(&mut out),
+            Event::Shutdown => {
+                self.stopped = true;
+                self.last_error = Some("stopped for a graceful restart".into());
+                self.go_idle(&mut out, None, false);
+                out.push(Action::StopTimer(Timer::IdleHold));
+            }
             Event::Stop { subcode, reason } => {
                 self.stopped = true;
                 if self.connected() {
-                    out.push(Action::Send(Message::Notification(Notification::shutdown(
-                        subcode, &reason,
-                    ))));
+                    // RFC 4486: Maximum Number of Prefixes carries no shutdown text.
+                    let n = if subcode == bgp_wire::cease::MAX_PREFIXES {
+                        Notification::new(bgp_wire::CEASE, subcode, Vec::new())
+                    } else {
+                        Notification::shutdown(subcode, &reason)
+                    };
+                    out.push(Action::Send(Message::Notification(n)));
                 }
                 self.last_error = Some(format!("stopped: {reason}"));
-                self.go_idle(&mut out, None);
+                self.go_idle(&mut out, None, false);
                 out.push(Action::StopTimer(Timer::IdleHold));
             }
             Event::Connected | Event::Accepted => self.connected_event(&mut out),
@@ -270,12 +315,12 @@ impl Fsm {
                     out.push(Action::StartTimer(Timer::ConnectRetry, d));
                 }
                 State::Idle => {}
-                _ => self.error(&mut out, "connection failed".into(), None),
+                _ => self.fail(&mut out, "connection failed".into(), None, true),
             },
             Event::ConnectionClosed => match self.state {
                 State::Idle => {}
                 State::Connect | State::Active => {}
-                _ => self.error(&mut out, "connection closed by peer".into(), None),
+                _ => self.fail(&mut out, "connection closed by peer".into(), None, true),
             },
             Event::DecodeError(e) => {
                 if self.connected() {
@@ -347,7 +392,14 @@ impl Fsm {
             }
             (Timer::Hold, State::OpenSent | State::OpenConfirm | State::Established) => {
                 let n = Notification::new(bgp_wire::HOLD_TIMER_EXPIRED, 0, Vec::new());
-                self.error(out, "hold timer expired".into(), Some(n));
+                let why = if self.state != State::Established {
+                    // TCP came up but the exchange stalled: the usual cause is the peer
+                    // dropping our packets after the handshake.
+                    "hold timer expired before the session was established (the exchange stalled: a TTL security (GTSM) or multihop mismatch, or a filter dropping packets)"
+                } else {
+                    "hold timer expired"
+                };
+                self.error(out, why.into(), Some(n));
             }
             (Timer::Keepalive, State::OpenConfirm | State::Established) => {
                 out.push(Action::Send(Message::Keepalive));
@@ -381,9 +433,21 @@ impl Fsm {
                 self.restart_hold(out);
                 out.push(Action::Deliver(u));
             }
-            (State::Established, Decoded::RouteRefresh(_)) => {
+            (State::Established, Decoded::RouteRefresh(r)) => {
                 self.restart_hold(out);
-                out.push(Action::Refresh);
+                // Only the family we carry; unknown subtypes are ignored (RFC 7313 §5).
+                if r.family == Family::IPV4_UNICAST {
+                    match r.subtype {
+                        bgp_wire::RefreshSubtype::Normal => out.push(Action::Refresh),
+                        bgp_wire::RefreshSubtype::Begin => {
+                            out.push(Action::RefreshMarker { begin: true })
+                        }
+                        bgp_wire::RefreshSubtype::End => {
+                            out.push(Action::RefreshMarker { begin: false })
+                        }
+                        bgp_wire::RefreshSubtype::Other(_) => {}
+                    }
+                }
             }
             (_, Decoded::Notification(n)) => {
                 // Never answer a NOTIFICATION.
@@ -462,12 +526,24 @@ impl Fsm {
             let third = (hold / 3).max(1);
             self.config.keepalive.map_or(third, |k| k.clamp(1, third))
         };
+        let peer_restart_time = open
+            .graceful_restart()
+            .filter(|_| self.config.graceful_restart.is_some())
+            .filter(|g| {
+                g.restart_time > 0 && g.families.iter().any(|f| f.family == Family::IPV4_UNICAST)
+            })
+            .map(|g| g.restart_time);
         Ok(Negotiated {
             params: SessionParams::negotiate(&self.config.open(), open, self.config.is_external()),
             remote_id: id,
             remote_as: open.asn(),
             hold_time: hold,
             keepalive,
+            peer_restart_time,
+            enhanced_refresh: open
+                .capabilities
+                .iter()
+                .any(|c| matches!(c, Capability::EnhancedRouteRefresh)),
         })
     }
 
@@ -510,12 +586,24 @@ impl Fsm {
     /// A session error: optionally send a NOTIFICATION, drop the connection, go Idle and
     /// restart after the idle hold (doubling per consecutive error).
     fn error(&mut self, out: &mut Vec<Action>, reason: String, notify: Option<Notification>) {
+        self.fail(out, reason, notify, false);
+    }
+
+    /// An error ends the session; `transport` says it was the connection that failed (no
+    /// NOTIFICATION either way), which graceful restart survives.
+    fn fail(
+        &mut self,
+        out: &mut Vec<Action>,
+        reason: String,
+        notify: Option<Notification>,
+        transport: bool,
+    ) {
         if let Some(n) = notify {
             out.push(Action::Send(Message::Notification(n)));
         }
         self.last_error = Some(reason.clone());
         self.errors = self.errors.saturating_add(1);
-        self.go_idle(out, Some(reason));
+        self.go_idle(out, Some(reason), transport);
         if !self.stopped {
             let d = backoff(
                 self.config.idle_hold,
@@ -526,7 +614,7 @@ impl Fsm {
         }
     }
 
-    fn go_idle(&mut self, out: &mut Vec<Action>, reason: Option<String>) {
+    fn go_idle(&mut self, out: &mut Vec<Action>, reason: Option<String>, transport: bool) {
         let was = self.state;
         if was != State::Idle {
             out.push(Action::Disconnect);
@@ -540,8 +628,14 @@ impl Fsm {
             out.push(Action::StopTimer(t));
         }
         if was == State::Established {
+            let graceful = self
+                .negotiated
+                .as_ref()
+                .and_then(|n| n.peer_restart_time)
+                .filter(|_| transport);
             out.push(Action::Down {
                 reason: reason.unwrap_or_else(|| "stopped".into()),
+                graceful,
             });
         }
         self.negotiated = None;

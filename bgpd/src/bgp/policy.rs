@@ -456,6 +456,11 @@ impl Policy {
         rules.iter().find(|r| r.matches(p, src, nh))
     }
 
+    /// Generated from pools (rules look at prefixes), rather than [`Policy::accept_all`].
+    pub fn is_generated(&self) -> bool {
+        self.generated
+    }
+
     /// May the Loc-RIB use `prefix` received from a peer of `class`?
     pub fn import(&self, class: PeerClass, prefix: &Ipv4Prefix) -> bool {
         !self.generated

@@ -11,6 +11,14 @@
 //! back-pressure on the peer); speaker → session is unbounded because the speaker must never
 //! wait on one session (two tasks waiting on each other's full queues would deadlock), and
 //! what it queues is bounded by the Adj-RIB-Out it diffs against.
+//!
+//! **Writes never block the task.** Encoded messages go to a write queue that the task's
+//! loop drains whenever the socket is writable, next to reading, timers and commands; a
+//! peer that stops reading cannot freeze our hold timer or FSM. The queue is bounded: above
+//! [`OUT_HIGH_WATER`] the task stops taking Adj-RIB-Out changes from the speaker (they wait
+//! in the channel) until the peer catches up. A peer that takes nothing for the hold time
+//! while we have something to send is treated like an expired hold timer (NOTIFICATION
+//! attempted, connection closed).
 
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -27,11 +35,18 @@ use tokio::time::{Duration, Instant};
 
 use super::fsm::{Action, Event, Fsm, State, Timer};
 use super::rib::{OutUpdate, PeerId};
+use super::sockopt::Transport;
 
 /// Largest message plus a read's worth: the receive buffer never needs more.
 const RX_BUF: usize = 2 * bgp_wire::MAX_EXTENDED_MESSAGE_LEN;
 /// How long a colliding connection gets to send its OPEN.
 const COLLISION_OPEN_WAIT: Duration = Duration::from_secs(10);
+/// Queued output above which the task takes no more route changes from the speaker.
+pub const OUT_HIGH_WATER: usize = 8 << 20;
+/// How long closing a connection may wait for queued messages (a final NOTIFICATION) to go.
+const FLUSH_ON_CLOSE: Duration = Duration::from_secs(1);
+/// Write-stall limit when no hold time applies (hold time 0 negotiated).
+const DEFAULT_STALL: Duration = Duration::from_secs(240);
 
 /// What the speaker tells a session.
 #[derive(Debug)]
@@ -42,6 +57,15 @@ pub enum ToSession {
     Incoming(TcpStream),
     /// Leave: send Cease with this subcode and end the task.
     Stop { subcode: u8, reason: String },
+    /// Leave for a graceful restart: close without a NOTIFICATION and end the task.
+    Shutdown,
+    /// The initial routes of the `epoch`th Established period are all sent: End-of-RIB.
+    EndOfRib { epoch: u64 },
+    /// The whole Adj-RIB-Out again, for the peer's ROUTE-REFRESH (framed by BoRR/EoRR when
+    /// enhanced route refresh was negotiated).
+    Refresh { epoch: u64, update: OutUpdate },
+    /// Ask the peer to send its routes again (ROUTE-REFRESH).
+    RequestRefresh,
 }
 
 /// What a session tells the speaker.
@@ -61,21 +85,26 @@ pub enum FromSession {
         epoch: u64,
         remote_id: Ipv4Addr,
         local_address: Ipv4Addr,
+        /// The peer's restart time, when both sides offered graceful restart.
+        peer_restart_time: Option<u16>,
     },
+    /// Left Established; with `graceful`, the peer's routes are kept stale that long.
     Down {
         id: PeerId,
         epoch: u64,
+        graceful: Option<u16>,
     },
+    /// The peer's End-of-RIB for IPv4 unicast.
+    EndOfRib { id: PeerId, epoch: u64 },
+    /// The peer begins or ends an enhanced route refresh (RFC 7313).
+    RefreshMarker { id: PeerId, epoch: u64, begin: bool },
     Update {
         id: PeerId,
         epoch: u64,
         update: UpdateDecode,
     },
     /// The peer asked for our routes again (ROUTE-REFRESH).
-    Refresh {
-        id: PeerId,
-        epoch: u64,
-    },
+    Refresh { id: PeerId, epoch: u64 },
 }
 
 /// A colliding connection whose OPEN has been read.
@@ -95,6 +124,11 @@ pub struct Session {
     inbound: bool,
     rx: Vec<u8>,
     filled: usize,
+    /// The write queue: bytes not yet taken by the socket start at `out_at`.
+    out: Vec<u8>,
+    out_at: usize,
+    /// When the socket last took bytes (or the queue became non-empty).
+    out_progress: Instant,
     params: SessionParams,
     timers: HashMap<Timer, Instant>,
     connecting: bool,
@@ -103,6 +137,8 @@ pub struct Session {
     epoch: u64,
     colliding_tx: mpsc::Sender<Colliding>,
     colliding_rx: mpsc::Receiver<Colliding>,
+    /// MD5 key and TTLs for the connections we open.
+    transport: Transport,
 }
 
 impl Session {
@@ -122,6 +158,9 @@ impl Session {
             inbound: false,
             rx: vec![0; RX_BUF],
             filled: 0,
+            out: Vec::new(),
+            out_at: 0,
+            out_progress: Instant::now(),
             params: SessionParams::default(),
             timers: HashMap::new(),
             connecting: false,
@@ -129,7 +168,31 @@ impl Session {
             epoch: 0,
             colliding_tx,
             colliding_rx,
+            transport: Transport::default(),
         }
+    }
+
+    /// Connections we open carry this MD5 key and these TTLs.
+    pub fn with_transport(mut self, transport: Transport) -> Self {
+        self.transport = transport;
+        self
+    }
+
+    /// Why a connect failed, with the hint an operator needs when MD5 is on.
+    fn connect_failed(&mut self, what: String) {
+        let mut hint = String::new();
+        if self.transport.password.is_some() {
+            hint.push_str(
+                "; TCP MD5 is on for this peer: a wrong or missing password on either side looks like this",
+            );
+        }
+        if self.transport.ttl_security_hops.is_some() {
+            hint.push_str(
+                "; TTL security (GTSM) is on for this peer: a peer that does not send TTL 255 looks like this",
+            );
+        }
+        self.fsm
+            .note_transport_error(format!("connect to {}: {what}{hint}", self.remote));
     }
 
     /// Run until told to stop or the speaker goes away.
@@ -140,26 +203,36 @@ impl Session {
         > = None;
         let mut connect_attempt = 0;
         loop {
-            if connect_attempt != self.attempt {
-                connect = None;
+            if connect_attempt != self.attempt && connect.take().is_some() {
+                // A retry abandons an attempt the peer never answered.
+                self.connect_failed("no answer within the connect retry time".into());
+                self.report_state().await;
             }
             if self.connecting && connect.is_none() {
                 connect_attempt = self.attempt;
                 let addr = self.remote;
-                connect = Some(Box::pin(async move {
-                    let s = TcpStream::connect(addr).await?;
-                    Ok(s)
-                }));
+                let transport = self.transport.clone();
+                connect = Some(Box::pin(async move { connect_to(addr, &transport).await }));
             }
             if !self.connecting {
                 connect = None;
             }
             let deadline = self.timers.values().min().copied();
-            let stream = self.stream.as_mut();
+            let stall = self.stall_deadline();
+            // Above the high-water mark, route changes wait in the channel.
+            let take_commands = self.queued() < OUT_HIGH_WATER;
+            let (reader, writer) = match self.stream.as_mut() {
+                Some(s) => {
+                    let (r, w) = s.split();
+                    (Some(r), Some(w))
+                }
+                None => (None, None),
+            };
             let filled = self.filled;
             let rx = &mut self.rx;
+            let pending = self.out.get(self.out_at..).unwrap_or_default();
             tokio::select! {
-                cmd = commands.recv() => match cmd {
+                cmd = commands.recv(), if take_commands => match cmd {
                     None => {
                         self.stop(cease::PEER_DECONFIGURED, "speaker stopped").await;
                         return;
@@ -167,6 +240,30 @@ impl Session {
                     Some(ToSession::Stop { subcode, reason }) => {
                         self.stop(subcode, &reason).await;
                         return;
+                    }
+                    Some(ToSession::Shutdown) => {
+                        self.feed(Event::Shutdown).await;
+                        return;
+                    }
+                    Some(ToSession::Refresh { epoch, update }) => {
+                        self.refresh(epoch, update).await;
+                    }
+                    Some(ToSession::RequestRefresh) => {
+                        if self.fsm.state() == State::Established {
+                            let r = bgp_wire::RouteRefresh::new(
+                                bgp_wire::Family::IPV4_UNICAST,
+                                bgp_wire::RefreshSubtype::Normal,
+                            );
+                            self.send(&Message::RouteRefresh(r));
+                        }
+                    }
+                    Some(ToSession::EndOfRib { epoch }) => {
+                        if self.fsm.state() == State::Established
+                            && epoch == self.epoch
+                            && let Some(u) = bgp_wire::Update::end_of_rib(bgp_wire::Family::IPV4_UNICAST)
+                        {
+                            self.send(&Message::Update(u));
+                        }
                     }
                     Some(ToSession::Routes { epoch, update }) => self.routes(epoch, update).await,
                     Some(ToSession::Incoming(s)) => self.incoming(s).await,
@@ -187,18 +284,19 @@ impl Session {
                         }
                         Err(e) => {
                             tracing::debug!(peer = %self.remote, error = %e, "connect failed");
+                            self.connect_failed(e.to_string());
                             self.feed(Event::ConnectionFailed).await;
                         }
                     }
                 }
                 n = async {
-                    match stream {
-                        Some(s) => s.read(rx.get_mut(filled..).unwrap_or_default()).await,
+                    match reader {
+                        Some(mut s) => s.read(rx.get_mut(filled..).unwrap_or_default()).await,
                         None => std::future::pending().await,
                     }
                 } => match n {
                     Ok(0) | Err(_) => {
-                        self.stream = None;
+                        self.drop_connection();
                         self.feed(Event::ConnectionClosed).await;
                     }
                     Ok(n) => {
@@ -206,6 +304,35 @@ impl Session {
                         self.drain_messages().await;
                     }
                 },
+                w = async {
+                    match writer {
+                        Some(mut s) if !pending.is_empty() => s.write(pending).await,
+                        _ => std::future::pending().await,
+                    }
+                } => match w {
+                    Ok(n) if n > 0 => self.wrote(n),
+                    _ => {
+                        tracing::debug!(peer = %self.remote, "write failed");
+                        self.drop_connection();
+                        self.feed(Event::ConnectionClosed).await;
+                    }
+                },
+                _ = async {
+                    match stall {
+                        Some(d) => tokio::time::sleep_until(d).await,
+                        None => std::future::pending().await,
+                    }
+                } => {
+                    tracing::warn!(peer = %self.remote, queued = self.queued(), "the peer has taken none of our messages for the hold time; closing");
+                    // Treated as an expired hold timer: NOTIFICATION (if it still fits), close.
+                    self.timers.remove(&Timer::Hold);
+                    self.feed(Event::TimerExpired(Timer::Hold)).await;
+                    // Whatever the FSM did, this connection is done.
+                    if self.stream.is_some() {
+                        self.drop_connection();
+                        self.feed(Event::ConnectionClosed).await;
+                    }
+                }
                 Some(c) = self.colliding_rx.recv() => self.collision(c).await,
                 _ = async {
                     match deadline {
@@ -224,9 +351,56 @@ impl Session {
         }
     }
 
+    /// Bytes queued for the socket.
+    fn queued(&self) -> usize {
+        self.out.len().saturating_sub(self.out_at)
+    }
+
+    /// The socket took `n` queued bytes.
+    fn wrote(&mut self, n: usize) {
+        self.out_at = self.out_at.saturating_add(n).min(self.out.len());
+        self.out_progress = Instant::now();
+        if self.out_at == self.out.len() {
+            self.out.clear();
+            self.out_at = 0;
+        } else if self.out_at > self.out.len() / 2 && self.out_at > 64 * 1024 {
+            // Reclaim the written front now and then, not on every write.
+            self.out.drain(..self.out_at);
+            self.out_at = 0;
+        }
+    }
+
+    /// When a stalled write queue ends the connection: the hold time after the socket last
+    /// took anything, while something waits.
+    fn stall_deadline(&self) -> Option<Instant> {
+        if self.stream.is_none() || self.queued() == 0 {
+            return None;
+        }
+        let hold = self
+            .fsm
+            .negotiated()
+            .map_or(self.fsm.config().hold_time, |n| n.hold_time);
+        let limit = if hold == 0 {
+            DEFAULT_STALL
+        } else {
+            Duration::from_secs(u64::from(hold))
+        };
+        Some(self.out_progress + limit)
+    }
+
+    /// Forget the connection and whatever was queued for it.
+    fn drop_connection(&mut self) {
+        self.stream = None;
+        self.out.clear();
+        self.out_at = 0;
+        self.filled = 0;
+    }
+
     fn adopt(&mut self, s: TcpStream, inbound: bool, rest: Vec<u8>) {
         self.stream = Some(s);
         self.inbound = inbound;
+        self.out.clear();
+        self.out_at = 0;
         self.filled = 0;
         self.params = SessionParams::default();
         if let Some(dst) = self.rx.get_mut(..rest.len()) {
@@ -352,13 +526,20 @@ impl Session {
                 self.connecting = true;
                 self.attempt = self.attempt.wrapping_add(1);
             }
-            Action::Send(m) => self.send(&m).await,
+            Action::Send(m) => self.send(&m),
             Action::Disconnect => {
                 self.connecting = false;
                 if let Some(mut s) = self.stream.take() {
-                    let _ = s.shutdown().await;
+                    // What was sent goes first (a NOTIFICATION above all), for a bounded time:
+                    // a peer that does not read must not hold the task.
+                    let rest = self.out.get(self.out_at..).unwrap_or_default();
+                    let _ = tokio::time::timeout(FLUSH_ON_CLOSE, async {
+                        s.write_all(rest).await?;
+                        s.shutdown().await
+                    })
+                    .await;
                 }
-                self.filled = 0;
+                self.drop_connection();
             }
             Action::StartTimer(t, d) => {
                 self.timers.insert(t, Instant::now() + d);
@@ -381,15 +562,28 @@ impl Session {
                         epoch: self.epoch,
                         remote_id: n.remote_id,
                         local_address,
+                        peer_restart_time: n.peer_restart_time,
                     })
                     .await;
             }
-            Action::Down { reason } => {
-                tracing::info!(peer = %self.remote, %reason, "session down");
+            Action::Down { reason, graceful } => {
+                tracing::info!(peer = %self.remote, %reason, ?graceful, "session down");
                 self.params = SessionParams::default();
                 let _ = self
                     .to_speaker
                     .send(FromSession::Down {
+                        id: self.id,
+                        epoch: self.epoch,
+                        graceful,
+                    })
+                    .await;
+            }
+            Action::Deliver(update)
+                if update.end_of_rib == Some(bgp_wire::Family::IPV4_UNICAST) =>
+            {
+                let _ = self
+                    .to_speaker
+                    .send(FromSession::EndOfRib {
                         id: self.id,
                         epoch: self.epoch,
                     })
@@ -402,6 +596,16 @@ impl Session {
                         id: self.id,
                         epoch: self.epoch,
                         update,
+                    })
+                    .await;
+            }
+            Action::RefreshMarker { begin } => {
+                let _ = self
+                    .to_speaker
+                    .send(FromSession::RefreshMarker {
+                        id: self.id,
+                        epoch: self.epoch,
+                        begin,
                     })
                     .await;
             }
@@ -419,27 +623,46 @@ impl Session {
         }
     }
 
-    async fn send(&mut self, m: &Message) {
+    fn send(&mut self, m: &Message) {
         let mut out = Vec::new();
         if let Err(e) = m.encode(&self.params, &mut out) {
             tracing::error!(peer = %self.remote, error = %e, "cannot encode a message");
             return;
         }
-        self.write(&out).await;
+        self.write(&out);
     }
 
-    async fn write(&mut self, bytes: &[u8]) {
-        if let Some(s) = self.stream.as_mut()
-            && let Err(e) = s.write_all(bytes).await
-        {
-            tracing::debug!(peer = %self.remote, error = %e, "write failed");
-            self.stream = None;
-            self.feed_boxed(Event::ConnectionClosed).await;
+    /// Queue bytes for the peer; the task's loop writes them as the socket takes them.
+    fn write(&mut self, bytes: &[u8]) {
+        if self.stream.is_none() {
+            return;
         }
+        if self.queued() == 0 {
+            self.out_progress = Instant::now();
+        }
+        self.out.extend_from_slice(bytes);
     }
 
-    fn feed_boxed(&mut self, e: Event) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send + '_>> {
-        Box::pin(self.feed(e))
+    /// Answer a ROUTE-REFRESH: the routes, between BoRR and EoRR when enhanced route refresh
+    /// was negotiated (RFC 7313 §4).
+    async fn refresh(&mut self, epoch: u64, update: OutUpdate) {
+        if self.fsm.state() != State::Established || epoch != self.epoch {
+            return;
+        }
+        let enhanced = self.fsm.negotiated().is_some_and(|n| n.enhanced_refresh);
+        let marker = |subtype| {
+            Message::RouteRefresh(bgp_wire::RouteRefresh::new(
+                bgp_wire::Family::IPV4_UNICAST,
+                subtype,
+            ))
+        };
+        if enhanced {
+            self.send(&marker(bgp_wire::RefreshSubtype::Begin));
+        }
+        self.routes(epoch, update).await;
+        if enhanced {
+            self.send(&marker(bgp_wire::RefreshSubtype::End));
+        }
     }
 
     async fn routes(&mut self, epoch: u64, update: OutUpdate) {
@@ -467,7 +690,7 @@ impl Session {
             }
         }
         if !out.is_empty() {
-            self.write(&out).await;
+            self.write(&out);
         }
     }
 
@@ -478,6 +701,21 @@ impl Session {
         })
         .await;
     }
+}
+
+/// Open a connection to `addr` with the peer's MD5 key and TTLs set before the SYN.
+async fn connect_to(addr: SocketAddr, t: &Transport) -> std::io::Result<TcpStream> {
+    use std::os::fd::AsFd;
+    let s = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    if let Some(p) = &t.password {
+        super::sockopt::set_md5(s.as_fd(), addr.ip(), Some(p.as_bytes()))?;
+    }
+    t.apply_ttls(s.as_fd(), addr.is_ipv6())?;
+    s.connect(addr).await
 }
 
 /// Read one OPEN from a fresh connection (collision handling); anything else ends it.
@@ -509,3 +747,6 @@ async fn read_open(mut s: TcpStream) -> Option<Colliding> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

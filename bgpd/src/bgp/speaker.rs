@@ -15,7 +15,8 @@
 //! **Boundaries.** The only owner of the RIB: nothing else reads or writes it, so nothing
 //! locks. Never awaits a session (sends to sessions cannot block).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
+use std::hash::BuildHasherDefault;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::time::SystemTime;
 
@@ -30,8 +31,9 @@ use proto::v1 as pb;
 
 use super::fsm::{Fsm, FsmConfig, State};
 use super::policy::{KernelVia, PeerClass, Policy};
-use super::rib::{OutUpdate, PeerId, PeerInfo, Rib, Route, Source};
+use super::rib::{OutUpdate, PeerId, PeerInfo, PrefixHasher, Rib, Route, Source};
 use super::session::{FromSession, Session, ToSession};
+use super::sockopt::{self, Transport};
 
 /// Depth of the speaker's inbound queues.
 const QUEUE: usize = 1024;
@@ -97,7 +99,40 @@ pub struct PeerSpec {
     pub rr_client: bool,
     /// The operator's name for it; `peer_<address>` when unset.
     pub label: Option<String>,
+    /// TCP MD5 password, GTSM, multihop TTL.
+    pub transport: Transport,
+    /// Most prefixes the peer may send (counted before policy, as BIRD's receive limit);
+    /// above it the session stops with Cease/Maximum Number of Prefixes.
+    pub max_prefixes: Option<u32>,
+    /// Restart a session stopped by the limit after this many seconds; `None`: it stays down
+    /// until the peer is changed or re-added.
+    pub max_prefixes_restart: Option<u16>,
+    /// Graceful restart (RFC 4724), both roles; `None`: off for this peer.
+    pub graceful_restart: Option<GracefulRestart>,
 }
+
+/// Graceful restart times of a peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GracefulRestart {
+    /// The restart time we announce: how long the peer keeps our routes while we restart.
+    pub restart_time: u16,
+    /// How long we keep the peer's routes stale after it is back, waiting for its
+    /// End-of-RIB.
+    pub stale_time: u16,
+}
+
+impl Default for GracefulRestart {
+    /// BIRD's and FRR's defaults: restart 120 s, stale path 360 s.
+    fn default() -> Self {
+        GracefulRestart {
+            restart_time: 120,
+            stale_time: 360,
+        }
+    }
+}
+
+/// Warn when a peer reaches this share of its prefix limit.
+const PREFIX_WARN_PERCENT: u64 = 75;
 
 impl PeerSpec {
     pub fn new(address: Ipv4Addr, asn: Asn) -> Self {
@@ -112,6 +147,10 @@ impl PeerSpec {
             class: PeerClass::External,
             rr_client: false,
             label: None,
+            transport: Transport::default(),
+            max_prefixes: None,
+            max_prefixes_restart: None,
+            graceful_restart: Some(GracefulRestart::default()),
         }
     }
 
@@ -159,6 +198,8 @@ pub struct ListedRoute {
     pub route: Route,
     pub from_peer: Option<Ipv4Addr>,
     pub best: bool,
+    /// Kept from before the peer's graceful restart, not refreshed yet.
+    pub stale: bool,
 }
 
 enum Command {
@@ -180,6 +221,19 @@ enum Command {
     },
     Withdraw(Ipv4Prefix, oneshot::Sender<Result<(), SpeakerError>>),
     Accepted(TcpStream, SocketAddr),
+    /// The restart time after a prefix-limit stop has passed.
+    RestartAfterLimit(Ipv4Addr, PeerId),
+    /// A graceful-restart timer of a peer ran out (restart time or stale-path time).
+    GrExpired(Ipv4Addr, PeerId, u64),
+    /// Ask a peer to send its routes again.
+    RequestRefresh {
+        addr: Ipv4Addr,
+        outbound: bool,
+        reply: oneshot::Sender<Result<(), SpeakerError>>,
+    },
+    /// bgpd is stopping: close every session (without NOTIFICATION where graceful restart
+    /// is on, so that peers keep our routes until we are back).
+    Shutdown(oneshot::Sender<()>),
 }
 
 /// A cloneable handle to the speaker task.
@@ -241,6 +295,22 @@ impl SpeakerHandle {
             .await
     }
 
+    /// Ask a peer to send its routes again (ROUTE-REFRESH; with enhanced route refresh,
+    /// routes it does not re-advertise are removed), or with `outbound` send it ours again.
+    pub async fn refresh(&self, addr: Ipv4Addr, outbound: bool) -> Result<(), SpeakerError> {
+        self.ask(|reply| Command::RequestRefresh {
+            addr,
+            outbound,
+            reply,
+        })
+        .await?
+    }
+
+    /// Close every session for bgpd's exit (gracefully where graceful restart is on).
+    pub async fn shutdown(&self) -> Result<(), SpeakerError> {
+        self.ask(Command::Shutdown).await
+    }
+
     /// The policy in force.
     pub async fn policy(&self) -> Result<Arc<Policy>, SpeakerError> {
         self.ask(Command::GetPolicy).await
@@ -286,6 +356,13 @@ struct PeerEntry {
     remote_id: Option<Ipv4Addr>,
     /// The Established period the RIB holds routes for, if any.
     epoch: Option<u64>,
+    /// The peer passed its prefix limit: its session is stopped (restarted later if
+    /// configured).
+    limit_hit: bool,
+    /// The prefix-limit warning was logged for this session.
+    limit_warned: bool,
+    /// Bumped by every event that makes a pending graceful-restart timer moot.
+    gr_token: u64,
 }
 
 struct Speaker {
@@ -296,8 +373,12 @@ struct Speaker {
     next_id: u32,
     /// The running listener task, to rebind when the port changes.
     listener: Option<tokio::task::JoinHandle<()>>,
+    /// The listening socket, for per-peer MD5 keys (accepted connections inherit them).
+    listener_fd: Option<std::os::fd::OwnedFd>,
     self_tx: mpsc::Sender<Command>,
     from_sessions: mpsc::Sender<FromSession>,
+    /// Prefixes the kernel sink holds a route for (told to it, not withdrawn since).
+    in_kernel: HashSet<Ipv4Prefix, BuildHasherDefault<PrefixHasher>>,
 }
 
 /// Start the speaker task; peers and announcements are added through the handle.
@@ -315,8 +396,10 @@ pub fn start(config: SpeakerConfig) -> SpeakerHandle {
         by_id: BTreeMap::new(),
         next_id: 1,
         listener: None,
+        listener_fd: None,
         self_tx: tx.clone(),
         from_sessions: stx,
+        in_kernel: HashSet::default(),
     };
     tokio::spawn(speaker.run(rx, srx));
     SpeakerHandle { tx }
@@ -415,10 +498,87 @@ impl Speaker {
                 };
                 let _ = reply.send(r);
             }
+            Command::RequestRefresh {
+                addr,
+                outbound,
+                reply,
+            } => {
+                let r = match self.peers.get(&addr) {
+                    Some(p) if outbound => {
+                        if let Some(epoch) = p.epoch {
+                            let update = self.rib.refresh(p.id);
+                            let _ = p.tx.send(ToSession::Refresh { epoch, update });
+                        }
+                        Ok(())
+                    }
+                    Some(p) => {
+                        let _ = p.tx.send(ToSession::RequestRefresh);
+                        Ok(())
+                    }
+                    None => Err(SpeakerError::NoPeer(addr.to_string())),
+                };
+                let _ = reply.send(r);
+            }
+            Command::GrExpired(addr, id, token) => {
+                let Some(p) = self.peers.get(&addr) else {
+                    return;
+                };
+                if p.id != id || p.gr_token != token || !self.rib.has_stale(id) {
+                    return;
+                }
+                tracing::info!(peer = %addr, "graceful restart time ran out: stale routes removed");
+                let out = self.rib.sweep_stale(id);
+                self.distribute(out);
+            }
+            Command::Shutdown(reply) => {
+                for p in self.peers.values() {
+                    let m = if p.spec.graceful_restart.is_some() {
+                        ToSession::Shutdown
+                    } else {
+                        ToSession::Stop {
+                            subcode: cease::ADMIN_SHUTDOWN,
+                            reason: "bgpd stopping".into(),
+                        }
+                    };
+                    let _ = p.tx.send(m);
+                }
+                let _ = reply.send(());
+            }
+            Command::RestartAfterLimit(addr, id) => {
+                let Some(p) = self.peers.get(&addr) else {
+                    return;
+                };
+                if p.id != id || !p.limit_hit {
+                    return;
+                }
+                let tx = self.spawn_session(id, &p.spec);
+                if let Some(p) = self.peers.get_mut(&addr) {
+                    p.tx = tx;
+                    p.limit_hit = false;
+                    p.limit_warned = false;
+                }
+                tracing::info!(peer = %addr, "restarting the session after its prefix limit");
+            }
             Command::Accepted(stream, from) => {
                 let SocketAddr::V4(v4) = from else { return };
-                match self.peers.get(v4.ip()) {
+                match self.peers.get_mut(v4.ip()) {
                     Some(p) => {
+                        use std::os::fd::AsFd;
+                        // GTSM: judge the peer by its SYN, before any of its data is read.
+                        if let (_, Some(min)) = p.spec.transport.ttls()
+                            && let Ok(Some(ttl)) = sockopt::syn_ttl(stream.as_fd())
+                            && ttl < min
+                        {
+                            p.last_error = Some(format!(
+                                "refused a connection from {from} with TTL {ttl}: TTL security (GTSM) wants at least {min}"
+                            ));
+                            tracing::info!(%from, ttl, min, "connection refused by TTL security");
+                            return;
+                        }
+                        if let Err(e) = p.spec.transport.apply_ttls(stream.as_fd(), false) {
+                            tracing::warn!(%from, error = %e, "cannot set TTLs on an accepted connection; refused");
+                            return;
+                        }
                         let _ = p.tx.send(ToSession::Incoming(stream));
                     }
                     None => tracing::info!(%from, "connection from an unknown peer refused"),
@@ -444,14 +604,17 @@ impl Speaker {
                 .rib
                 .loc_rib()
                 .map(|r| {
-                    let from_peer = match r.source {
-                        super::rib::Source::Peer(id) => addr_of(id),
-                        super::rib::Source::Local => None,
+                    let (from_peer, stale) = match r.source {
+                        super::rib::Source::Peer(id) => {
+                            (addr_of(id), self.rib.is_stale(id, &r.prefix))
+                        }
+                        super::rib::Source::Local => (None, false),
                     };
                     ListedRoute {
                         route: r,
                         from_peer,
                         best: true,
+                        stale,
                     }
                 })
                 .collect(),
@@ -461,10 +624,12 @@ impl Speaker {
                 .into_iter()
                 .map(|r| {
                     let best = self.rib.best(&r.prefix).is_some_and(|(s, _)| s == r.source);
+                    let stale = self.rib.is_stale(id, &r.prefix);
                     ListedRoute {
                         route: r,
                         from_peer: addr_of(id),
                         best,
+                        stale,
                     }
                 })
                 .collect(),
@@ -476,6 +641,7 @@ impl Speaker {
                     route: r,
                     from_peer: None,
                     best: true,
+                    stale: false,
                 })
                 .collect(),
         };
@@ -488,6 +654,17 @@ impl Speaker {
         }
         let addr = self.config.listen;
         let listener = bind(addr).map_err(|source| SpeakerError::Listen { addr, source })?;
+        {
+            use std::os::fd::AsFd;
+            self.listener_fd = listener.as_fd().try_clone_to_owned().ok();
+            if let Err(e) = sockopt::save_syns(listener.as_fd()) {
+                tracing::warn!(error = %e, "cannot keep SYNs: TTL security (GTSM) is checked only after a connection's first bytes");
+            }
+        }
+        let specs: Vec<PeerSpec> = self.peers.values().map(|p| p.spec.clone()).collect();
+        for spec in &specs {
+            self.listener_key(spec, true);
+        }
         let tx = self.self_tx.clone();
         self.listener = Some(tokio::spawn(async move {
             loop {
@@ -518,18 +695,8 @@ impl Speaker {
         self.ensure_listening().await?;
         let id = PeerId(self.next_id);
         self.next_id = self.next_id.wrapping_add(1);
-        let mut fc = FsmConfig::new(self.config.local_as, self.config.router_id, spec.asn);
-        fc.hold_time = spec.hold_time;
-        fc.keepalive = spec.keepalive;
-        fc.passive = spec.passive;
-        // Test-friendly retry like BIRD's tuned labs; backs off to 120 s.
-        fc.connect_retry = std::time::Duration::from_secs(2);
-        fc.jitter_seed =
-            u64::from(u32::from(spec.address)) ^ u64::from(u32::from(self.config.router_id)) << 32;
-        let (tx, rx) = mpsc::unbounded_channel();
-        let remote = SocketAddr::V4(SocketAddrV4::new(spec.address, spec.port));
-        let session = Session::new(id, remote, Fsm::new(fc), self.from_sessions.clone());
-        tokio::spawn(session.run(rx));
+        self.listener_key(&spec, true);
+        let tx = self.spawn_session(id, &spec);
         tracing::info!(peer = %spec.address, asn = %spec.asn, passive = spec.passive, "BGP peer added");
         self.by_id.insert(id, spec.address);
         self.peers.insert(
@@ -543,14 +710,103 @@ impl Speaker {
                 last_error: None,
                 remote_id: None,
                 epoch: None,
+                limit_hit: false,
+                limit_warned: false,
+                gr_token: 0,
             },
         );
         Ok(())
     }
 
+    /// Start the session task of a peer.
+    fn spawn_session(&self, id: PeerId, spec: &PeerSpec) -> mpsc::UnboundedSender<ToSession> {
+        let mut fc = FsmConfig::new(self.config.local_as, self.config.router_id, spec.asn);
+        fc.hold_time = spec.hold_time;
+        fc.keepalive = spec.keepalive;
+        fc.passive = spec.passive;
+        // Test-friendly retry like BIRD's tuned labs; backs off to 120 s.
+        fc.connect_retry = std::time::Duration::from_secs(2);
+        fc.graceful_restart = spec.graceful_restart.map(|g| g.restart_time);
+        fc.jitter_seed =
+            u64::from(u32::from(spec.address)) ^ u64::from(u32::from(self.config.router_id)) << 32;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let remote = SocketAddr::V4(SocketAddrV4::new(spec.address, spec.port));
+        let session = Session::new(id, remote, Fsm::new(fc), self.from_sessions.clone())
+            .with_transport(spec.transport.clone());
+        tokio::spawn(session.run(rx));
+        tx
+    }
+
+    /// In `secs`, sweep the peer's stale routes unless something happened since (`token`).
+    fn gr_timer(&self, addr: Ipv4Addr, id: PeerId, token: u64, secs: u16) {
+        let tx = self.self_tx.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_secs(u64::from(secs))).await;
+            let _ = tx.send(Command::GrExpired(addr, id, token)).await;
+        });
+    }
+
+    /// After an UPDATE: warn near the peer's prefix limit, stop the session above it.
+    fn check_prefix_limit(&mut self, id: PeerId) {
+        let held = self.rib.adj_in_len(id) as u64;
+        let Some(addr) = self.by_id.get(&id).copied() else {
+            return;
+        };
+        let Some(p) = self.peers.get_mut(&addr) else {
+            return;
+        };
+        let Some(max) = p.spec.max_prefixes.map(u64::from) else {
+            return;
+        };
+        if held > max {
+            let restart = p.spec.max_prefixes_restart;
+            let reason = format!(
+                "maximum prefixes exceeded: {held} received, limit {max}; {}",
+                match restart {
+                    Some(s) => format!("restarting in {s} s"),
+                    None => "the session stays down until the peer is reconfigured".into(),
+                }
+            );
+            tracing::warn!(peer = %addr, held, max, "{reason}");
+            let _ = p.tx.send(ToSession::Stop {
+                subcode: cease::MAX_PREFIXES,
+                reason: reason.clone(),
+            });
+            p.limit_hit = true;
+            p.epoch = None;
+            p.last_error = Some(reason);
+            if let Some(s) = restart {
+                let tx = self.self_tx.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(std::time::Duration::from_secs(u64::from(s))).await;
+                    let _ = tx.send(Command::RestartAfterLimit(addr, id)).await;
+                });
+            }
+            let out = self.rib.peer_down(id);
+            self.distribute(out);
+        } else if !p.limit_warned && held * 100 >= max * PREFIX_WARN_PERCENT {
+            p.limit_warned = true;
+            tracing::warn!(peer = %addr, held, max, "peer is at {PREFIX_WARN_PERCENT}% of its prefix limit");
+        }
+    }
+
+    /// Install (or remove) a peer's MD5 key on the listening socket.
+    fn listener_key(&self, spec: &PeerSpec, install: bool) {
+        let (Some(fd), Some(p)) = (self.listener_fd.as_ref(), spec.transport.password.as_ref())
+        else {
+            return;
+        };
+        use std::os::fd::AsFd;
+        let key = install.then(|| p.as_bytes());
+        if let Err(e) = sockopt::set_md5(fd.as_fd(), spec.address.into(), key) {
+            tracing::warn!(peer = %spec.address, error = %e, "cannot set the TCP MD5 key on the BGP listener");
+        }
+    }
+
     async fn reconfigure(&mut self, local_as: Asn, listen_port: u16) -> Result<(), SpeakerError> {
         if listen_port != self.config.listen.port() {
             if let Some(l) = self.listener.take() {
+                self.listener_fd = None;
                 l.abort();
                 // Let the aborted task drop its socket before binding the new port.
                 tokio::task::yield_now().await;
@@ -599,14 +855,33 @@ impl Speaker {
         if prefixes.is_empty() && !replace {
             return;
         }
-        let changes = prefixes
+        let items: Vec<(Ipv4Prefix, Option<pb::DesiredItem>)> = prefixes
             .into_iter()
-            .filter_map(|p| {
-                let net = Ipv4Net::new(p.addr(), p.prefix_len()).ok()?;
-                Some((IpNet::V4(net), self.kernel_item(&p)))
-            })
-            .filter(|(_, item)| !replace || item.is_some())
+            .map(|p| (p, self.kernel_item(&p)))
             .collect();
+        if replace {
+            self.in_kernel.clear();
+        }
+        // Only prefixes that have, or had, a kernel route are the sink's business: a best
+        // route that changed but is not programmed (policy) costs the sink nothing.
+        let mut changes = Vec::with_capacity(items.len());
+        for (p, item) in items {
+            let was = if item.is_some() {
+                !self.in_kernel.insert(p)
+            } else {
+                self.in_kernel.remove(&p)
+            };
+            if item.is_none() && (replace || !was) {
+                continue;
+            }
+            let Ok(net) = Ipv4Net::new(p.addr(), p.prefix_len()) else {
+                continue;
+            };
+            changes.push((IpNet::V4(net), item));
+        }
+        if changes.is_empty() && !replace {
+            return;
+        }
         sink.bgp_routes(changes, replace);
     }
 
@@ -647,6 +922,7 @@ impl Speaker {
             .remove(&addr)
             .ok_or_else(|| SpeakerError::NoPeer(addr.to_string()))?;
         self.by_id.remove(&p.id);
+        self.listener_key(&p.spec, false);
         let _ = p.tx.send(ToSession::Stop {
             subcode: cease::PEER_DECONFIGURED,
             reason: "peer deleted".into(),
@@ -678,10 +954,14 @@ impl Speaker {
                 epoch,
                 remote_id,
                 local_address,
+                peer_restart_time,
             } => {
                 let Some(p) = self.entry(id) else { return };
                 p.epoch = Some(epoch);
                 p.remote_id = Some(remote_id);
+                p.gr_token = p.gr_token.wrapping_add(1);
+                let (token, addr) = (p.gr_token, p.spec.address);
+                let stale_time = p.spec.graceful_restart.map_or(0, |g| g.stale_time);
                 let info = PeerInfo {
                     id,
                     address: p.spec.address,
@@ -694,15 +974,65 @@ impl Speaker {
                 let tx = p.tx.clone();
                 let update = self.rib.peer_up(info);
                 let _ = tx.send(ToSession::Routes { epoch, update });
+                let _ = tx.send(ToSession::EndOfRib { epoch });
+                if self.rib.has_stale(id) {
+                    if peer_restart_time.is_some() {
+                        // Back from its restart: its routes stay until its End-of-RIB, at
+                        // most the stale-path time.
+                        self.gr_timer(addr, id, token, stale_time);
+                    } else {
+                        let out = self.rib.sweep_stale(id);
+                        self.distribute(out);
+                    }
+                }
             }
-            FromSession::Down { id, epoch } => {
+            FromSession::Down {
+                id,
+                epoch,
+                graceful,
+            } => {
                 let Some(p) = self.entry(id) else { return };
                 if p.epoch != Some(epoch) {
                     return;
                 }
                 p.epoch = None;
-                let out = self.rib.peer_down(id);
-                self.distribute(out);
+                p.gr_token = p.gr_token.wrapping_add(1);
+                let (token, addr) = (p.gr_token, p.spec.address);
+                match graceful.filter(|_| p.spec.graceful_restart.is_some()) {
+                    Some(restart_time) => {
+                        let kept = self.rib.peer_down_graceful(id);
+                        tracing::info!(peer = %addr, kept, restart_time, "peer restarting gracefully: its routes are kept stale");
+                        self.gr_timer(addr, id, token, restart_time);
+                    }
+                    None => {
+                        let out = self.rib.peer_down(id);
+                        self.distribute(out);
+                    }
+                }
+            }
+            FromSession::RefreshMarker { id, epoch, begin } => {
+                let Some(p) = self.entry(id) else { return };
+                if p.epoch != Some(epoch) {
+                    return;
+                }
+                if begin {
+                    // What the peer does not re-advertise before EoRR is gone (RFC 7313 §4).
+                    self.rib.begin_refresh(id);
+                } else if self.rib.has_stale(id) {
+                    let out = self.rib.sweep_stale(id);
+                    self.distribute(out);
+                }
+            }
+            FromSession::EndOfRib { id, epoch } => {
+                let Some(p) = self.entry(id) else { return };
+                if p.epoch != Some(epoch) {
+                    return;
+                }
+                p.gr_token = p.gr_token.wrapping_add(1);
+                if self.rib.has_stale(id) {
+                    let out = self.rib.sweep_stale(id);
+                    self.distribute(out);
+                }
             }
             FromSession::Update { id, epoch, update } => {
                 let Some(p) = self.entry(id) else { return };
@@ -731,6 +1061,7 @@ impl Speaker {
                 }
                 let out = self.rib.update(id, attrs, &announced, &withdrawn);
                 self.distribute(out);
+                self.check_prefix_limit(id);
             }
             FromSession::Refresh { id, epoch } => {
                 let Some(p) = self
@@ -741,7 +1072,7 @@ impl Speaker {
                 };
                 if p.epoch == Some(epoch) {
                     let update = self.rib.refresh(id);
-                    let _ = p.tx.send(ToSession::Routes { epoch, update });
+                    let _ = p.tx.send(ToSession::Refresh { epoch, update });
                 }
             }
         }

@@ -34,7 +34,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(bgpd::daemon::run(config)) {
+    match runtime.block_on(bgpd::daemon::run(config, args.config)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("bgpd: {e}");

@@ -89,6 +89,7 @@ impl ClusterState {
         self.bgp_config.clone().unwrap_or_else(|| BgpConfiguration {
             as_number: file.as_number,
             listen_port: file.listen_port,
+            external_transit: file.external_transit,
             ..Default::default()
         })
     }
@@ -143,7 +144,7 @@ impl Brain {
             external_transit: settings.external_transit,
             program_external_routes: settings.program_external_routes,
         }));
-        let role = me.route_reflector_cluster_id;
+        let role = me.route_reflector_cluster_id.or(self.file.cluster_id);
         if self
             .applied
             .policy

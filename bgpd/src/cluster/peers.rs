@@ -21,6 +21,7 @@ use bgp_wire::Asn;
 use ipam::model::{BgpConfiguration, BgpPeer, Node};
 
 use crate::bgp::policy::PeerClass;
+use crate::bgp::sockopt::{Password, Transport};
 use crate::bgp::{PeerOrigin, PeerSpec};
 
 /// BIRD's default hold time, which Calico keeps.
@@ -118,6 +119,18 @@ pub fn desired_peers(
         } else {
             PeerClass::External
         };
+        spec.transport = Transport {
+            password: match Password::new(&p.password) {
+                Ok(pw) => pw,
+                Err(e) => {
+                    tracing::warn!(peer = %p.name, "BGPPeer password refused: {e}");
+                    continue;
+                }
+            },
+            ttl_security_hops: (p.ttl_security_hops != 0).then_some(p.ttl_security_hops),
+            multihop_ttl: None,
+        };
+        spec.max_prefixes = (p.max_prefixes != 0).then_some(p.max_prefixes);
         let kind = if p.node.is_empty() { "Global" } else { "Node" };
         spec.label = Some(peer_name(kind, addr, p.port));
         timers(
@@ -253,6 +266,7 @@ mod tests {
             ttl_security_hops: 0,
             keepalive_time_s: 0,
             hold_time_s: 0,
+            max_prefixes: 0,
         }
     }
 

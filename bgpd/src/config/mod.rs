@@ -47,6 +47,19 @@ pub struct Config {
     pub ipam: IpamSection,
     pub bgp: BgpConfig,
     pub log: LogConfig,
+    pub metrics: MetricsConfig,
+}
+
+/// `[metrics]`: the HTTP endpoints for Prometheus and probes (`/metrics`, `/ready`, `/live`,
+/// `/status`).
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsConfig {
+    /// Where to serve them, e.g. "127.0.0.1:9098"; none: not served.
+    pub listen: Option<SocketAddr>,
+    /// BGP sessions that may be down while bgpd counts as ready, by peer name
+    /// ("peer_10_0_0_1"); `*` in a name matches any run of characters, "*" alone every peer.
+    pub ready_allow_down: Vec<String>,
 }
 
 /// IPAM settings of this node's configuration.
@@ -211,6 +224,12 @@ pub struct BgpConfig {
     pub peers: Vec<BgpPeerConfig>,
     /// Routes this node originates (`[[bgp.announce]]`).
     pub announce: Vec<BgpAnnounce>,
+    /// Be a route reflector with this cluster id (RFC 4456); the node's
+    /// route-reflector cluster id in the datastore wins when set.
+    pub cluster_id: Option<Ipv4Addr>,
+    /// Pass routes learned from one configured peer on to the others (until the cluster's
+    /// BGP configuration is stored in the datastore, which then decides).
+    pub external_transit: bool,
 }
 
 /// One explicitly configured BGP peer.
@@ -229,6 +248,32 @@ pub struct BgpPeerConfig {
     pub hold_time: Option<u16>,
     /// Keepalive interval, seconds; a third of the hold time when unset.
     pub keepalive: Option<u16>,
+    /// TCP MD5 password (RFC 2385); both sides must have the same.
+    #[serde(default)]
+    pub password: String,
+    /// GTSM (RFC 5082): the peer is at most this many hops away.
+    pub ttl_security: Option<u8>,
+    /// eBGP multihop: the TTL of our packets.
+    pub multihop: Option<u8>,
+    /// A route-reflector client of this node (needs `bgp.cluster_id`).
+    #[serde(default)]
+    pub rr_client: bool,
+    /// Most prefixes the peer may send; above it the session stops (Cease/Maximum Number
+    /// of Prefixes).
+    pub max_prefixes: Option<u32>,
+    /// Seconds before a session stopped by `max_prefixes` restarts; unset: it stays down.
+    pub max_prefixes_restart: Option<u16>,
+    /// Graceful restart (RFC 4724) with this peer; on by default, as Calico's BIRD.
+    #[serde(default = "yes")]
+    pub graceful_restart: bool,
+    /// The restart time we announce, seconds (at most 4095); 120 when unset.
+    pub restart_time: Option<u16>,
+    /// How long the peer's routes stay stale after it is back, seconds; 360 when unset.
+    pub stale_time: Option<u16>,
+}
+
+fn yes() -> bool {
+    true
 }
 
 /// One route this node announces.
@@ -251,6 +296,8 @@ impl Default for BgpConfig {
             listen_port: 179,
             peers: Vec::new(),
             announce: Vec::new(),
+            cluster_id: None,
+            external_transit: false,
         }
     }
 }
@@ -283,7 +330,11 @@ impl Config {
         path: Option<&Path>,
         env: Option<config::Map<String, String>>,
     ) -> Result<Self, ConfigError> {
-        let mut config: Config = load_layers(path, env, &["datastore.endpoints"])?;
+        let mut config: Config = load_layers(
+            path,
+            env,
+            &["datastore.endpoints", "metrics.ready_allow_down"],
+        )?;
         config.fill_defaults();
         config.validate()?;
         Ok(config)
@@ -340,6 +391,32 @@ impl Config {
                     format!("peer {}: hold_time must be 0 or at least 3", p.address),
                 ));
             }
+            if p.restart_time.is_some_and(|t| t > 4095) {
+                return Err(field(
+                    "bgp.peers",
+                    format!("peer {}: restart_time is at most 4095 seconds", p.address),
+                ));
+            }
+            if p.rr_client && self.bgp.cluster_id.is_none() {
+                return Err(field(
+                    "bgp.peers",
+                    format!(
+                        "peer {}: rr_client needs bgp.cluster_id (this node must be a route reflector)",
+                        p.address
+                    ),
+                ));
+            }
+            crate::bgp::sockopt::Password::new(&p.password)
+                .map_err(|e| field("bgp.peers", format!("peer {}: password: {e}", p.address)))?;
+            if matches!(p.ttl_security, Some(0)) || matches!(p.multihop, Some(0)) {
+                return Err(field(
+                    "bgp.peers",
+                    format!(
+                        "peer {}: ttl_security and multihop are 1-255 hops",
+                        p.address
+                    ),
+                ));
+            }
         }
         for a in &self.bgp.announce {
             for c in &a.communities {
@@ -349,6 +426,14 @@ impl Config {
                         format!("prefix {}: community {c:?}: {e}", a.prefix),
                     )
                 })?;
+            }
+        }
+        for pattern in &self.metrics.ready_allow_down {
+            if pattern.trim().is_empty() {
+                return Err(field(
+                    "metrics.ready_allow_down",
+                    "an entry is empty; name a peer (\"peer_10_0_0_1\") or use \"*\"",
+                ));
             }
         }
         match self.datastore.kind {

@@ -152,3 +152,51 @@ fn bgp_peers_and_announcements_load_and_are_checked() {
         assert!(err.contains(needle), "{bad}: {err}");
     }
 }
+
+#[test]
+fn metrics_section_loads_with_environment_overrides() {
+    let c = Config::load_with_env(None, env(&[("MARGAY_NODE__NAME", "n")])).unwrap();
+    assert_eq!(c.metrics, MetricsConfig::default());
+    assert_eq!(c.metrics.listen, None);
+
+    let f = write(
+        "[metrics]\nlisten = \"127.0.0.1:9098\"\nready_allow_down = [\"peer_10_0_0_1\", \"peer_10_1_*\"]\n",
+    );
+    let c = Config::load_with_env(Some(f.path()), env(&[("MARGAY_NODE__NAME", "n")])).unwrap();
+    assert_eq!(c.metrics.listen, Some("127.0.0.1:9098".parse().unwrap()));
+    assert_eq!(c.metrics.ready_allow_down, ["peer_10_0_0_1", "peer_10_1_*"]);
+
+    let c = Config::load_with_env(
+        Some(f.path()),
+        env(&[
+            ("MARGAY_NODE__NAME", "n"),
+            ("MARGAY_METRICS__LISTEN", "127.0.0.1:19098"),
+            ("MARGAY_METRICS__READY_ALLOW_DOWN", "peer_a,*"),
+        ]),
+    )
+    .unwrap();
+    assert_eq!(c.metrics.listen, Some("127.0.0.1:19098".parse().unwrap()));
+    assert_eq!(c.metrics.ready_allow_down, ["peer_a", "*"]);
+}
+
+#[test]
+fn bad_metrics_values_name_the_field() {
+    for (text, needle) in [
+        ("[metrics]\nlisten = \"localhost\"\n", "listen"),
+        (
+            "[metrics]\nready_allow_down = [\"\"]\n",
+            "metrics.ready_allow_down",
+        ),
+        (
+            "[metrics]\nready_allow_down = \"peer_a\"\n",
+            "ready_allow_down",
+        ),
+        ("[metrics]\nlisten_on = \"127.0.0.1:1\"\n", "listen_on"),
+    ] {
+        let f = write(text);
+        let err = Config::load_with_env(Some(f.path()), env(&[("MARGAY_NODE__NAME", "n")]))
+            .expect_err(text)
+            .to_string();
+        assert!(err.contains(needle), "{text:?}: {err}");
+    }
+}

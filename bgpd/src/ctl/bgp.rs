@@ -88,8 +88,30 @@ pub enum PeerCommand {
         /// With --resource: only this node peers [default: every node].
         #[arg(long, requires = "resource")]
         node: Option<String>,
+        /// TCP MD5 password (RFC 2385).
+        #[arg(long)]
+        password: Option<String>,
+        /// GTSM (RFC 5082): the peer is at most this many hops away.
+        #[arg(long)]
+        ttl_security: Option<u32>,
+        /// eBGP multihop TTL.
+        #[arg(long)]
+        multihop: Option<u32>,
+        /// Most prefixes the peer may send; above it the session stops.
+        #[arg(long)]
+        max_prefixes: Option<u32>,
+        /// Seconds before a session stopped by --max-prefixes restarts [default: stays down].
+        #[arg(long, requires = "max_prefixes")]
+        max_prefixes_restart: Option<u32>,
         #[arg(long)]
         json: bool,
+    },
+    /// Route refresh without a reset: ask the peer to send its routes again, or with
+    /// `--out` send it ours again.
+    Refresh {
+        peer: String,
+        #[arg(long)]
+        out: bool,
     },
     /// Delete a peer (by address or name); its routes are withdrawn.
     Del {
@@ -183,6 +205,7 @@ pub fn route_json(r: &pb::Route) -> serde_json::Value {
         "communities": r.communities,
         "from_peer": r.from_peer,
         "best": r.best,
+        "stale": r.stale,
     })
 }
 
@@ -284,10 +307,10 @@ pub async fn show(
                     route_json(r)["origin"].as_str().unwrap_or("").to_owned(),
                     r.local_pref.map(|l| l.to_string()).unwrap_or_default(),
                     r.med.map(|m| m.to_string()).unwrap_or_default(),
-                    if r.from_peer.is_empty() {
-                        "local".into()
-                    } else {
-                        r.from_peer.clone()
+                    match (r.from_peer.is_empty(), r.stale) {
+                        (true, _) => "local".into(),
+                        (false, false) => r.from_peer.clone(),
+                        (false, true) => format!("{} (stale)", r.from_peer),
                     },
                 ]);
             }
@@ -337,10 +360,13 @@ pub fn render_filters(rules: &[pb::FilterRule]) -> String {
             s.push_str(&format!("filter {} {{\n", scope_name(r.scope)));
             current = Some(r.scope);
         }
-        s.push_str(&format!(
-            "  if {} then {};  # {}\n",
-            r.r#match, r.action, r.reason
-        ));
+        // The unconditional last rule reads like BIRD's trailing `accept;` / `reject;`.
+        let test = if r.r#match == "all" {
+            String::new()
+        } else {
+            format!("if {} then ", r.r#match)
+        };
+        s.push_str(&format!("  {test}{};  # {}\n", r.action, r.reason));
     }
     if current.is_some() {
         s.push_str("}\n");
@@ -478,6 +504,11 @@ pub async fn peer(
             port,
             resource,
             node,
+            password,
+            ttl_security,
+            multihop,
+            max_prefixes,
+            max_prefixes_restart,
             json,
         } => {
             let origin = if resource.is_some() {
@@ -495,6 +526,11 @@ pub async fn peer(
                         passive,
                         port: port.unwrap_or(0),
                         origin: origin.into(),
+                        password: password.unwrap_or_default(),
+                        ttl_security_hops: ttl_security.unwrap_or(0),
+                        multihop_ttl: multihop.unwrap_or(0),
+                        max_prefixes: max_prefixes.unwrap_or(0),
+                        max_prefixes_restart_s: max_prefixes_restart.unwrap_or(0),
                         ..pb::BgpPeer::default()
                     }),
                 })
@@ -508,6 +544,25 @@ pub async fn peer(
                     p.name, p.peer_address, p.as_number
                 ))
             }
+        }
+        PeerCommand::Refresh {
+            peer,
+            out: outbound,
+        } => {
+            client
+                .refresh_peer(pb::RefreshPeerRequest {
+                    peer: peer.clone(),
+                    outbound,
+                })
+                .await?;
+            out.line(&format!(
+                "{} {peer}",
+                if outbound {
+                    "routes sent again to"
+                } else {
+                    "route refresh requested from"
+                }
+            ))
         }
         PeerCommand::Del { peer, json } => {
             client

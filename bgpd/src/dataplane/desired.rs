@@ -8,6 +8,7 @@
 //!   pool is CrossSubnet and the node is in our subnet (plain IP, no encapsulation), else via
 //!   its tunnel address on the VXLAN device;
 //! - addresses another node borrowed from a block (a /32 towards the node holding them);
+//! - this node's workloads: a /32 on the host-side interface the CNI plugin named;
 //! - each remote VTEP and this node's own, and every pool for the NAT rules.
 //!
 //! Routes of pools without VXLAN come from BGP, not from here (the cluster-brain issue).
@@ -44,6 +45,9 @@ impl ItemKey {
 }
 
 pub type Desired = BTreeMap<ItemKey, pb::DesiredItem>;
+
+/// The allocation attribute the CNI plugin sets to the workload's host-side interface.
+pub const WORKLOAD_INTERFACE: &str = "interface";
 
 /// VXLAN settings as Calico's defaults.
 pub const VXLAN_VNI: u32 = 4096;
@@ -152,14 +156,37 @@ pub fn compute(inputs: &Inputs<'_>) -> Desired {
         {
             out.insert(ItemKey::Route(block.cidr), item);
         }
-        // Addresses held by a node other than the block's: a /32 towards the holder (our
-        // own are the CNI plugin's workload routes).
         for (ordinal, slot) in &block.slots {
-            if Some(slot.node.as_str()) == owner || slot.node == inputs.me {
-                continue;
-            }
             let addr = block.address(*ordinal);
             let host = IpNet::from(addr);
+            // Our workloads: a host route on their interface (the CNI plugin wrote it first;
+            // routewriter keeps it from now on).
+            if slot.node == inputs.me {
+                if let Some(dev) = slot.attrs.get(WORKLOAD_INTERFACE) {
+                    let who = match (slot.attrs.get("namespace"), slot.attrs.get("pod")) {
+                        (Some(ns), Some(pod)) => format!("{ns}/{pod}"),
+                        _ => slot.handle.clone(),
+                    };
+                    out.insert(
+                        ItemKey::Route(host),
+                        pb::DesiredItem {
+                            item: Some(pb::desired_item::Item::Route(pb::KernelRoute {
+                                destination: host.to_string(),
+                                kind: pb::RouteKind::Workload.into(),
+                                gateway: String::new(),
+                                device: dev.clone(),
+                                onlink: false,
+                                source: format!("workload {who}"),
+                            })),
+                        },
+                    );
+                }
+                continue;
+            }
+            // Addresses held by a node other than the block's: a /32 towards the holder.
+            if Some(slot.node.as_str()) == owner {
+                continue;
+            }
             if let Some(n) = node(&slot.node)
                 && let Some(item) = remote_route(host, pool, me, n)
             {
@@ -404,6 +431,44 @@ mod tests {
         );
         // On d itself, its own borrowed address is its workload route, not ours.
         assert!(kernel_route(&w.compute("d"), "172.20.0.70/32").is_none());
+    }
+
+    #[test]
+    fn our_workloads_get_a_host_route_on_their_interface() {
+        let mut w = World::new(EncapMode::CrossSubnet);
+        let attrs: BTreeMap<String, String> = [
+            (
+                WORKLOAD_INTERFACE.to_string(),
+                "cali0123456789a".to_string(),
+            ),
+            ("namespace".to_string(), "default".to_string()),
+            ("pod".to_string(), "web-0".to_string()),
+        ]
+        .into();
+        w.blocks[0]
+            .allocate_addr("172.20.0.5".parse().unwrap(), "h", "a", &attrs)
+            .unwrap();
+        // Allocated without an interface (another main plugin): no route of ours.
+        w.blocks[0]
+            .allocate_addr(
+                "172.20.0.6".parse().unwrap(),
+                "h2",
+                "a",
+                &Default::default(),
+            )
+            .unwrap();
+        let r = kernel_route(&w.compute("a"), "172.20.0.5/32").unwrap();
+        assert_eq!(
+            (r.kind(), r.device.as_str(), r.source.as_str()),
+            (
+                pb::RouteKind::Workload,
+                "cali0123456789a",
+                "workload default/web-0"
+            )
+        );
+        assert!(kernel_route(&w.compute("a"), "172.20.0.6/32").is_none());
+        // Other nodes route the whole block, not the pod.
+        assert!(kernel_route(&w.compute("b"), "172.20.0.5/32").is_none());
     }
 
     #[test]

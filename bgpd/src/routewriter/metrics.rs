@@ -1,19 +1,17 @@
-//! routewriter's counters and their small HTTP listener: `GET /metrics` answers Prometheus
-//! text, `GET /status` one JSON object for people and tests. Hand-written on tokio (a request
-//! line and headers in, one response out, connection closed) to need no HTTP crate; requests
-//! are bounded in size, time and number at once.
+//! routewriter's counters and what its listener serves: `GET /metrics` answers Prometheus
+//! text, `GET /status` one JSON object for people and tests. The listener itself (bounded in
+//! size, time and number of requests) is the one bgpd uses too, `observe::http`.
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 
-use super::desired::Kind;
+use super::desired::Kind as RouteKind;
+use crate::observe::http;
+use crate::observe::prom::{Exposition, Kind};
 
 /// Everything the listener reports, updated by the agent.
 #[derive(Debug, Default, Clone, serde::Serialize)]
@@ -56,7 +54,7 @@ impl Metrics {
     pub fn new() -> Arc<Self> {
         let m = Metrics::default();
         if let Ok(mut s) = m.state.lock() {
-            for k in Kind::ALL {
+            for k in RouteKind::ALL {
                 s.routes.insert(k.name(), 0);
             }
         }
@@ -94,129 +92,111 @@ impl Metrics {
     /// Prometheus text exposition format.
     pub fn render(&self) -> String {
         let s = self.snapshot();
-        let mut o = String::new();
-        let mut gauge = |name: &str, help: &str, kind: &str, lines: &[(String, String)]| {
-            let _ = writeln!(o, "# HELP routewriter_{name} {help}");
-            let _ = writeln!(o, "# TYPE routewriter_{name} {kind}");
-            for (labels, value) in lines {
-                let _ = writeln!(o, "routewriter_{name}{labels} {value}");
-            }
-        };
-        let one = |v: String| vec![(String::new(), v)];
-        gauge(
+        let mut e = Exposition::new("routewriter_");
+        e.single(
             "revision",
             "Revision of the desired state last applied.",
-            "gauge",
-            &one(s.revision.to_string()),
+            Kind::Gauge,
+            s.revision,
         );
-        gauge(
+        e.single(
             "stream_connected",
             "1 while the Dataplane stream from bgpd is up.",
-            "gauge",
-            &one(u8::from(s.stream_connected).to_string()),
+            Kind::Gauge,
+            u8::from(s.stream_connected),
         );
-        gauge(
+        e.single(
             "stream_reconnects_total",
             "Reconnects to bgpd.",
-            "counter",
-            &one(s.stream_reconnects.to_string()),
+            Kind::Counter,
+            s.stream_reconnects,
         );
-        gauge(
+        e.single(
             "synced",
             "1 once the kernel converged to a snapshot.",
-            "gauge",
-            &one(u8::from(s.synced).to_string()),
+            Kind::Gauge,
+            u8::from(s.synced),
         );
-        let routes: Vec<_> = s
-            .routes
-            .iter()
-            .map(|(k, v)| (format!("{{kind=\"{k}\"}}"), v.to_string()))
-            .collect();
-        gauge("routes", "Desired routes by kind.", "gauge", &routes);
-        gauge(
+        labelled(
+            &mut e,
+            "routes",
+            "Desired routes by kind.",
+            Kind::Gauge,
+            "kind",
+            &s.routes,
+        );
+        e.single(
             "routes_failing",
             "Routes the kernel refused, retried with backoff.",
-            "gauge",
-            &one(s.routes_failing.to_string()),
+            Kind::Gauge,
+            s.routes_failing,
         );
-        gauge(
+        e.single(
             "routes_waiting_for_device",
             "Routes whose device does not exist yet.",
-            "gauge",
-            &one(s.routes_waiting_for_device.to_string()),
+            Kind::Gauge,
+            s.routes_waiting_for_device,
         );
-        let unsupported: Vec<_> = s
-            .routes_unsupported
-            .iter()
-            .map(|(k, v)| (format!("{{feature=\"{}\"}}", escape(k)), v.to_string()))
-            .collect();
-        gauge(
+        labelled(
+            &mut e,
             "routes_unsupported",
             "Routes needing a kernel feature this kernel lacks.",
-            "gauge",
-            &unsupported,
+            Kind::Gauge,
+            "feature",
+            &s.routes_unsupported,
         );
-        let corrections: Vec<_> = s
-            .corrections
-            .iter()
-            .map(|(k, v)| (format!("{{object=\"{k}\"}}"), v.to_string()))
-            .collect();
-        gauge(
+        labelled(
+            &mut e,
             "corrections_total",
             "Drift repaired, by object.",
-            "counter",
-            &corrections,
+            Kind::Counter,
+            "object",
+            &s.corrections,
         );
-        gauge(
-            "resyncs_total",
-            "Full resyncs.",
-            "counter",
-            &one(s.resyncs.to_string()),
-        );
-        gauge(
+        e.single("resyncs_total", "Full resyncs.", Kind::Counter, s.resyncs);
+        e.single(
             "resync_duration_seconds",
             "Duration of the last full resync.",
-            "gauge",
-            &one(format!("{:.6}", s.last_resync_seconds)),
+            Kind::Gauge,
+            format!("{:.6}", s.last_resync_seconds),
         );
-        gauge(
+        e.single(
             "netlink_writes_total",
             "Netlink messages that change kernel state.",
-            "counter",
-            &one(s.netlink_writes.to_string()),
+            Kind::Counter,
+            s.netlink_writes,
         );
-        gauge(
+        e.single(
             "nft_writes_total",
             "nftables transactions.",
-            "counter",
-            &one(s.nft_writes.to_string()),
+            Kind::Counter,
+            s.nft_writes,
         );
-        gauge(
+        e.single(
             "sysctl_writes_total",
             "Sysctl values written.",
-            "counter",
-            &one(s.sysctl_writes.to_string()),
+            Kind::Counter,
+            s.sysctl_writes,
         );
-        gauge(
+        e.single(
             "items_rejected_total",
             "Desired items that could not be taken.",
-            "counter",
-            &one(s.items_rejected.to_string()),
+            Kind::Counter,
+            s.items_rejected,
         );
-        let err = match &s.last_error {
-            Some(e) => vec![(
-                format!("{{message=\"{}\"}}", escape(e)),
-                s.last_error_unix.to_string(),
-            )],
-            None => vec![],
-        };
-        gauge(
+        e.family(
             "last_error_timestamp_seconds",
             "When the last error happened; its message is the label.",
-            "gauge",
-            &err,
+            Kind::Gauge,
         );
-        o
+        if let Some(message) = &s.last_error {
+            e.sample(
+                "last_error_timestamp_seconds",
+                &[("message", message)],
+                s.last_error_unix,
+            );
+        }
+        e.finish()
     }
 
     pub fn status_json(&self) -> String {
@@ -224,77 +204,45 @@ impl Metrics {
     }
 }
 
-fn escape(s: &str) -> String {
-    s.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
+/// One family with a sample per entry of `values`, labelled `label`.
+fn labelled<K: AsRef<str>>(
+    e: &mut Exposition,
+    name: &str,
+    help: &str,
+    kind: Kind,
+    label: &str,
+    values: &BTreeMap<K, u64>,
+) {
+    e.family(name, help, kind);
+    for (k, v) in values {
+        e.sample(name, &[(label, k.as_ref())], v);
+    }
 }
 
 /// Serves `/metrics` and `/status` on `listener` until the task is dropped.
 pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
-    // Scrapers are few; more at once than this wait.
-    let slots = Arc::new(Semaphore::new(8));
-    loop {
-        let Ok((stream, _)) = listener.accept().await else {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            continue;
-        };
-        let Ok(permit) = slots.clone().acquire_owned().await else {
-            return;
-        };
+    http::serve(listener, move |r: http::Request| {
         let metrics = metrics.clone();
-        tokio::spawn(async move {
-            let _permit = permit;
-            let _ = tokio::time::timeout(Duration::from_secs(5), answer(stream, &metrics)).await;
-        });
-    }
+        async move {
+            match r.path.as_str() {
+                "/metrics" => http::Response::new(200, http::PROMETHEUS, metrics.render()),
+                "/status" => http::Response::new(200, http::JSON, metrics.status_json()),
+                _ => http::Response::not_found(&["/metrics", "/status"]),
+            }
+        }
+    })
+    .await
 }
 
-async fn answer(mut stream: tokio::net::TcpStream, metrics: &Metrics) -> std::io::Result<()> {
-    let mut buf = vec![0u8; 8192];
-    let mut n = 0;
-    // Read up to the end of the headers, at most 8 KiB.
-    while n < buf.len() {
-        let m = stream.read(&mut buf[n..]).await?;
-        if m == 0 {
-            break;
-        }
-        n += m;
-        if buf[..n].windows(4).any(|w| w == b"\r\n\r\n")
-            || buf[..n].windows(2).any(|w| w == b"\n\n")
-        {
-            break;
-        }
-    }
-    let head = String::from_utf8_lossy(&buf[..n]);
-    let mut parts = head.split_whitespace();
-    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
-    let (status, ctype, body) = match (method, path) {
-        ("GET", "/metrics") => ("200 OK", "text/plain; version=0.0.4", metrics.render()),
-        ("GET", "/status") => ("200 OK", "application/json", metrics.status_json()),
-        ("GET", _) => (
-            "404 Not Found",
-            "text/plain",
-            "try /metrics or /status\n".into(),
-        ),
-        _ => ("405 Method Not Allowed", "text/plain", "GET only\n".into()),
-    };
-    let resp = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    stream.write_all(resp.as_bytes()).await?;
-    stream.shutdown().await
-}
-
-/// Binds the listener (an error names the address).
+/// Binds the listener.
 pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    TcpListener::bind(addr).await
+    http::bind(addr).await
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     #[test]
     fn renders_prometheus_text() {

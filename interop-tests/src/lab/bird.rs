@@ -95,6 +95,17 @@ impl NsCommand {
 impl Bird {
     /// Starts BIRD `version` in `ns` as AS `asn`, peering with bgpd (AS 64512).
     pub fn start(version: BirdVersion, ns: &Netns, asn: u32) -> Result<Bird, String> {
+        Self::start_with(version, ns, asn, "")
+    }
+
+    /// Like [`Bird::start`], with `extra` lines inside the `protocol bgp` block (e.g.
+    /// `password "x";`, `ttl security on;`).
+    pub fn start_with(
+        version: BirdVersion,
+        ns: &Netns,
+        asn: u32,
+        extra: &str,
+    ) -> Result<Bird, String> {
         let (bird, birdc) = binaries(version)?;
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         let conf = match version {
@@ -105,7 +116,7 @@ impl Bird {
                  protocol static st {{ route {PEER_PREFIX} blackhole; }}\n\
                  protocol bgp m {{\n  local as {asn};\n  neighbor {BGPD_ADDR} as {LOCAL_AS};\n\
                    import all;\n  export where proto = \"st\";\n  next hop self;\n\
-                   connect delay time 1;\n  connect retry time 3;\n  error wait time 1,10;\n}}\n"
+                   connect delay time 1;\n  connect retry time 3;\n  error wait time 1,10;\n{extra}}}\n"
             ),
             BirdVersion::V2 => format!(
                 "router id {PEER_ADDR};\n\
@@ -114,7 +125,7 @@ impl Bird {
                  protocol static st {{ ipv4; route {PEER_PREFIX} blackhole; }}\n\
                  protocol bgp m {{\n  local as {asn};\n  neighbor {BGPD_ADDR} as {LOCAL_AS};\n\
                    ipv4 {{ import all; export where proto = \"st\"; next hop self; }};\n\
-                   connect delay time 1;\n  connect retry time 3;\n  error wait time 1,10;\n}}\n"
+                   connect delay time 1;\n  connect retry time 3;\n  error wait time 1,10;\n{extra}}}\n"
             ),
         };
         std::fs::write(dir.path().join("bird.conf"), conf).map_err(|e| e.to_string())?;

@@ -22,10 +22,6 @@ pub struct Frr {
 
 impl Frr {
     pub fn start(ns: &Netns, asn: u32) -> Result<Frr, String> {
-        if !std::path::Path::new(FRR_BGPD).exists() {
-            return Err("FRR is not installed: apt-get install frr".into());
-        }
-        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         let conf = format!(
             "frr defaults traditional\nhostname peer\n\
              router bgp {asn}\n bgp router-id {PEER_ADDR}\n no bgp ebgp-requires-policy\n\
@@ -34,6 +30,15 @@ impl Frr {
               address-family ipv4 unicast\n  network {PEER_PREFIX}\n  neighbor {BGPD_ADDR} next-hop-self\n\
               exit-address-family\n"
         );
+        Self::start_with_config(ns, asn, &conf)
+    }
+
+    /// FRR's bgpd with a whole `bgpd.conf` of the caller's (`asn` names its `router bgp`).
+    pub fn start_with_config(ns: &Netns, asn: u32, conf: &str) -> Result<Frr, String> {
+        if !std::path::Path::new(FRR_BGPD).exists() {
+            return Err("FRR is not installed: apt-get install frr".into());
+        }
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         std::fs::write(dir.path().join("bgpd.conf"), conf).map_err(|e| e.to_string())?;
         // The daemon drops to user frr: it must be able to write its files.
         let _ = Command::new("chown")
@@ -90,7 +95,7 @@ impl Frr {
         output(&mut c)
     }
 
-    fn json(&self, cmd: &str) -> serde_json::Value {
+    pub fn json(&self, cmd: &str) -> serde_json::Value {
         serde_json::from_str(&self.vtysh(&[cmd])).unwrap_or(serde_json::Value::Null)
     }
 
@@ -149,7 +154,19 @@ impl BgpPeer for Frr {
     }
 
     fn kill_and_restart(&mut self) {
+        self.kill();
+        self.relaunch();
+    }
+}
+
+impl Frr {
+    /// SIGKILL: no Cease, the connection just dies (a crash, as its peers see it).
+    pub fn kill(&mut self) {
         self.daemon.kill();
+    }
+
+    /// Start again with the same configuration, after [`Frr::kill`].
+    pub fn relaunch(&mut self) {
         if let Err(e) = self.launch() {
             panic!("{e}");
         }

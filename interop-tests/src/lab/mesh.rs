@@ -18,6 +18,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use super::netns::{CmdError, Netns, run};
+use super::segment::Segment;
 
 /// The pool every node's blocks come from, in a mesh of `n` nodes.
 pub fn pool(n: usize) -> &'static str {
@@ -88,19 +89,17 @@ impl Mesh {
         } else {
             NeighLimits { old: Vec::new() }
         };
-        let hub = Netns::new("hub").map_err(|e| e.to_string())?;
-        hub.ip(&["link", "add", "br0", "type", "bridge"])
-            .and_then(|_| hub.ip(&["link", "set", "br0", "up"]))
-            .and_then(|_| {
-                hub.ip(&[
-                    "addr",
-                    "add",
-                    &format!("{HUB_ADDR}/{PREFIX_LEN}"),
-                    "dev",
-                    "br0",
-                ])
-            })
-            .map_err(|e| e.to_string())?;
+        // The segment's bridge; its members are attached below in batches rather than by
+        // `Segment::attach`, which takes several `ip` processes a member.
+        let Segment { hub } = Segment::new("hub").map_err(|e| e.to_string())?;
+        hub.ip(&[
+            "addr",
+            "add",
+            &format!("{HUB_ADDR}/{PREFIX_LEN}"),
+            "dev",
+            "br0",
+        ])
+        .map_err(|e| e.to_string())?;
         let mut mesh = Mesh {
             nodes: Vec::with_capacity(n),
             hub,

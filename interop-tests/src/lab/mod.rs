@@ -10,6 +10,7 @@ pub mod gobgp;
 pub mod mesh;
 pub mod netns;
 pub mod procstat;
+pub mod segment;
 
 use std::path::PathBuf;
 

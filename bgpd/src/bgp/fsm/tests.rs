@@ -423,3 +423,148 @@ fn backoff_is_capped_and_never_overflows() {
         Duration::from_secs(60)
     );
 }
+
+fn gr_open(restart_time: u16, families: Vec<bgp_wire::GrFamily>) -> Open {
+    Open::new(
+        Asn(64512),
+        9,
+        PEER,
+        vec![
+            Capability::FourOctetAs(Asn(64512)),
+            Capability::GracefulRestart(bgp_wire::GracefulRestart {
+                restarting: false,
+                notification: false,
+                restart_time,
+                families,
+            }),
+        ],
+    )
+}
+
+const V4: bgp_wire::GrFamily = bgp_wire::GrFamily {
+    family: Family::IPV4_UNICAST,
+    forwarding_preserved: true,
+};
+
+fn down(actions: &[Action]) -> Option<Option<u16>> {
+    actions.iter().find_map(|a| match a {
+        Action::Down { graceful, .. } => Some(*graceful),
+        _ => None,
+    })
+}
+
+fn gr_established(ours: Option<u16>, theirs: Open) -> Fsm {
+    let mut c = cfg();
+    c.graceful_restart = ours;
+    let mut f = Fsm::new(c);
+    f.handle(Event::Start);
+    f.handle(Event::Connected);
+    f.handle(Event::Message(Decoded::Open(theirs)));
+    f.handle(Event::Message(Decoded::Keepalive));
+    assert_eq!(f.state(), State::Established);
+    f
+}
+
+#[test]
+fn graceful_restart_is_offered_with_forwarding_preserved() {
+    let mut c = cfg();
+    assert!(c.open().graceful_restart().is_none());
+    c.graceful_restart = Some(120);
+    let gr = c.open().graceful_restart().cloned().unwrap();
+    assert_eq!(gr.restart_time, 120);
+    assert_eq!(gr.families, vec![V4]);
+    assert!(!gr.restarting);
+}
+
+#[test]
+fn a_lost_transport_is_graceful_only_when_both_sides_offered_it() {
+    let mut f = gr_established(Some(120), gr_open(90, vec![V4]));
+    assert_eq!(f.negotiated().unwrap().peer_restart_time, Some(90));
+    let a = f.handle(Event::ConnectionClosed);
+    assert_eq!(down(&a), Some(Some(90)));
+    // Helper-only peers (no family) and restart time 0 do not count.
+    let mut f = gr_established(Some(120), gr_open(120, vec![]));
+    assert_eq!(down(&f.handle(Event::ConnectionClosed)), Some(None));
+    let mut f = gr_established(Some(120), gr_open(0, vec![V4]));
+    assert_eq!(down(&f.handle(Event::ConnectionClosed)), Some(None));
+    // Nor when we did not offer it.
+    let mut f = gr_established(None, gr_open(90, vec![V4]));
+    assert_eq!(down(&f.handle(Event::ConnectionClosed)), Some(None));
+}
+
+#[test]
+fn a_notification_ends_graceful_restart() {
+    let mut f = gr_established(Some(120), gr_open(90, vec![V4]));
+    let a = f.handle(Event::TimerExpired(Timer::Hold));
+    assert_eq!(
+        down(&a),
+        Some(None),
+        "hold timer expiry sends a NOTIFICATION"
+    );
+    let mut f = gr_established(Some(120), gr_open(90, vec![V4]));
+    let n = Notification::new(bgp_wire::CEASE, cease::ADMIN_RESET, vec![]);
+    let a = f.handle(Event::Message(Decoded::Notification(n)));
+    assert_eq!(down(&a), Some(None));
+}
+
+#[test]
+fn shutdown_for_a_restart_sends_no_notification() {
+    let mut f = gr_established(Some(120), gr_open(90, vec![V4]));
+    let a = f.handle(Event::Shutdown);
+    assert_eq!(notification(&a), None);
+    assert!(a.contains(&Action::Disconnect));
+    assert_eq!(f.state(), State::Idle);
+    // And it stays down: no restart timer.
+    assert_eq!(timer(&a, Timer::IdleHold), None);
+    let mut f = gr_established(Some(120), gr_open(90, vec![V4]));
+    let a = f.handle(Event::Stop {
+        subcode: cease::ADMIN_SHUTDOWN,
+        reason: "bye".into(),
+    });
+    assert_eq!(
+        notification(&a),
+        Some((bgp_wire::CEASE, cease::ADMIN_SHUTDOWN))
+    );
+}
+
+#[test]
+fn enhanced_route_refresh_is_offered_and_its_markers_reach_the_rib() {
+    assert!(
+        cfg()
+            .open()
+            .capabilities
+            .contains(&Capability::EnhancedRouteRefresh)
+    );
+    let mut theirs = peer_open(9);
+    theirs.capabilities.push(Capability::EnhancedRouteRefresh);
+    let mut f = Fsm::new(cfg());
+    f.handle(Event::Start);
+    f.handle(Event::Connected);
+    f.handle(Event::Message(Decoded::Open(theirs)));
+    f.handle(Event::Message(Decoded::Keepalive));
+    assert!(f.negotiated().unwrap().enhanced_refresh);
+    let rr = |subtype| {
+        Event::Message(Decoded::RouteRefresh(RouteRefresh::new(
+            Family::IPV4_UNICAST,
+            subtype,
+        )))
+    };
+    assert!(
+        f.handle(rr(RefreshSubtype::Begin))
+            .contains(&Action::RefreshMarker { begin: true })
+    );
+    assert!(
+        f.handle(rr(RefreshSubtype::End))
+            .contains(&Action::RefreshMarker { begin: false })
+    );
+    // Unknown subtypes and other families are ignored (RFC 7313 §5).
+    let a = f.handle(rr(RefreshSubtype::Other(9)));
+    assert!(
+        !a.iter()
+            .any(|a| matches!(a, Action::Refresh | Action::RefreshMarker { .. }))
+    );
+    assert_eq!(f.state(), State::Established);
+    // Without the peer's capability, no framing.
+    let (f, _) = established(cfg(), 9);
+    assert!(!f.negotiated().unwrap().enhanced_refresh);
+}

@@ -208,3 +208,29 @@ fn accept_all_accepts_everything_but_programs_nothing_local() {
     );
     assert!(pol.kernel(&pfx("10.0.0.0/8"), EXTERNAL, NH_SAME).is_some());
 }
+
+#[test]
+fn a_pool_changing_mode_changes_only_its_kernel_rule() {
+    let mut p = pool("default", "172.20.0.0/16");
+    let before = Case::new(vec![p.clone()]).policy();
+    p.vxlan_mode = EncapMode::CrossSubnet;
+    let after = Case::new(vec![p]).policy();
+    let b = pfx("172.20.9.0/26");
+    assert!(before.kernel(&b, CLUSTER, NH_SAME).is_some());
+    assert!(after.kernel(&b, CLUSTER, NH_SAME).is_none());
+    for scope in [Scope::Import, Scope::ExportCluster, Scope::ExportExternal] {
+        assert_eq!(before.rules(scope), after.rules(scope), "{scope:?}");
+    }
+    assert_ne!(before.rules(Scope::Kernel), after.rules(Scope::Kernel));
+}
+
+#[test]
+fn ipv6_pools_do_not_enter_the_ipv4_rules() {
+    // IPv6 sessions and their rules come with the production speaker (issue #6); an IPv6
+    // pool must not disturb the IPv4 ones meanwhile.
+    let v4 = pool("v4", "172.20.0.0/16");
+    let v6 = pool("v6", "fd00:20::/48");
+    let with = Case::new(vec![v4.clone(), v6]).policy();
+    let without = Case::new(vec![v4]).policy();
+    assert_eq!(with, without);
+}

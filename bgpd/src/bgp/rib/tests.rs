@@ -399,6 +399,16 @@ fn tables_stay_consistent_under_random_churn() {
     for route in r.loc_rib() {
         assert!(r.decide(&route.prefix).is_some());
     }
+    // The accepted counts kept up to date on the way equal a recount.
+    for p in peers {
+        let st = &r.peers[&p.id];
+        let n = st
+            .adj_in
+            .iter()
+            .filter(|(x, a)| r.eligible(&st.info, x, a))
+            .count() as u64;
+        assert_eq!(r.counts(p.id).1, n, "accepted of {:?}", p.id);
+    }
 }
 
 fn cluster_peer(n: u8, client: bool) -> PeerInfo {
@@ -580,4 +590,55 @@ fn export_policy_keeps_cluster_routes_from_external_peers() {
     );
     assert!(announced_to(&other, 3).is_empty());
     assert_eq!(r.loc_len(), 2);
+}
+
+#[test]
+fn graceful_restart_keeps_routes_stale_until_refreshed_or_swept() {
+    let mut r = rib();
+    r.peer_up(peer(2, 64512));
+    r.peer_up(peer(3, 65000));
+    let a = attrs(&[], Some(100));
+    r.update(
+        PeerId(2),
+        Some(a.clone()),
+        &[pfx("10.1.0.0/24"), pfx("10.2.0.0/24")],
+        &[],
+    );
+    assert_eq!(r.peer_down_graceful(PeerId(2)), 2);
+    // Still best, still advertised to peer 3, marked stale.
+    assert_eq!(best_from(&r, "10.1.0.0/24"), Some(Source::Peer(PeerId(2))));
+    assert!(r.is_stale(PeerId(2), &pfx("10.1.0.0/24")));
+    assert_eq!(r.adj_out(PeerId(3)).len(), 2);
+    // Back: one route refreshed, then End-of-RIB sweeps the other.
+    r.peer_up(peer(2, 64512));
+    r.update(PeerId(2), Some(a), &[pfx("10.1.0.0/24")], &[]);
+    assert!(!r.is_stale(PeerId(2), &pfx("10.1.0.0/24")));
+    assert!(r.is_stale(PeerId(2), &pfx("10.2.0.0/24")));
+    let out = r.sweep_stale(PeerId(2));
+    assert_eq!(out[&PeerId(3)].withdraw, vec![pfx("10.2.0.0/24")]);
+    assert_eq!(best_from(&r, "10.2.0.0/24"), None);
+    assert_eq!(best_from(&r, "10.1.0.0/24"), Some(Source::Peer(PeerId(2))));
+    assert!(!r.has_stale(PeerId(2)));
+    // A hard down after a graceful one removes everything.
+    r.peer_down_graceful(PeerId(2));
+    r.peer_down(PeerId(2));
+    assert_eq!(r.loc_len(), 0);
+}
+
+#[test]
+fn an_enhanced_refresh_drops_what_the_peer_did_not_readvertise() {
+    let mut r = rib();
+    r.peer_up(peer(2, 64512));
+    let a = attrs(&[], Some(100));
+    r.update(
+        PeerId(2),
+        Some(a.clone()),
+        &[pfx("10.1.0.0/24"), pfx("10.2.0.0/24")],
+        &[],
+    );
+    r.begin_refresh(PeerId(2));
+    r.update(PeerId(2), Some(a), &[pfx("10.1.0.0/24")], &[]);
+    let _ = r.sweep_stale(PeerId(2));
+    assert_eq!(best_from(&r, "10.1.0.0/24"), Some(Source::Peer(PeerId(2))));
+    assert_eq!(best_from(&r, "10.2.0.0/24"), None);
 }

@@ -1,0 +1,346 @@
+//! bgpd's metrics in the Prometheus text format, as a pure function of a [`Snapshot`]: every
+//! name starts with `margay_bgpd_`. Families are always present, so that dashboards and
+//! alerts see zeros rather than gaps; what could not be read is said by a gauge
+//! (`bgp_speaker_up`, `ipam_read_ok`) instead of by missing series.
+
+use std::collections::BTreeMap;
+
+use super::grpc::{BUCKETS, MethodStats};
+use super::ready::PeerRow;
+use crate::bgp::fsm::State;
+use crate::observe::prom::{Exposition, Kind};
+
+/// Every FSM state, so that each has its gauge even at zero.
+const STATES: [State; 6] = [
+    State::Idle,
+    State::Connect,
+    State::Active,
+    State::OpenSent,
+    State::OpenConfirm,
+    State::Established,
+];
+
+/// One pool's addresses, as `bgpctl ipam show` counts them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolRow {
+    pub name: String,
+    pub cidr: String,
+    pub used: u64,
+    /// The pool's size less what is used (IPv6 pools are large).
+    pub free: u128,
+    pub blocks: u32,
+}
+
+impl PoolRow {
+    pub fn from_usage(u: &ipam::allocator::PoolUsage) -> Self {
+        Self {
+            name: u.name.clone(),
+            cidr: u.cidr.to_string(),
+            used: u.used,
+            free: u.size.saturating_sub(u128::from(u.used)),
+            blocks: u.blocks,
+        }
+    }
+}
+
+/// The IPAM numbers last read, and whether the last read worked.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct IpamView {
+    pub pools: Vec<PoolRow>,
+    pub read_ok: bool,
+    /// Seconds since `pools` were read.
+    pub age_seconds: f64,
+}
+
+/// Everything one scrape reports.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    pub uptime_seconds: f64,
+    pub datastore_connected: bool,
+    pub ready: bool,
+    /// The speaker's sessions, or why it did not answer.
+    pub peers: Result<Vec<PeerRow>, String>,
+    pub ipam: IpamView,
+    pub api: BTreeMap<String, MethodStats>,
+}
+
+/// A per-peer or per-pool family: its name, its help, and its value for one row.
+type Column<T, V> = (&'static str, &'static str, fn(&T) -> V);
+
+pub fn render(s: &Snapshot) -> String {
+    let mut e = Exposition::new("margay_bgpd_");
+    e.family(
+        "build_info",
+        "The version of margay this bgpd was built from.",
+        Kind::Gauge,
+    )
+    .sample("build_info", &[("version", crate::VERSION)], 1);
+    e.single(
+        "uptime_seconds",
+        "Seconds since bgpd started.",
+        Kind::Gauge,
+        format!("{:.3}", s.uptime_seconds),
+    );
+    e.single(
+        "datastore_connected",
+        "1 while the datastore answers its probes.",
+        Kind::Gauge,
+        u8::from(s.datastore_connected),
+    );
+    e.single(
+        "ready",
+        "1 while /ready answers 200 (datastore connected, sessions up or allowed down).",
+        Kind::Gauge,
+        u8::from(s.ready),
+    );
+    bgp(&mut e, &s.peers);
+    ipam(&mut e, &s.ipam);
+    api(&mut e, &s.api);
+    e.finish()
+}
+
+fn bgp(e: &mut Exposition, peers: &Result<Vec<PeerRow>, String>) {
+    let empty = Vec::new();
+    let rows = peers.as_ref().unwrap_or(&empty);
+    e.single(
+        "bgp_speaker_up",
+        "1 when the BGP speaker answered this scrape in time; the BGP families are empty otherwise.",
+        Kind::Gauge,
+        u8::from(peers.is_ok()),
+    );
+    e.family("bgp_sessions", "BGP sessions by FSM state.", Kind::Gauge);
+    if peers.is_ok() {
+        for state in STATES.map(State::name) {
+            let n = rows.iter().filter(|p| p.state == state).count();
+            e.sample("bgp_sessions", &[("state", state)], n);
+        }
+    }
+    e.family(
+        "bgp_session_state",
+        "1 for the FSM state each BGP session is in, 0 for the others.",
+        Kind::Gauge,
+    );
+    for p in rows {
+        for state in STATES.map(State::name) {
+            e.sample(
+                "bgp_session_state",
+                &[("peer", &p.name), ("state", state)],
+                u8::from(p.state == state),
+            );
+        }
+    }
+    let per_peer: [Column<PeerRow, u64>; 3] = [
+        (
+            "bgp_prefixes_received",
+            "Prefixes the peer sent us (Adj-RIB-In).",
+            |p| p.received,
+        ),
+        (
+            "bgp_prefixes_accepted",
+            "Prefixes of the peer accepted by import policy.",
+            |p| p.accepted,
+        ),
+        (
+            "bgp_prefixes_advertised",
+            "Prefixes we advertise to the peer (Adj-RIB-Out).",
+            |p| p.advertised,
+        ),
+    ];
+    for (name, help, value) in per_peer {
+        e.family(name, help, Kind::Gauge);
+        for p in rows {
+            e.sample(name, &[("peer", &p.name)], value(p));
+        }
+    }
+}
+
+fn ipam(e: &mut Exposition, v: &IpamView) {
+    e.single(
+        "ipam_read_ok",
+        "1 when the last read of the IPAM usage worked; the pool figures are from the last one that did.",
+        Kind::Gauge,
+        u8::from(v.read_ok),
+    );
+    e.single(
+        "ipam_read_age_seconds",
+        "Seconds since the pool figures were read.",
+        Kind::Gauge,
+        format!("{:.3}", v.age_seconds),
+    );
+    let per_pool: [Column<PoolRow, u128>; 3] = [
+        (
+            "ipam_addresses_used",
+            "Addresses allocated in the pool.",
+            |p| u128::from(p.used),
+        ),
+        (
+            "ipam_addresses_free",
+            "Addresses of the pool not allocated.",
+            |p| p.free,
+        ),
+        ("ipam_blocks", "Blocks the pool is cut into so far.", |p| {
+            u128::from(p.blocks)
+        }),
+    ];
+    for (name, help, value) in per_pool {
+        e.family(name, help, Kind::Gauge);
+        for p in &v.pools {
+            e.sample(name, &[("pool", &p.name), ("cidr", &p.cidr)], value(p));
+        }
+    }
+}
+
+fn api(e: &mut Exposition, methods: &BTreeMap<String, MethodStats>) {
+    e.family(
+        "api_requests_total",
+        "gRPC API calls by method and status code.",
+        Kind::Counter,
+    );
+    for (method, m) in methods {
+        for (code, n) in &m.codes {
+            e.sample(
+                "api_requests_total",
+                &[("method", method), ("code", code)],
+                n,
+            );
+        }
+    }
+    e.family(
+        "api_request_duration_seconds",
+        "gRPC API call durations until the call's status, by method.",
+        Kind::Histogram,
+    );
+    for (method, m) in methods {
+        let buckets: Vec<(f64, u64)> = BUCKETS.iter().copied().zip(m.buckets).collect();
+        e.histogram(
+            "api_request_duration_seconds",
+            &[("method", method)],
+            &buckets,
+            m.sum_seconds,
+            m.count,
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peer(name: &str, state: &'static str, received: u64) -> PeerRow {
+        PeerRow {
+            name: name.into(),
+            address: "10.0.0.1".into(),
+            asn: 65000,
+            state,
+            established: state == "Established",
+            received,
+            accepted: received / 2,
+            advertised: 3,
+            last_error: None,
+        }
+    }
+
+    fn snapshot() -> Snapshot {
+        let stats = super::super::grpc::ApiStats::default();
+        stats.record(
+            "margay.v1.Ipam/AutoAssign",
+            tonic::Code::Ok,
+            std::time::Duration::from_millis(3),
+        );
+        stats.record(
+            "margay.v1.Ipam/AutoAssign",
+            tonic::Code::ResourceExhausted,
+            std::time::Duration::from_millis(30),
+        );
+        Snapshot {
+            uptime_seconds: 12.5,
+            datastore_connected: true,
+            ready: false,
+            peers: Ok(vec![
+                peer("peer_10_0_0_1", "Established", 10),
+                peer("peer_10_0_0_2", "Active", 0),
+            ]),
+            ipam: IpamView {
+                pools: vec![PoolRow {
+                    name: "blue".into(),
+                    cidr: "10.50.0.0/16".into(),
+                    used: 3,
+                    free: 65533,
+                    blocks: 1,
+                }],
+                read_ok: true,
+                age_seconds: 0.25,
+            },
+            api: stats.snapshot(),
+        }
+    }
+
+    #[test]
+    fn renders_every_family_with_its_samples() {
+        let t = render(&snapshot());
+        for line in [
+            "margay_bgpd_uptime_seconds 12.500",
+            "margay_bgpd_datastore_connected 1",
+            "margay_bgpd_ready 0",
+            "margay_bgpd_bgp_speaker_up 1",
+            "margay_bgpd_bgp_sessions{state=\"Established\"} 1",
+            "margay_bgpd_bgp_sessions{state=\"Active\"} 1",
+            "margay_bgpd_bgp_sessions{state=\"Idle\"} 0",
+            "margay_bgpd_bgp_session_state{peer=\"peer_10_0_0_2\",state=\"Active\"} 1",
+            "margay_bgpd_bgp_session_state{peer=\"peer_10_0_0_2\",state=\"Established\"} 0",
+            "margay_bgpd_bgp_prefixes_received{peer=\"peer_10_0_0_1\"} 10",
+            "margay_bgpd_bgp_prefixes_accepted{peer=\"peer_10_0_0_1\"} 5",
+            "margay_bgpd_bgp_prefixes_advertised{peer=\"peer_10_0_0_2\"} 3",
+            "margay_bgpd_ipam_read_ok 1",
+            "margay_bgpd_ipam_addresses_used{pool=\"blue\",cidr=\"10.50.0.0/16\"} 3",
+            "margay_bgpd_ipam_addresses_free{pool=\"blue\",cidr=\"10.50.0.0/16\"} 65533",
+            "margay_bgpd_ipam_blocks{pool=\"blue\",cidr=\"10.50.0.0/16\"} 1",
+            "margay_bgpd_api_requests_total{method=\"margay.v1.Ipam/AutoAssign\",code=\"OK\"} 1",
+            "margay_bgpd_api_requests_total{method=\"margay.v1.Ipam/AutoAssign\",code=\"ResourceExhausted\"} 1",
+            "margay_bgpd_api_request_duration_seconds_bucket{method=\"margay.v1.Ipam/AutoAssign\",le=\"0.005\"} 1",
+            "margay_bgpd_api_request_duration_seconds_bucket{method=\"margay.v1.Ipam/AutoAssign\",le=\"0.05\"} 2",
+            "margay_bgpd_api_request_duration_seconds_bucket{method=\"margay.v1.Ipam/AutoAssign\",le=\"+Inf\"} 2",
+            "margay_bgpd_api_request_duration_seconds_count{method=\"margay.v1.Ipam/AutoAssign\"} 2",
+        ] {
+            assert!(t.lines().any(|l| l == line), "missing {line:?} in\n{t}");
+        }
+        well_formed(&t);
+    }
+
+    #[test]
+    fn what_could_not_be_read_is_said_not_left_out() {
+        let mut s = snapshot();
+        s.peers = Err("BGP speaker did not answer within 2s".into());
+        s.ipam.read_ok = false;
+        let t = render(&s);
+        assert!(t.contains("\nmargay_bgpd_bgp_speaker_up 0\n"), "{t}");
+        assert!(!t.contains("margay_bgpd_bgp_sessions{"), "{t}");
+        assert!(t.contains("# TYPE margay_bgpd_bgp_sessions gauge\n"), "{t}");
+        assert!(t.contains("\nmargay_bgpd_ipam_read_ok 0\n"), "{t}");
+        // The last figures read stay, with their age.
+        assert!(t.contains("margay_bgpd_ipam_blocks{pool=\"blue\""), "{t}");
+        well_formed(&t);
+    }
+
+    /// Every family announced once, every sample belongs to the family above it, every value
+    /// is a number.
+    fn well_formed(t: &str) {
+        let mut seen = std::collections::HashSet::new();
+        let mut family = String::new();
+        for line in t.lines() {
+            if let Some(rest) = line.strip_prefix("# TYPE ") {
+                family = rest.split(' ').next().unwrap().to_owned();
+                assert!(seen.insert(family.clone()), "{family} twice");
+                continue;
+            }
+            if line.starts_with('#') {
+                continue;
+            }
+            let name = line.split(['{', ' ']).next().unwrap();
+            assert!(name.starts_with("margay_bgpd_"), "{line}");
+            assert!(name.starts_with(&family), "{line} outside {family}");
+            let value = line.rsplit(' ').next().unwrap();
+            assert!(value.parse::<f64>().is_ok(), "{line}");
+        }
+    }
+}

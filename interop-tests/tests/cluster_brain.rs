@@ -1,0 +1,472 @@
+//! The cluster brain with real daemons: three bgpd nodes on one segment sharing the SQLite
+//! datastore, and an FRR top-of-rack router in AS 65000 that every node peers with through
+//! one global `BGPPeer` resource. Everything bgpd does here it derives from the datastore,
+//! live: the mesh, the ToR sessions, what it announces, its filters, its kernel table.
+//!
+//! In order: a no-encapsulation pool (the ToR learns every block from its owner, every
+//! kernel table routes the other blocks via their owners); a fourth node joins and leaves;
+//! the mesh is switched off with one route reflector; the pool turns VXLAN (BGP routes leave
+//! the kernel tables, VXLAN routes replace them, the ToR keeps the blocks until the pool
+//! disables BGP export). Needs root and FRR.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use interop_tests::lab::bgp_peer::wait_until;
+use interop_tests::lab::bgpd::{bgpctl, runtime};
+use interop_tests::lab::frr::{Frr, parse_route};
+use interop_tests::lab::netns::{Netns, NsProcess};
+use interop_tests::lab::segment::{Member, Segment};
+use interop_tests::lab::{binary, open_store};
+use ipam::allocator::{AssignRequest, Ipam};
+use ipam::model::{BgpConfiguration, BgpPeer, EncapMode, IpPool};
+use ipam::store::Store;
+
+const TOR: &str = "10.98.0.1";
+const POOL: &str = "172.21.0.0/16";
+const CONVERGE: Duration = Duration::from_secs(40);
+
+/// One bgpd node: its namespace on the segment, its directory, its process.
+struct Node {
+    // Killed before its namespace goes.
+    process: Option<NsProcess>,
+    name: String,
+    addr: String,
+    socket: PathBuf,
+    dir: tempfile::TempDir,
+    _member: Member,
+}
+
+impl Node {
+    fn start(seg: &Segment, name: &str, addr: &str, store: &std::path::Path) -> Node {
+        let member = seg.attach(name, &format!("{addr}/24")).unwrap();
+        let ns = &member.ns;
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("bgpd.sock");
+        let config = dir.path().join("bgpd.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[node]\nname = \"{name}\"\naddress = \"{addr}/24\"\n\
+                 [datastore]\nkind = \"sqlite\"\npath = \"{}\"\n\
+                 [api]\nsocket = \"{}\"\n[log]\nlevel = \"info\"\n",
+                store.display(),
+                socket.display()
+            ),
+        )
+        .unwrap();
+        let log = std::fs::File::create(dir.path().join("bgpd.log")).unwrap();
+        let mut cmd = ns.command(binary("bgpd"));
+        cmd.arg("--config")
+            .arg(&config)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log);
+        let process = ns.spawn(&mut cmd).unwrap();
+        let node = Node {
+            process: Some(process),
+            name: name.into(),
+            addr: addr.into(),
+            socket,
+            dir,
+            _member: member,
+        };
+        assert!(
+            wait_until(Duration::from_secs(20), || node.socket.exists()),
+            "{name}: bgpd did not serve\n{}",
+            node.log()
+        );
+        node
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("bgpd.log")).unwrap_or_default()
+    }
+
+    fn json(&self, args: &[&str]) -> serde_json::Value {
+        let o = bgpctl(&self.socket, args);
+        serde_json::from_slice(&o.stdout).unwrap_or(serde_json::Value::Null)
+    }
+
+    /// Session name → state.
+    fn sessions(&self) -> BTreeMap<String, String> {
+        self.json(&["show", "protocols", "--json"])
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|p| {
+                (
+                    p["name"].as_str().unwrap_or("").to_owned(),
+                    p["state"].as_str().unwrap_or("").to_owned(),
+                )
+            })
+            .collect()
+    }
+
+    /// Destination → (route as `ip route` shows it, why).
+    fn kernel(&self) -> BTreeMap<String, (String, String)> {
+        self.json(&["show", "route", "--table", "kernel", "--json"])
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|r| {
+                (
+                    r["prefix"].as_str().unwrap_or("").to_owned(),
+                    (
+                        r["route"].as_str().unwrap_or("").to_owned(),
+                        r["source"].as_str().unwrap_or("").to_owned(),
+                    ),
+                )
+            })
+            .collect()
+    }
+}
+
+/// FRR in AS 65000 taking any node of the segment as an eBGP neighbour (dynamic peers).
+fn start_tor(ns: &Netns) -> Frr {
+    let conf = format!(
+        "frr defaults traditional\nhostname tor\n\
+         router bgp 65000\n bgp router-id {TOR}\n no bgp ebgp-requires-policy\n\
+          neighbor NODES peer-group\n neighbor NODES remote-as 64512\n\
+          neighbor NODES timers connect 2\n\
+          bgp listen range 10.98.0.0/24 peer-group NODES\n\
+          address-family ipv4 unicast\n  neighbor NODES activate\n exit-address-family\n"
+    );
+    Frr::start_with_config(ns, 65000, &conf).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The ToR's next hop for a prefix, if it has a route.
+fn tor_next_hop(tor: &Frr, prefix: &str) -> Option<String> {
+    parse_route(&tor.json(&format!("show bgp ipv4 unicast {prefix} json"))).map(|r| r.next_hop)
+}
+
+/// Claims a block for `node` by handing it one address; returns the block.
+async fn claim(ipam: &Ipam<Store>, node: &str, handle: &str) -> String {
+    let (got, _) = ipam
+        .auto_assign(&AssignRequest {
+            handle: handle.into(),
+            node: node.into(),
+            num_v4: 1,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    got[0].block.to_string()
+}
+
+fn context(nodes: &[&Node]) -> String {
+    let mut s = String::new();
+    for n in nodes {
+        s.push_str(&format!(
+            "--- {} sessions {:?}\n--- {} kernel {:#?}\n--- {} log (tail)\n{}\n",
+            n.name,
+            n.sessions(),
+            n.name,
+            n.kernel(),
+            n.name,
+            n.log()
+                .lines()
+                .rev()
+                .take(30)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect::<Vec<_>>()
+                .join("\n")
+        ));
+    }
+    s
+}
+
+fn all_established(n: &Node, want: &[&str]) -> bool {
+    let s = n.sessions();
+    s.len() == want.len()
+        && want
+            .iter()
+            .all(|w| s.get(*w).is_some_and(|st| st == "Established"))
+}
+
+#[test]
+fn the_cluster_brain_with_a_tor_and_real_daemons() {
+    let rt = runtime();
+    let seg = Segment::new("cbseg").unwrap();
+    let tor_member = seg.attach("cbtor", &format!("{TOR}/24")).unwrap();
+    let tor = start_tor(&tor_member.ns);
+    let dir = tempfile::tempdir().unwrap();
+    let store_path = dir.path().join("store.db");
+    let ipam = rt.block_on(async {
+        let store = open_store(&format!("sqlite:{}", store_path.display()))
+            .await
+            .unwrap();
+        let ipam = Ipam::new(store);
+        ipam.create_pool(&IpPool::new("nonencap", POOL.parse().unwrap()))
+            .await
+            .unwrap();
+        ipam.put_bgp_peer(&BgpPeer {
+            name: "tor".into(),
+            node: String::new(),
+            peer_address: TOR.parse().unwrap(),
+            as_number: 65000,
+            port: 0,
+            passive: false,
+            password: String::new(),
+            ttl_security_hops: 0,
+            keepalive_time_s: 0,
+            hold_time_s: 0,
+            max_prefixes: 0,
+        })
+        .await
+        .unwrap();
+        ipam
+    });
+
+    let n1 = Node::start(&seg, "n1", "10.98.0.11", &store_path);
+    let n2 = Node::start(&seg, "n2", "10.98.0.12", &store_path);
+    let n3 = Node::start(&seg, "n3", "10.98.0.13", &store_path);
+    let nodes = [&n1, &n2, &n3];
+    let blocks: Vec<String> = rt.block_on(async {
+        let mut v = vec![];
+        for n in nodes {
+            v.push(claim(&ipam, &n.name, &format!("pod-{}", n.name)).await);
+        }
+        v
+    });
+
+    // The mesh and the ToR sessions, all from the datastore.
+    let peers_of = |me: &Node| -> Vec<String> {
+        let mut v: Vec<String> = nodes
+            .iter()
+            .filter(|n| n.name != me.name)
+            .map(|n| format!("Mesh_{}", n.addr.replace('.', "_")))
+            .collect();
+        v.push("Global_10_98_0_1".into());
+        v
+    };
+    assert!(
+        wait_until(CONVERGE, || nodes.iter().all(|n| {
+            let want = peers_of(n);
+            all_established(n, &want.iter().map(String::as_str).collect::<Vec<_>>())
+        })),
+        "mesh and ToR sessions did not come up\n{}",
+        context(&nodes)
+    );
+    eprintln!("mesh + ToR established: {:?}", n1.sessions());
+
+    // No encapsulation: the ToR learns every block from its owner, and every node's kernel
+    // table routes the other blocks via their owners.
+    let no_encap_converged = || {
+        nodes.iter().zip(&blocks).all(|(owner, block)| {
+            tor_next_hop(&tor, block).as_deref() == Some(owner.addr.as_str())
+                && nodes.iter().all(|n| {
+                    let k = n.kernel();
+                    let want = if n.name == owner.name {
+                        "blackhole".to_string()
+                    } else {
+                        format!("via {}", owner.addr)
+                    };
+                    k.get(block).is_some_and(|(r, _)| *r == want)
+                })
+        })
+    };
+    assert!(
+        wait_until(CONVERGE, no_encap_converged),
+        "no-encapsulation routes did not converge\n{}",
+        context(&nodes)
+    );
+    let k = n2.kernel();
+    let (_, why) = &k[&blocks[0]];
+    assert!(
+        why.starts_with("bgp from Mesh_10_98_0_11") && why.contains("no encapsulation"),
+        "{why}"
+    );
+    eprintln!("no encapsulation: ToR and kernel tables hold every block");
+
+    // A block claimed on one node: how long until it is in every other kernel table. The
+    // first block has room for 63 more, so claim until a new block appears, timing from the
+    // start of the claim that brought it.
+    let mut started = Instant::now();
+    let mut fresh = blocks[2].clone();
+    for i in 0..64 {
+        started = Instant::now();
+        fresh = rt.block_on(claim(&ipam, "n3", &format!("fill-{i}")));
+        if fresh != blocks[2] {
+            break;
+        }
+    }
+    assert_ne!(fresh, blocks[2], "no second block was claimed");
+    // Polled over gRPC in this process (a bgpctl run costs tens of milliseconds).
+    let latency = rt.block_on(async {
+        let mut clients = Vec::new();
+        for n in [&n1, &n2] {
+            let ch = bgpd::ctl::connect_unix(&n.socket).await.unwrap();
+            clients.push(proto::v1::bgp_client::BgpClient::new(ch));
+        }
+        let deadline = Instant::now() + CONVERGE;
+        loop {
+            let mut all = true;
+            for c in clients.iter_mut() {
+                let mut stream = c
+                    .list_routes(proto::v1::ListRoutesRequest {
+                        table: proto::v1::RouteTable::Kernel.into(),
+                        prefix: fresh.clone(),
+                        ..Default::default()
+                    })
+                    .await
+                    .unwrap()
+                    .into_inner();
+                let mut found = false;
+                while let Some(batch) = stream.message().await.unwrap() {
+                    found |= batch.routes.iter().any(|r| r.prefix == fresh);
+                }
+                all &= found;
+            }
+            if all {
+                return Some(started.elapsed());
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    });
+    let latency = latency.unwrap_or_else(|| {
+        panic!(
+            "a new block did not reach the other kernel tables\n{}",
+            context(&nodes)
+        )
+    });
+    eprintln!(
+        "block claimed on n3 -> in every other node's kernel table: {latency:?} (polled over gRPC every 1 ms)"
+    );
+
+    // A fourth node joins: every mesh and every kernel table; then it leaves.
+    let n4 = Node::start(&seg, "n4", "10.98.0.14", &store_path);
+    let block4 = rt.block_on(claim(&ipam, "n4", "pod-n4"));
+    assert!(
+        wait_until(CONVERGE, || {
+            nodes.iter().all(|n| {
+                n.sessions().get("Mesh_10_98_0_14").map(String::as_str) == Some("Established")
+                    && n.kernel()
+                        .get(&block4)
+                        .is_some_and(|(r, _)| r == "via 10.98.0.14")
+            }) && tor_next_hop(&tor, &block4).as_deref() == Some("10.98.0.14")
+        }),
+        "the fourth node did not join\n{}",
+        context(&[&n1, &n2, &n3, &n4])
+    );
+    eprintln!("n4 joined every mesh and kernel table");
+    let mut n4 = n4;
+    if let Some(mut p) = n4.process.take() {
+        p.signal_and_wait(libc::SIGTERM, Duration::from_secs(10));
+    }
+    rt.block_on(ipam.delete_node("n4")).unwrap();
+    assert!(
+        wait_until(CONVERGE, || nodes.iter().all(|n| {
+            !n.sessions().contains_key("Mesh_10_98_0_14") && !n.kernel().contains_key(&block4)
+        })),
+        "the fourth node did not leave\n{}",
+        context(&nodes)
+    );
+    drop(n4);
+    eprintln!("n4 left every mesh and kernel table");
+
+    // Mesh off, n1 a route reflector: every node still learns every block.
+    rt.block_on(async {
+        let (mut node, rev) = ipam.get_node("n1").await.unwrap();
+        node.route_reflector_cluster_id = Some("244.0.0.1".parse().unwrap());
+        ipam.register_node(&node, Some(rev)).await.unwrap();
+        ipam.set_bgp_configuration(
+            &BgpConfiguration {
+                node_to_node_mesh: false,
+                ..Default::default()
+            },
+            None,
+        )
+        .await
+        .unwrap();
+    });
+    let rr_sessions = |n: &Node| -> bool {
+        let want: Vec<&str> = if n.name == "n1" {
+            vec!["Node_10_98_0_12", "Node_10_98_0_13", "Global_10_98_0_1"]
+        } else {
+            vec!["Node_10_98_0_11", "Global_10_98_0_1"]
+        };
+        all_established(n, &want)
+    };
+    assert!(
+        wait_until(CONVERGE, || nodes.iter().all(|n| rr_sessions(n))
+            && n2
+                .kernel()
+                .get(&blocks[2])
+                .is_some_and(|(r, _)| r == "via 10.98.0.13")
+            && n3
+                .kernel()
+                .get(&blocks[1])
+                .is_some_and(|(r, _)| r == "via 10.98.0.12")),
+        "with a reflector and no mesh, blocks did not reach every node\n{}",
+        context(&nodes)
+    );
+    // n2 learned n3's block from the reflector, next hop kept, reflection attributes set.
+    let routes = n2.json(&["show", "route", &blocks[2], "--json"]);
+    assert_eq!(routes[0]["from_peer"], "10.98.0.11", "{routes}");
+    assert_eq!(routes[0]["next_hop"], "10.98.0.13", "{routes}");
+    eprintln!("mesh off + reflector n1: every node learns every block");
+
+    // The pool turns VXLAN: BGP routes leave every kernel table, VXLAN routes replace them;
+    // the ToR keeps learning the blocks.
+    rt.block_on(async {
+        let (mut pool, rev) = ipam.get_pool("nonencap").await.unwrap();
+        pool.vxlan_mode = EncapMode::Always;
+        ipam.update_pool(&pool, Some(rev)).await.unwrap();
+    });
+    let vxlan_converged = || {
+        nodes.iter().zip(&blocks).all(|(owner, block)| {
+            nodes.iter().filter(|n| n.name != owner.name).all(|n| {
+                n.kernel().get(block).is_some_and(|(r, why)| {
+                    r.ends_with("dev vxlan.calico onlink") && !why.starts_with("bgp")
+                })
+            })
+        }) && nodes.iter().all(|n| {
+            n.kernel()
+                .values()
+                .all(|(_, why)| !why.starts_with("bgp from"))
+        })
+    };
+    assert!(
+        wait_until(CONVERGE, vxlan_converged),
+        "VXLAN routes did not replace the BGP ones\n{}",
+        context(&nodes)
+    );
+    for (owner, block) in nodes.iter().zip(&blocks) {
+        assert_eq!(
+            tor_next_hop(&tor, block).as_deref(),
+            Some(owner.addr.as_str()),
+            "the ToR lost {block} when the pool turned VXLAN"
+        );
+    }
+    let filters =
+        String::from_utf8_lossy(&bgpctl(&n1.socket, &["show", "filters"]).stdout).into_owned();
+    assert!(
+        filters.contains("pool nonencap is vxlanMode Always: VXLAN routes come from IPAM"),
+        "{filters}"
+    );
+    eprintln!("VXLAN: kernel routes from IPAM, the ToR still learns the blocks");
+
+    // disableBGPExport: the ToR loses them, the nodes keep their VXLAN routes.
+    rt.block_on(async {
+        let (mut pool, rev) = ipam.get_pool("nonencap").await.unwrap();
+        pool.disable_bgp_export = true;
+        ipam.update_pool(&pool, Some(rev)).await.unwrap();
+    });
+    assert!(
+        wait_until(CONVERGE, || blocks
+            .iter()
+            .all(|b| tor_next_hop(&tor, b).is_none())),
+        "the ToR still has blocks of a pool with disableBGPExport\n{}",
+        context(&nodes)
+    );
+    assert!(vxlan_converged(), "{}", context(&nodes));
+    eprintln!("disableBGPExport: the ToR no longer learns the blocks");
+}
