@@ -2,7 +2,8 @@
 //! name: every pod reaches every pod (same node, same subnet directly, the other subnet over
 //! VXLAN), natOutgoing hides pod addresses from the outside but not from other pods, a
 //! deleted pod leaves nothing, restarts of bgpd and routewriter lose no ping, a removed node
-//! leaves every kernel table; `up` twice is safe and `down` leaves nothing.
+//! leaves every kernel table; `up` twice is safe and `down` leaves nothing. The same cluster
+//! also runs on etcd (`up --etcd`).
 
 use std::io::Read;
 use std::net::TcpListener;
@@ -257,4 +258,63 @@ fn the_local_cluster_end_to_end() {
         "namespaces left: {left}"
     );
     assert!(!std::path::Path::new(&format!("/run/margay-lab-{}", lab.name)).exists());
+}
+
+/// `up --etcd`: the same cluster with its state in a real etcd inside the lab (the router
+/// namespace); every bgpd uses it, `status` says so, `up` twice is safe, and `down` stops etcd
+/// by PID and removes its data.
+#[test]
+fn the_local_cluster_on_etcd() {
+    let lab = Lab {
+        name: format!("mle{}", std::process::id()),
+    };
+    let text = lab.ok(&["up", "--etcd"]);
+    println!("{text}");
+    assert!(text.contains("every pod answers every pod"), "{text}");
+    assert!(
+        text.contains("etcd:http://10.99.1.1:2379 (connected)"),
+        "{text}"
+    );
+    assert!(text.contains("== bgpctl show protocols (node-1)"), "{text}");
+    let status = lab.ok(&["status"]);
+    assert!(
+        status.contains("datastore: etcd http://10.99.1.1:2379"),
+        "{status}"
+    );
+    let etcd_pid: i32 = status
+        .lines()
+        .find_map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            (w.first() == Some(&"router-etcd") && w.get(3) == Some(&"running"))
+                .then(|| w[2].parse().ok())
+                .flatten()
+        })
+        .unwrap_or_else(|| panic!("no running etcd in:\n{status}"));
+    // Every node's bgpd is on etcd, not on a SQLite file.
+    for node in ["node-1", "node-4"] {
+        let sock = format!("/run/margay-lab-{}/{node}/bgpd.sock", lab.name);
+        let out = Command::new(lab::binary("bgpctl"))
+            .args(["--socket", &sock, "status", "--json"])
+            .output()
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["datastore"], "etcd:http://10.99.1.1:2379", "{node}: {v}");
+        assert_eq!(v["datastore_state"], "connected", "{node}: {v}");
+    }
+    assert!(!std::path::Path::new(&format!("/run/margay-lab-{}/store.db", lab.name)).exists());
+
+    let again = lab.ok(&["up", "--etcd"]);
+    assert!(again.contains("already up"), "{again}");
+    lab.ok(&["down"]);
+    assert!(
+        !std::path::Path::new(&format!("/proc/{etcd_pid}")).exists(),
+        "etcd (pid {etcd_pid}) still runs after down"
+    );
+    assert!(!std::path::Path::new(&format!("/run/margay-lab-{}", lab.name)).exists());
+    let left = Command::new("ip").args(["netns", "list"]).output().unwrap();
+    let left = String::from_utf8_lossy(&left.stdout);
+    assert!(
+        !left.contains(&format!("{}-", lab.name)),
+        "namespaces left: {left}"
+    );
 }

@@ -9,18 +9,29 @@
 //! exits non-zero unless every pair answers. `check` re-runs the matrix; `status` shows what
 //! is up; `down` removes every namespace and process it created. `up` twice is safe.
 //!
+//! `up --etcd` puts the cluster's state in a real etcd (Debian's etcd-server) instead of the
+//! SQLite file: one member in the router namespace, listening on the router's leg in the first
+//! segment (10.99.1.1:2379, which every node reaches directly or through its gateway), with
+//! its data under the lab's state directory. It is recorded like the daemons, so `down` stops
+//! it by PID and removes its data with the rest; `status` names the datastore in use.
+//!
 //! Everything it makes is named `mlab-*` (namespaces) or lives in /run/margay-lab (configs,
 //! pid files, logs, the datastore file). `MARGAY_LAB_NAME=x` makes that `x-*` and
 //! /run/margay-lab-x, so tests run a lab of their own beside a user's.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
 
 const NETWORK: &str = "k8s-pod-network";
+
+/// Where the lab's etcd listens for clients: the router's address on the first segment, so
+/// nodes of both segments reach it without leaving the lab's namespaces.
+const ETCD_HOST: &str = "10.99.1.1";
+const ETCD_PORT: u16 = 2379;
 
 /// The lab's name: the prefix of its namespaces and the suffix of its state directory.
 fn lab_name() -> &'static str {
@@ -49,7 +60,12 @@ struct Args {
 #[derive(Subcommand)]
 enum Cmd {
     /// Bring the cluster up (or show it, when it is up already).
-    Up,
+    Up {
+        /// Keep the cluster's state in a real etcd (in the router namespace) instead of the
+        /// shared SQLite file.
+        #[arg(long)]
+        etcd: bool,
+    },
     /// Ping every pod from every pod.
     Check,
     /// What is up.
@@ -292,14 +308,107 @@ fn socket(node: &str) -> PathBuf {
     node_dir(node).join("bgpd.sock")
 }
 
-fn write_config(n: &NodeSpec) -> Result<PathBuf, String> {
+/// Where the cluster keeps its state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Datastore {
+    Sqlite,
+    Etcd,
+}
+
+impl Datastore {
+    /// The `[datastore]` section of a node's configuration.
+    fn config_section(self) -> String {
+        match self {
+            Datastore::Sqlite => format!(
+                "[datastore]\nkind = \"sqlite\"\npath = \"{}\"\n",
+                state().join("store.db").display()
+            ),
+            Datastore::Etcd => format!(
+                "[datastore]\nkind = \"etcd\"\nendpoints = [\"{}\"]\n",
+                etcd_url()
+            ),
+        }
+    }
+
+    /// One line for `status` and `up`.
+    fn describe(self) -> String {
+        match self {
+            Datastore::Sqlite => format!("sqlite {}", state().join("store.db").display()),
+            Datastore::Etcd => format!(
+                "etcd {} (in {}, data in {})",
+                etcd_url(),
+                ns("router"),
+                etcd_dir().display()
+            ),
+        }
+    }
+
+    /// What `up` recorded, for `status`; `None` when the lab is not up.
+    fn recorded() -> Option<Datastore> {
+        match std::fs::read_to_string(state().join("datastore"))
+            .ok()?
+            .trim()
+        {
+            "etcd" => Some(Datastore::Etcd),
+            "sqlite" => Some(Datastore::Sqlite),
+            _ => None,
+        }
+    }
+
+    fn record(self) -> Result<(), String> {
+        let name = match self {
+            Datastore::Sqlite => "sqlite",
+            Datastore::Etcd => "etcd",
+        };
+        std::fs::write(state().join("datastore"), name).map_err(|e| e.to_string())
+    }
+}
+
+fn etcd_url() -> String {
+    format!("http://{ETCD_HOST}:{ETCD_PORT}")
+}
+
+fn etcd_dir() -> PathBuf {
+    state().join("etcd")
+}
+
+/// Starts the lab's etcd in the router namespace and waits until it accepts connections.
+fn start_etcd() -> Result<(), String> {
+    let etcd = Path::new(interop_tests::lab::etcd::ETCD);
+    if !etcd.exists() {
+        return Err(format!(
+            "{} is missing: apt-get install etcd-server (scripts/up installs it)",
+            etcd.display()
+        ));
+    }
+    // Connections to the router's own address (etcd's to itself, our probe's) go through lo.
+    in_ns(&ns("router"), &["ip", "link", "set", "lo", "up"])?;
+    let data = etcd_dir().join("data");
+    std::fs::create_dir_all(&data).map_err(|e| e.to_string())?;
+    let mut cmd = detached("router", etcd);
+    // A lone member talks to no peer, but etcd wants a peer URL; it stays beside the client one.
+    let peer = format!("http://{ETCD_HOST}:2380");
+    interop_tests::lab::etcd::member_args(&mut cmd, "lab", &data, &etcd_url(), &peer);
+    cmd.args(["--initial-cluster", &format!("lab={peer}")]);
+    launch(cmd, &etcd_dir().join("etcd.log"), "router-etcd")?;
+    let probe = format!("exec 3<>/dev/tcp/{ETCD_HOST}/{ETCD_PORT}");
+    wait_for("etcd to listen", Duration::from_secs(20), || {
+        in_ns(&ns("router"), &["timeout", "1", "bash", "-c", &probe]).is_ok()
+    })
+    .map_err(|e| {
+        let log = std::fs::read_to_string(etcd_dir().join("etcd.log")).unwrap_or_default();
+        format!("{e}\netcd's log:\n{log}")
+    })
+}
+
+fn write_config(n: &NodeSpec, datastore: Datastore) -> Result<PathBuf, String> {
     let dir = node_dir(n.name);
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let config = dir.join("node.toml");
     let text = format!(
         "[node]\nname = \"{name}\"\naddress = \"{addr}\"\n\
          [api]\nsocket = \"{sock}\"\n\
-         [datastore]\nkind = \"sqlite\"\npath = \"{store}\"\n\
+         {store}\
          [[ipam.default_pools]]\nname = \"default-ipv4-ippool\"\ncidr = \"172.20.0.0/16\"\nblock_size = 26\n\
          vxlan_mode = \"CrossSubnet\"\nnat_outgoing = true\n\
          [log]\nlevel = \"info\"\n\
@@ -307,32 +416,47 @@ fn write_config(n: &NodeSpec) -> Result<PathBuf, String> {
         name = n.name,
         addr = n.address,
         sock = socket(n.name).display(),
-        store = state().join("store.db").display(),
+        store = datastore.config_section(),
     );
     std::fs::write(&config, text).map_err(|e| e.to_string())?;
     Ok(config)
 }
 
-/// Starts `program` inside the node's namespace, detached, logging to the node's directory.
+/// Starts `program` (one of the workspace's binaries) inside the node's namespace, detached,
+/// logging to the node's directory.
 fn start(node: &str, program: &str, args: &[&str]) -> Result<i32, String> {
-    let dir = node_dir(node);
-    let log =
-        std::fs::File::create(dir.join(format!("{program}.log"))).map_err(|e| e.to_string())?;
-    let err = log.try_clone().map_err(|e| e.to_string())?;
-    let child = Command::new("setsid")
-        .args(["ip", "netns", "exec", &ns(node)])
-        .arg(bin(program))
-        .args(args)
+    let mut cmd = detached(node, &bin(program));
+    cmd.args(args);
+    launch(
+        cmd,
+        &node_dir(node).join(format!("{program}.log")),
+        &format!("{node}-{program}"),
+    )
+}
+
+/// `program` run inside the lab namespace `short` in a session of its own, so the lab's
+/// daemons outlive this command and a Ctrl-C of it. `setsid` and `ip netns exec` both exec,
+/// so the PID of the spawned command is the program's own.
+fn detached(short: &str, program: &Path) -> Command {
+    let mut cmd = Command::new("setsid");
+    cmd.args(["ip", "netns", "exec", &ns(short)]).arg(program);
+    cmd
+}
+
+/// Spawns `cmd` with its output in `log` and records its PID as `key`, for `down`.
+fn launch(mut cmd: Command, log: &Path, key: &str) -> Result<i32, String> {
+    let out = std::fs::File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
+    let err = out.try_clone().map_err(|e| e.to_string())?;
+    let child = cmd
         .stdin(Stdio::null())
-        .stdout(log)
+        .stdout(out)
         .stderr(err)
         .spawn()
-        .map_err(|e| format!("starting {program} on {node}: {e}"))?;
+        .map_err(|e| format!("starting {key}: {e}"))?;
     let pid = child.id() as i32;
     let pids = state().join("pids");
     std::fs::create_dir_all(&pids).map_err(|e| e.to_string())?;
-    std::fs::write(pids.join(format!("{node}-{program}")), pid.to_string())
-        .map_err(|e| e.to_string())?;
+    std::fs::write(pids.join(key), pid.to_string()).map_err(|e| e.to_string())?;
     Ok(pid)
 }
 
@@ -621,9 +745,17 @@ fn is_up() -> bool {
     !procs.is_empty() && procs.iter().all(|(_, p)| alive(*p)) && !load_pods().is_empty()
 }
 
-fn up() -> Result<bool, String> {
+fn up(datastore: Datastore) -> Result<bool, String> {
     if is_up() {
         println!("margay-lab: already up");
+        if let Some(running) = Datastore::recorded()
+            && running != datastore
+        {
+            println!(
+                "margay-lab: it runs on {}; run `margay-lab down` first to switch",
+                running.describe()
+            );
+        }
         status()?;
         return check(Duration::from_secs(10));
     }
@@ -644,15 +776,20 @@ fn up() -> Result<bool, String> {
         "margay-lab: topology (3 nodes on 10.99.1.0/24, node-4 on 10.99.2.0/24 behind a router)"
     );
     topology()?;
+    datastore.record()?;
+    if datastore == Datastore::Etcd {
+        println!("margay-lab: etcd at {}", etcd_url());
+        start_etcd()?;
+    }
     for n in &NODES {
-        let config = write_config(n)?;
+        let config = write_config(n, datastore)?;
         start(n.name, "bgpd", &["--config", &config.display().to_string()])?;
     }
     for n in &NODES {
         wait_for(
-            &format!("bgpd on {}", n.name),
+            &format!("bgpd on {} and its datastore", n.name),
             Duration::from_secs(30),
-            || bgpctl(n.name, &["status"]).is_ok(),
+            || datastore_connected(n.name),
         )?;
     }
     for n in &NODES {
@@ -679,6 +816,8 @@ fn up() -> Result<bool, String> {
     print!("{}", bgpctl("node-1", &["status"])?);
     println!("\n== bgpctl ipam show --show-blocks (node-1)");
     print!("{}", bgpctl("node-1", &["ipam", "show", "--show-blocks"])?);
+    println!("\n== bgpctl show protocols (node-1)");
+    print!("{}", bgpctl("node-1", &["show", "protocols"])?);
     println!("\n== kernel routes of node-1 (ip route)");
     print!("{}", in_ns(&ns("node-1"), &["ip", "route"])?);
     println!();
@@ -711,7 +850,20 @@ fn check(settle: Duration) -> Result<bool, String> {
     }
 }
 
+/// bgpd on `node` answers and has its datastore open (with etcd it connects in the
+/// background, and IPAM for the pods needs it).
+fn datastore_connected(node: &str) -> bool {
+    bgpctl(node, &["status", "--json"])
+        .ok()
+        .and_then(|out| serde_json::from_str::<serde_json::Value>(&out).ok())
+        .is_some_and(|v| v["datastore_state"] == "connected")
+}
+
 fn status() -> Result<(), String> {
+    println!(
+        "datastore: {}",
+        Datastore::recorded().map_or_else(|| "none (the lab is not up)".into(), |d| d.describe())
+    );
     let namespaces = lab_namespaces();
     println!(
         "namespaces: {}",
@@ -739,7 +891,11 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     let result = match Args::parse().command {
-        Cmd::Up => up(),
+        Cmd::Up { etcd } => up(if etcd {
+            Datastore::Etcd
+        } else {
+            Datastore::Sqlite
+        }),
         Cmd::Check => check(Duration::from_secs(5)),
         Cmd::Status => status().map(|_| true),
         Cmd::Down => down().map(|_| true),

@@ -2,7 +2,7 @@
 //! data directory, killed by PID when dropped. Members can be killed and restarted on the same
 //! data directory to test what survives.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -17,6 +17,30 @@ struct Member {
     peer_port: u16,
     data: PathBuf,
     child: Option<Child>,
+}
+
+/// Adds the arguments naming one member to an etcd command: its name and data directory, the
+/// client URL it listens on and advertises, the peer URL likewise, and timings for a loopback
+/// or in-machine network (a new leader in well under a second after a kill), logging warnings
+/// only. The caller adds `--initial-cluster*` (a lone member needs none) and what to run it in.
+pub fn member_args(cmd: &mut Command, name: &str, data: &Path, client: &str, peer: &str) {
+    cmd.args(["--name", name])
+        .arg("--data-dir")
+        .arg(data)
+        .args([
+            "--listen-client-urls",
+            client,
+            "--advertise-client-urls",
+            client,
+        ])
+        .args([
+            "--listen-peer-urls",
+            peer,
+            "--initial-advertise-peer-urls",
+            peer,
+        ])
+        .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
+        .args(["--log-level", "warn"]);
 }
 
 /// An etcd cluster of one or more members on 127.0.0.1.
@@ -83,28 +107,12 @@ impl EtcdCluster {
         let log = std::fs::File::create(m.data.with_extension("log")).expect("member log");
         let client = format!("http://127.0.0.1:{}", m.client_port);
         let peer = format!("http://127.0.0.1:{}", m.peer_port);
-        let child = Command::new(ETCD)
-            .args(["--name", &m.name])
-            .arg("--data-dir")
-            .arg(&m.data)
-            .args([
-                "--listen-client-urls",
-                &client,
-                "--advertise-client-urls",
-                &client,
-            ])
-            .args([
-                "--listen-peer-urls",
-                &peer,
-                "--initial-advertise-peer-urls",
-                &peer,
-            ])
+        let mut cmd = Command::new(ETCD);
+        member_args(&mut cmd, &m.name, &m.data, &client, &peer);
+        let child = cmd
             .args(["--initial-cluster", &self.initial_cluster])
             .args(["--initial-cluster-state", state])
             .args(["--initial-cluster-token", &self.token])
-            // Loopback is fast: elect a new leader in well under a second after a kill.
-            .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
-            .args(["--log-level", "warn"])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)

@@ -3,10 +3,13 @@
 pub mod bgp_peer;
 pub mod bgpd;
 pub mod bird;
+pub mod calico_bird;
 pub mod etcd;
 pub mod frr;
 pub mod gobgp;
+pub mod mesh;
 pub mod netns;
+pub mod procstat;
 pub mod segment;
 
 use std::path::PathBuf;
@@ -20,20 +23,28 @@ pub fn free_port() -> u16 {
 }
 
 /// One of the workspace's binaries (bgpd, bgpctl, ...) built next to the running test or bench.
+/// Panics when it is not built (tests want that); see [`try_binary`].
 pub fn binary(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("the running executable has a path");
+    try_binary(name).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// As [`binary`], with an error that says how to build it when it is missing.
+pub fn try_binary(name: &str) -> Result<PathBuf, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("the running executable: {e}"))?;
     // target/<profile>/deps/<test> or target/<profile>/<bench>
     let mut dir = exe.parent().map(PathBuf::from).unwrap_or_default();
     if dir.ends_with("deps") {
         dir.pop();
     }
     let path = dir.join(name);
-    assert!(
-        path.exists(),
-        "{} is not built; run `cargo build -p bgpd` first",
-        path.display()
-    );
-    path
+    if path.exists() {
+        Ok(path)
+    } else {
+        Err(format!(
+            "{} is not built; run `cargo build -p bgpd` (with --release for a release run) first",
+            path.display()
+        ))
+    }
 }
 
 /// Opens a store from "sqlite:PATH" or "etcd:URL[,URL...]" (what the load generators take).

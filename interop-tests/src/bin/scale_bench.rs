@@ -1,0 +1,750 @@
+//! `scale_bench`: the node-to-node mesh at scale, bgpd against BIRD 1.6 configured the way
+//! Calico's confd configures it (issue #10).
+//!
+//! For each N and each implementation, in fresh namespaces (see `lab::mesh`: N nodes on one
+//! bridge, 10.77.0.0/16, four /26 blocks each of 172.20.0.0/16, a /14 beyond 256 nodes), it
+//! starts one daemon per node and measures:
+//! - converge s: from just before the first daemon is started until every node holds every
+//!   other node's blocks (4N−4), polled per node every `--poll-ms` over kept connections
+//!   (BIRD's control socket: `show route where net ~ [pool+] count`; bgpd's API: the Loc-RIB
+//!   through Bgp.ListRoutes). The last column is the slowest single poll seen: with the poll
+//!   interval, the resolution of the figure.
+//! - CPU s: user + system seconds of all the daemons at convergence (start-up included).
+//! - RSS MiB/node: mean VmRSS of the daemons at convergence.
+//! - idle CPU %/node: CPU used over `--idle-secs` after convergence with every session up,
+//!   per node, in percent of one core. A node that lost a block meanwhile fails the run.
+//!
+//! BIRD 1.6 runs in the foreground (`bird -f`) with `lab::calico_bird`'s configuration, no
+//! kernel protocol, logging off unless `--bird-log` (Calico's default: everything, sessions'
+//! states). bgpd reads its mesh from the datastore: before the daemons start, this program
+//! seeds one shared datastore (the SQLite file, or with `--store etcd` a real etcd in the
+//! hub namespace) with the pool (no encapsulation), every Node (address 10.77.x.y/16) and four
+//! blocks claimed and confirmed for each node (one address allocated in each, so they are
+//! never reclaimed as empty). bgpd logs warnings only, to a file per node; routewriter is not
+//! started.
+//!
+//! Everything is this run's: namespaces `mgy<pid>-*`, daemons killed by PID at the end of each
+//! run, also on an error, a panic or Ctrl-C (SIGINT/SIGTERM stop the run and clean up); the
+//! kernel's neighbour-table limits are raised for the run and put back.
+
+use std::collections::HashSet;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{ExitCode, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use clap::{Parser, ValueEnum};
+use interop_tests::lab;
+use interop_tests::lab::calico_bird::{self, BirdCtl};
+use interop_tests::lab::mesh::{self, Mesh};
+use interop_tests::lab::netns::NsProcess;
+use interop_tests::lab::procstat;
+use ipam::allocator::Ipam;
+use ipam::model::{IpPool, Node};
+use proto::v1 as pb;
+use proto::v1::bgp_client::BgpClient;
+use tonic::transport::Channel;
+
+#[derive(Parser)]
+#[command(about = "The node-to-node mesh at scale: bgpd against BIRD 1.6 as Calico runs it")]
+struct Args {
+    /// Node counts (2 to 1024; up to 256 the pool is 172.20.0.0/16, beyond it a /14).
+    #[arg(long, value_delimiter = ',', default_values_t = [10, 50, 100, 150])]
+    n: Vec<usize>,
+    /// Seconds to measure idle CPU after convergence.
+    #[arg(long, default_value_t = 60)]
+    idle_secs: u64,
+    /// Implementations to run, in this order for each N.
+    #[arg(long = "impl", value_enum, value_delimiter = ',', default_values_t = [Impl::Bird16, Impl::Bgpd])]
+    impls: Vec<Impl>,
+    /// Give up on one run after this many seconds without full convergence.
+    #[arg(long, default_value_t = 300)]
+    timeout_s: u64,
+    /// Poll interval per node while waiting for convergence, milliseconds.
+    #[arg(long, default_value_t = 50)]
+    poll_ms: u64,
+    /// bgpd's shared datastore.
+    #[arg(long, value_enum, default_value_t = StoreKind::Sqlite)]
+    store: StoreKind,
+    /// BIRD with Calico's default logging (everything to a file, sessions' states) instead
+    /// of none.
+    #[arg(long)]
+    bird_log: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Impl {
+    Bgpd,
+    #[value(name = "bird16")]
+    Bird16,
+}
+
+impl Impl {
+    /// The name in the table: one word, so the table splits on white space.
+    fn name(self) -> &'static str {
+        match self {
+            Impl::Bgpd => "bgpd",
+            Impl::Bird16 => "BIRD1.6",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum StoreKind {
+    Sqlite,
+    Etcd,
+}
+
+/// Set by SIGINT/SIGTERM; every wait checks it and the run unwinds, cleaning up.
+static INTERRUPTED: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    INTERRUPTED.store(true, Ordering::SeqCst);
+}
+
+fn interrupted() -> Result<(), String> {
+    if INTERRUPTED.load(Ordering::SeqCst) {
+        Err("interrupted".into())
+    } else {
+        Ok(())
+    }
+}
+
+/// Sleeps `d`, waking early (with an error) on SIGINT/SIGTERM.
+fn sleep_interruptible(d: Duration) -> Result<(), String> {
+    let end = Instant::now() + d;
+    while Instant::now() < end {
+        interrupted()?;
+        std::thread::sleep((end - Instant::now()).min(Duration::from_millis(100)));
+    }
+    interrupted()
+}
+
+struct Row {
+    n: usize,
+    imp: Impl,
+    converge: Duration,
+    cpu_s: f64,
+    rss_mib: f64,
+    idle_pct: f64,
+    poll_max: Duration,
+}
+
+/// How to ask one node how many other nodes' blocks it holds, over a kept connection.
+enum Probe {
+    Bird {
+        socket: PathBuf,
+        pool: &'static str,
+        ctl: Option<BirdCtl>,
+    },
+    Bgpd {
+        socket: PathBuf,
+        pool: &'static str,
+        own: Vec<ipnet::Ipv4Net>,
+        client: Option<BgpClient<Channel>>,
+    },
+}
+
+impl Probe {
+    /// Blocks of other nodes the node holds; `None` while it cannot be asked (starting up).
+    async fn others(&mut self) -> Option<usize> {
+        match self {
+            Probe::Bird { socket, pool, ctl } => {
+                if ctl.is_none() {
+                    *ctl = BirdCtl::connect(socket).await.ok();
+                }
+                match ctl.as_mut()?.networks_in(pool).await {
+                    // Its own blocks are static routes, there from the start.
+                    Ok(n) => Some(n.saturating_sub(mesh::BLOCKS_PER_NODE)),
+                    Err(_) => {
+                        *ctl = None;
+                        None
+                    }
+                }
+            }
+            Probe::Bgpd {
+                socket,
+                pool,
+                own,
+                client,
+            } => {
+                if client.is_none() {
+                    *client = bgpd::ctl::connect_unix(socket)
+                        .await
+                        .ok()
+                        .map(BgpClient::new);
+                }
+                match loc_rib_others(client.as_mut()?, pool, own).await {
+                    Ok(n) => Some(n),
+                    Err(_) => {
+                        *client = None;
+                        None
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Distinct prefixes of the pool in bgpd's Loc-RIB that are not the node's own blocks.
+async fn loc_rib_others(
+    client: &mut BgpClient<Channel>,
+    pool: &str,
+    own: &[ipnet::Ipv4Net],
+) -> Result<usize, tonic::Status> {
+    let mut stream = client
+        .list_routes(pb::ListRoutesRequest {
+            table: pb::RouteTable::LocRib.into(),
+            peer: String::new(),
+            prefix: pool.into(),
+            limit: 0,
+        })
+        .await?
+        .into_inner();
+    let mut seen = HashSet::new();
+    while let Some(batch) = stream.message().await? {
+        for r in batch.routes {
+            let mine = r
+                .prefix
+                .parse::<ipnet::Ipv4Net>()
+                .is_ok_and(|p| own.contains(&p));
+            if !mine {
+                seen.insert(r.prefix);
+            }
+        }
+    }
+    Ok(seen.len())
+}
+
+/// What polling one node found: when it held everything (since t0), its last count, and the
+/// slowest single poll.
+struct Polled {
+    probe: Probe,
+    done: Option<Duration>,
+    last: Option<usize>,
+    slowest: Duration,
+}
+
+async fn poll_node(
+    mut probe: Probe,
+    want: usize,
+    t0: Instant,
+    timeout: Duration,
+    every: Duration,
+) -> Polled {
+    let mut slowest = Duration::ZERO;
+    let mut last = None;
+    loop {
+        let q = Instant::now();
+        let got = probe.others().await;
+        slowest = slowest.max(q.elapsed());
+        last = got.or(last);
+        if got.is_some_and(|c| c >= want) {
+            return Polled {
+                probe,
+                done: Some(t0.elapsed()),
+                last,
+                slowest,
+            };
+        }
+        if t0.elapsed() > timeout || INTERRUPTED.load(Ordering::SeqCst) {
+            return Polled {
+                probe,
+                done: None,
+                last,
+                slowest,
+            };
+        }
+        tokio::time::sleep(every.saturating_sub(q.elapsed())).await;
+    }
+}
+
+/// Polls every node until all hold `want` other blocks; (time to the last, slowest poll).
+fn converge(
+    rt: &tokio::runtime::Runtime,
+    probes: &mut Vec<Probe>,
+    want: usize,
+    t0: Instant,
+    args: &Args,
+    imp: Impl,
+) -> Result<(Duration, Duration), String> {
+    let timeout = Duration::from_secs(args.timeout_s);
+    let every = Duration::from_millis(args.poll_ms);
+    let polled: Vec<Polled> = rt.block_on(async {
+        let tasks: Vec<_> = probes
+            .drain(..)
+            .map(|p| tokio::spawn(poll_node(p, want, t0, timeout, every)))
+            .collect();
+        let mut out = Vec::with_capacity(tasks.len());
+        for t in tasks {
+            match t.await {
+                Ok(p) => out.push(p),
+                Err(e) => return Err(format!("a poller failed: {e}")),
+            }
+        }
+        Ok(out)
+    })?;
+    let slowest = polled.iter().map(|p| p.slowest).max().unwrap_or_default();
+    let done: Vec<Duration> = polled.iter().filter_map(|p| p.done).collect();
+    let last_counts: Vec<Option<usize>> = polled.iter().map(|p| p.last).collect();
+    let converged_all = done.len() == polled.len();
+    let at = done.iter().max().copied().unwrap_or_default();
+    probes.extend(polled.into_iter().map(|p| p.probe));
+    interrupted()?;
+    if converged_all {
+        return Ok((at, slowest));
+    }
+    let n = last_counts.len();
+    let (worst, count) = last_counts
+        .iter()
+        .enumerate()
+        .min_by_key(|(_, c)| c.unwrap_or(0))
+        .map(|(i, c)| (i, *c))
+        .unwrap_or((0, None));
+    let held = count.map_or("could not be asked".into(), |c| {
+        format!("holds {c} of {want}")
+    });
+    let mut msg = format!(
+        "{}: {} of {n} nodes hold all {want} other blocks after {} s ({} {held})",
+        imp.name(),
+        done.len(),
+        args.timeout_s,
+        mesh::node_name(worst),
+    );
+    if imp == Impl::Bgpd && last_counts.iter().all(|c| c.unwrap_or(0) == 0) {
+        msg.push_str(
+            "; no bgpd learned a single block: this bgpd build has no node-to-node mesh \
+             (sessions from the registered nodes and origination of confirmed blocks) yet",
+        );
+    }
+    Err(msg)
+}
+
+/// The daemons of one run, killed by PID together (SIGKILL: no Cease to wait for) on drop.
+struct Daemons(Vec<NsProcess>);
+
+impl Daemons {
+    fn pids(&self) -> Vec<i32> {
+        self.0.iter().map(NsProcess::pid).collect()
+    }
+
+    /// The first daemon that has exited, with how.
+    fn exited(&mut self) -> Option<(usize, std::process::ExitStatus)> {
+        self.0
+            .iter_mut()
+            .enumerate()
+            .find_map(|(i, p)| p.try_wait().map(|s| (i, s)))
+    }
+}
+
+impl Drop for Daemons {
+    fn drop(&mut self) {
+        for pid in self.pids() {
+            // SAFETY: kill(2) of a daemon this run started (dropping NsProcess reaps it).
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    }
+}
+
+/// Starts one Calico-configured BIRD 1.6 per node.
+fn start_bird(mesh: &Mesh, dir: &Path, bird_log: bool) -> Result<(Daemons, Vec<Probe>), String> {
+    let (bird, _) = lab::bird::binaries(lab::bird::BirdVersion::V1)?;
+    let addrs: Vec<_> = mesh.nodes.iter().map(|n| n.addr).collect();
+    let mut configs = Vec::new();
+    for (i, node) in mesh.nodes.iter().enumerate() {
+        let d = dir.join(mesh::node_name(i));
+        std::fs::create_dir_all(&d).map_err(|e| format!("{}: {e}", d.display()))?;
+        let log = d.join("bird.log");
+        let conf = calico_bird::config(
+            node.addr,
+            &mesh::node_blocks(i),
+            mesh::pool(mesh.nodes.len()),
+            &addrs,
+            bird_log.then_some(log.as_path()),
+        );
+        std::fs::write(d.join("bird.cfg"), conf).map_err(|e| e.to_string())?;
+        configs.push(d);
+    }
+    let mut daemons = Daemons(Vec::new());
+    let mut probes = Vec::new();
+    for (node, d) in mesh.nodes.iter().zip(&configs) {
+        let socket = d.join("bird.ctl");
+        let mut cmd = node.ns.command(&bird);
+        cmd.arg("-f")
+            .arg("-c")
+            .arg(d.join("bird.cfg"))
+            .arg("-s")
+            .arg(&socket)
+            .stdout(Stdio::null())
+            .stderr(log_file(&d.join("bird.stderr"))?);
+        daemons.0.push(
+            node.ns
+                .spawn(&mut cmd)
+                .map_err(|e| format!("starting bird in {}: {e}", node.ns.name()))?,
+        );
+        probes.push(Probe::Bird {
+            socket,
+            pool: mesh::pool(mesh.nodes.len()),
+            ctl: None,
+        });
+    }
+    Ok((daemons, probes))
+}
+
+fn log_file(path: &Path) -> Result<std::fs::File, String> {
+    std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// The datastore spec for bgpd's configuration and for seeding.
+fn store_spec(kind: StoreKind, dir: &Path) -> String {
+    match kind {
+        StoreKind::Sqlite => format!("sqlite:{}", dir.join("store.db").display()),
+        StoreKind::Etcd => format!("etcd:http://{}:2379", mesh::HUB_ADDR),
+    }
+}
+
+/// Starts etcd in the hub namespace, on the hub's address, with its data in `dir`.
+fn start_etcd(mesh: &Mesh, dir: &Path) -> Result<NsProcess, String> {
+    let etcd = Path::new(lab::etcd::ETCD);
+    if !etcd.exists() {
+        return Err(format!(
+            "{} is missing: apt-get install etcd-server",
+            etcd.display()
+        ));
+    }
+    let data = dir.join("etcd");
+    let client = format!("http://{}:2379", mesh::HUB_ADDR);
+    let peer = format!("http://{}:2380", mesh::HUB_ADDR);
+    let mut cmd = mesh.hub.command(etcd);
+    lab::etcd::member_args(&mut cmd, "bench", &data, &client, &peer);
+    cmd.args(["--initial-cluster", &format!("bench={peer}")])
+        .stdout(Stdio::null())
+        .stderr(log_file(&dir.join("etcd.log"))?);
+    mesh.hub
+        .spawn(&mut cmd)
+        .map_err(|e| format!("starting etcd: {e}"))
+}
+
+/// Writes the pool, every node and four confirmed blocks per node (one address allocated in
+/// each) into the datastore, from inside the hub namespace (where etcd listens).
+fn seed(mesh: &Mesh, spec: &str) -> Result<(), String> {
+    let addrs: Vec<_> = mesh.nodes.iter().map(|node| node.addr).collect();
+    let cidr = mesh::pool(addrs.len());
+    let spec = spec.to_owned();
+    mesh.hub
+        .run_in(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())?;
+            rt.block_on(async move {
+                // etcd may still be electing itself.
+                let deadline = Instant::now() + Duration::from_secs(20);
+                let store = loop {
+                    match lab::open_store(&spec).await {
+                        Ok(s) => break s,
+                        Err(e) if Instant::now() > deadline => {
+                            return Err(format!("datastore {spec}: {e}"));
+                        }
+                        Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                    }
+                };
+                let ipam = Ipam::new(store);
+                let pool = IpPool::new(
+                    "default-ipv4-ippool",
+                    cidr.parse().map_err(|e| format!("{cidr}: {e}"))?,
+                );
+                ipam.create_pool(&pool)
+                    .await
+                    .map_err(|e| format!("creating pool {cidr}: {e}"))?;
+                for (i, addr) in addrs.iter().enumerate() {
+                    let name = mesh::node_name(i);
+                    let mut node = Node::new(&name);
+                    node.ipv4 = Some(
+                        ipnet::Ipv4Net::new(*addr, mesh::PREFIX_LEN).map_err(|e| e.to_string())?,
+                    );
+                    ipam.register_node(&node, None)
+                        .await
+                        .map_err(|e| format!("registering {name}: {e}"))?;
+                    for (k, block) in mesh::node_blocks(i).iter().enumerate() {
+                        let address = std::net::IpAddr::V4(block.network());
+                        ipam.assign_ip(
+                            address,
+                            &format!("scale-bench.{name}.{k}"),
+                            &Default::default(),
+                            &name,
+                        )
+                        .await
+                        .map_err(|e| format!("claiming {block} for {name}: {e}"))?;
+                    }
+                }
+                Ok(())
+            })
+        })
+        .map_err(|e| format!("entering the hub namespace: {e}"))?
+}
+
+/// Starts one bgpd per node on the seeded datastore.
+fn start_bgpd(mesh: &Mesh, dir: &Path, spec: &str) -> Result<(Daemons, Vec<Probe>), String> {
+    let bgpd = lab::try_binary("bgpd")?;
+    let datastore = match spec.split_once(':') {
+        Some(("sqlite", path)) => format!("[datastore]\nkind = \"sqlite\"\npath = \"{path}\"\n"),
+        Some(("etcd", url)) => format!("[datastore]\nkind = \"etcd\"\nendpoints = [\"{url}\"]\n"),
+        _ => return Err(format!("{spec}: expected sqlite:PATH or etcd:URL")),
+    };
+    let mut configs = Vec::new();
+    for (i, node) in mesh.nodes.iter().enumerate() {
+        let d = dir.join(mesh::node_name(i));
+        std::fs::create_dir_all(&d).map_err(|e| format!("{}: {e}", d.display()))?;
+        let socket = d.join("bgpd.sock");
+        let config = format!(
+            "[node]\nname = \"{}\"\naddress = \"{}/{}\"\n[api]\nsocket = \"{}\"\n{datastore}\
+             [log]\nlevel = \"warn\"\n",
+            mesh::node_name(i),
+            node.addr,
+            mesh::PREFIX_LEN,
+            socket.display()
+        );
+        std::fs::write(d.join("bgpd.toml"), config).map_err(|e| e.to_string())?;
+        configs.push((d, socket));
+    }
+    let mut daemons = Daemons(Vec::new());
+    let mut probes = Vec::new();
+    for (i, (node, (d, socket))) in mesh.nodes.iter().zip(configs).enumerate() {
+        let mut cmd = node.ns.command(&bgpd);
+        cmd.arg("--config")
+            .arg(d.join("bgpd.toml"))
+            .stdout(Stdio::null())
+            .stderr(log_file(&d.join("bgpd.log"))?);
+        // The configuration file is the whole truth: no MARGAY_ overrides from our caller.
+        for (k, _) in std::env::vars_os() {
+            if k.to_string_lossy().starts_with("MARGAY_") {
+                cmd.env_remove(k);
+            }
+        }
+        daemons.0.push(
+            node.ns
+                .spawn(&mut cmd)
+                .map_err(|e| format!("starting bgpd in {}: {e}", node.ns.name()))?,
+        );
+        probes.push(Probe::Bgpd {
+            socket,
+            pool: mesh::pool(mesh.nodes.len()),
+            own: mesh::node_blocks(i),
+            client: None,
+        });
+    }
+    Ok((daemons, probes))
+}
+
+/// One N, one implementation: topology, daemons, convergence, idle, teardown.
+fn run_one(rt: &tokio::runtime::Runtime, args: &Args, n: usize, imp: Impl) -> Result<Row, String> {
+    let mesh = Mesh::new(n)?;
+    let dir = tempfile::Builder::new()
+        .prefix("scale-bench-")
+        .tempdir()
+        .map_err(|e| format!("a temporary directory: {e}"))?;
+    interrupted()?;
+    let mut _etcd = None;
+    let t0;
+    let (mut daemons, mut probes) = match imp {
+        Impl::Bird16 => {
+            t0 = Instant::now();
+            start_bird(&mesh, dir.path(), args.bird_log)?
+        }
+        Impl::Bgpd => {
+            if args.store == StoreKind::Etcd {
+                _etcd = Some(start_etcd(&mesh, dir.path())?);
+            }
+            let spec = store_spec(args.store, dir.path());
+            seed(&mesh, &spec)?;
+            t0 = Instant::now();
+            start_bgpd(&mesh, dir.path(), &spec)?
+        }
+    };
+    let want = (n - 1) * mesh::BLOCKS_PER_NODE;
+    let converged = converge(rt, &mut probes, want, t0, args, imp);
+    let (at, slowest) = match converged {
+        Ok(c) => c,
+        Err(e) if INTERRUPTED.load(Ordering::SeqCst) => return Err(format!("N={n}: {e}")),
+        Err(e) => {
+            let why = daemons.exited().map_or(String::new(), |(i, s)| {
+                format!(
+                    "; {} on {} exited with {s} (its log: {})",
+                    imp.name(),
+                    mesh::node_name(i),
+                    dir.path().join(mesh::node_name(i)).display()
+                )
+            });
+            // Keep the logs of a failed run for reading.
+            let kept = dir.keep();
+            return Err(format!("N={n}: {e}{why}; logs in {}", kept.display()));
+        }
+    };
+    let pids = daemons.pids();
+    let cpu_at = pids.iter().map(|&p| procstat::cpu_seconds(p)).sum::<f64>();
+    let rss = pids.iter().map(|&p| procstat::rss_mib(p)).sum::<f64>() / n as f64;
+    let idle = Duration::from_secs(args.idle_secs);
+    sleep_interruptible(idle)?;
+    let cpu_idle = pids.iter().map(|&p| procstat::cpu_seconds(p)).sum::<f64>() - cpu_at;
+    // Still all there: a mesh that converged and then flapped has not converged.
+    converge(rt, &mut probes, want, Instant::now(), args, imp)
+        .map_err(|e| format!("N={n}: after {} s idle: {e}", args.idle_secs))?;
+    if let Some((i, s)) = daemons.exited() {
+        return Err(format!(
+            "N={n}: {} on {} exited with {s}",
+            imp.name(),
+            mesh::node_name(i)
+        ));
+    }
+    drop(probes);
+    drop(daemons);
+    drop(mesh);
+    Ok(Row {
+        n,
+        imp,
+        converge: at,
+        cpu_s: cpu_at,
+        rss_mib: rss,
+        idle_pct: cpu_idle / idle.as_secs_f64().max(1e-9) / n as f64 * 100.0,
+        poll_max: slowest,
+    })
+}
+
+fn print_table(out: &mut impl Write, rows: &[Row]) -> std::io::Result<()> {
+    writeln!(
+        out,
+        "{:>5}  {:<8} {:>10} {:>8} {:>13} {:>15}  {:>6} {:>6} {:>6} {:>6}  {:>7}",
+        "N",
+        "impl",
+        "converge s",
+        "CPU s",
+        "RSS MiB/node",
+        "idle CPU %/node",
+        "×conv",
+        "×CPU",
+        "×RSS",
+        "×idle",
+        "poll ms"
+    )?;
+    for r in rows {
+        let base = rows
+            .iter()
+            .find(|b| b.imp == Impl::Bird16 && b.n == r.n && r.imp == Impl::Bgpd);
+        let ratio = |a: f64, b: Option<f64>| match b {
+            Some(b) if b > 0.0 => format!("{:.2}", a / b),
+            _ => "-".into(),
+        };
+        writeln!(
+            out,
+            "{:>5}  {:<8} {:>10.2} {:>8.3} {:>13.1} {:>15.3}  {:>6} {:>6} {:>6} {:>6}  {:>7.1}",
+            r.n,
+            r.imp.name(),
+            r.converge.as_secs_f64(),
+            r.cpu_s,
+            r.rss_mib,
+            r.idle_pct,
+            ratio(
+                r.converge.as_secs_f64(),
+                base.map(|b| b.converge.as_secs_f64())
+            ),
+            ratio(r.cpu_s, base.map(|b| b.cpu_s)),
+            ratio(r.rss_mib, base.map(|b| b.rss_mib)),
+            ratio(r.idle_pct, base.map(|b| b.idle_pct)),
+            r.poll_max.as_secs_f64() * 1000.0,
+        )?;
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("scale_bench: run as root (it creates network namespaces)");
+        return ExitCode::FAILURE;
+    }
+    if let Some(bad) = args
+        .n
+        .iter()
+        .find(|&&n| !(2..=mesh::MAX_NODES).contains(&n))
+    {
+        eprintln!(
+            "scale_bench: --n {bad}: a mesh needs 2 to {} nodes",
+            mesh::MAX_NODES
+        );
+        return ExitCode::FAILURE;
+    }
+    // SAFETY: the handler only stores to an atomic, which is async-signal-safe.
+    unsafe {
+        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+    }
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("scale_bench: a tokio runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    lab::netns::remove_stale();
+    let profile = if std::env::current_exe()
+        .is_ok_and(|p| p.components().any(|c| c.as_os_str() == "release"))
+    {
+        "release"
+    } else {
+        "debug"
+    };
+    println!(
+        "# scale_bench: full iBGP mesh, {} blocks/node; idle {} s; poll {} ms; bgpd ({profile} build) on {:?}; BIRD 1.6 logging {}",
+        mesh::BLOCKS_PER_NODE,
+        args.idle_secs,
+        args.poll_ms,
+        args.store,
+        if args.bird_log {
+            "as Calico (all)"
+        } else {
+            "off"
+        }
+    );
+    let mut rows = Vec::new();
+    let mut failed = false;
+    'all: for &n in &args.n {
+        for &imp in &args.impls {
+            eprintln!("scale_bench: N={n} {} ...", imp.name());
+            match run_one(&rt, &args, n, imp) {
+                Ok(r) => {
+                    eprintln!(
+                        "scale_bench: N={n} {}: converged in {:.2} s",
+                        imp.name(),
+                        r.converge.as_secs_f64()
+                    );
+                    rows.push(r);
+                }
+                Err(e) => {
+                    eprintln!("scale_bench: {e}");
+                    failed = true;
+                    if INTERRUPTED.load(Ordering::SeqCst) {
+                        break 'all;
+                    }
+                }
+            }
+            // Deleting hundreds of namespaces keeps the kernel busy for a while.
+            if sleep_interruptible(Duration::from_millis(2000 + 20 * n as u64)).is_err() {
+                failed = true;
+                break 'all;
+            }
+        }
+    }
+    let _ = print_table(&mut std::io::stdout().lock(), &rows);
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
