@@ -486,7 +486,9 @@ fn the_cluster_brain_with_a_tor_and_real_daemons() {
         parse_route(&tor.json(&format!("show bgp ipv4 unicast {block} json"))).map(|r| r.as_path)
     };
     assert!(
-        wait_until(CONVERGE, || blocks.iter().all(|b| path(b) == Some(vec![64600]))
+        wait_until(CONVERGE, || blocks
+            .iter()
+            .all(|b| path(b) == Some(vec![64600]))
             && nodes.iter().all(|n| rr_sessions(n))),
         "the new AS did not take: {:?}\n{}",
         path(&blocks[0]),

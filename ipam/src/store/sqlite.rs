@@ -44,7 +44,8 @@ pub struct SqliteOptions {
     pub sync: Sync,
     /// Revisions of history kept for watchers; older ones are compacted automatically.
     pub history: u64,
-    /// How often watchers look for other processes' writes.
+    /// How often watchers look for other processes' writes where inotify cannot tell them
+    /// (with inotify they look when the file changes, and every [`FALLBACK_POLL`] anyway).
     pub poll_interval: Duration,
     /// How long a writer waits for another process's write lock before giving up.
     pub busy_timeout: Duration,
@@ -73,6 +74,92 @@ struct Inner {
     reader: Mutex<Connection>,
     /// The latest revision written by this process, to wake this process's watchers.
     written: watch::Sender<Revision>,
+    /// Bumped when another process may have written the file (inotify); `None` where
+    /// inotify is unavailable, and watchers poll.
+    external: Option<watch::Receiver<u64>>,
+    _follower: Option<FileFollower>,
+}
+
+/// With inotify, watchers still look this often (a change inotify did not report, e.g. on
+/// a network file system, is seen this late at worst).
+pub const FALLBACK_POLL: Duration = Duration::from_millis(500);
+
+/// Follows writes to the database file and its WAL through inotify on their directory (the
+/// WAL is created and removed as processes come and go). Idle watchers then cost nothing,
+/// where polling every few milliseconds costs every process CPU all the time. A thread of
+/// its own (any runtime, even one without I/O, can open a store), ended when the store is.
+fn follow_file(path: &Path) -> Option<(watch::Receiver<u64>, FileFollower)> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::unix::ffi::OsStrExt;
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let name = path.file_name()?.as_bytes().to_vec();
+    let cdir = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: a plain syscall; the descriptor is owned right away.
+    let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: `fd` is a fresh descriptor nobody else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let mask = libc::IN_MODIFY | libc::IN_CREATE | libc::IN_MOVED_TO | libc::IN_CLOSE_WRITE;
+    // SAFETY: `cdir` is a valid NUL-terminated path for the call's duration.
+    if unsafe { libc::inotify_add_watch(fd.as_raw_fd(), cdir.as_ptr(), mask) } < 0 {
+        return None;
+    }
+    let (tx, rx) = watch::channel(0u64);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stopping = stop.clone();
+    std::thread::Builder::new()
+        .name("sqlite-inotify".into())
+        .spawn(move || {
+            let mut buf = vec![0u8; 4096];
+            while !stopping.load(std::sync::atomic::Ordering::Relaxed) {
+                let mut pfd = libc::pollfd {
+                    fd: fd.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: one valid pollfd; a timeout so that a dropped store ends the thread.
+                if unsafe { libc::poll(&raw mut pfd, 1, 1000) } <= 0 {
+                    continue;
+                }
+                // SAFETY: reads into our buffer, at most its length.
+                let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+                let got = buf
+                    .get(..usize::try_from(n).unwrap_or(0))
+                    .unwrap_or_default();
+                // struct inotify_event: wd, mask, cookie, len (4 bytes each), then the name.
+                let mut ours = false;
+                let mut at = 0usize;
+                while let Some(head) = got.get(at..at + 16) {
+                    let len = u32::from_ne_bytes([head[12], head[13], head[14], head[15]]) as usize;
+                    let ev = got.get(at + 16..at + 16 + len).unwrap_or_default();
+                    let ev = ev.split(|b| *b == 0).next().unwrap_or_default();
+                    // The database and its WAL: `store.db`, `store.db-wal`.
+                    ours |= ev.starts_with(&name);
+                    at += 16 + len;
+                }
+                if ours {
+                    tx.send_modify(|v| *v = v.wrapping_add(1));
+                }
+            }
+        })
+        .ok()?;
+    Some((rx, FileFollower { stop }))
+}
+
+/// Ends the inotify thread when dropped.
+struct FileFollower {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Drop for FileFollower {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 fn backend(e: rusqlite::Error) -> StoreError {
@@ -107,6 +194,13 @@ impl SqliteStore {
         };
         let current = read_revision(&reader).map_err(backend)?;
         let (written, _) = watch::channel(current);
+        let (external, follower) = match follow_file(&path) {
+            Some((rx, f)) => (Some(rx), Some(f)),
+            None => {
+                tracing::debug!(path = %path.display(), "no inotify: watchers poll the file");
+                (None, None)
+            }
+        };
         Ok(Self {
             inner: Arc::new(Inner {
                 path,
@@ -114,6 +208,8 @@ impl SqliteStore {
                 writer: Mutex::new(writer),
                 reader: Mutex::new(reader),
                 written,
+                external,
+                _follower: follower,
             }),
         })
     }
@@ -154,17 +250,21 @@ fn open_connection(path: &Path, options: &SqliteOptions, init: bool) -> Result<C
     )
     .map_err(|e| bad(e.to_string()))?;
     conn.busy_timeout(options.busy_timeout).map_err(backend)?;
+    // Many processes opening one file together (a 150-node lab) meet locks SQLite does not
+    // wait for (WAL recovery, the switch to WAL): every step retries within the busy timeout.
+    let deadline = std::time::Instant::now() + options.busy_timeout;
 
     // Read-only checks first: nothing is written to a file that is not ours. One statement,
     // so both values are of one moment: another process may be initialising the file.
-    let (app_id, tables): (i64, i64) = conn
-        .query_row(
+    let (app_id, tables): (i64, i64) = retry_busy(deadline, || {
+        conn.query_row(
             "SELECT (SELECT application_id FROM pragma_application_id()), \
                     (SELECT count(*) FROM sqlite_master)",
             [],
             |r| Ok((r.get(0)?, r.get(1)?)),
         )
-        .map_err(|e| bad(e.to_string()))?;
+    })
+    .map_err(|e| bad(e.to_string()))?;
     let fresh = app_id == 0 && tables == 0;
     if !fresh && app_id != APPLICATION_ID {
         return Err(bad(format!(
@@ -172,17 +272,16 @@ fn open_connection(path: &Path, options: &SqliteOptions, init: bool) -> Result<C
         )));
     }
     if !fresh {
-        let check: String = conn
-            .query_row("PRAGMA quick_check", [], |r| r.get(0))
-            .map_err(|e| bad(e.to_string()))?;
+        let check: String = retry_busy(deadline, || {
+            conn.query_row("PRAGMA quick_check", [], |r| r.get(0))
+        })
+        .map_err(|e| bad(e.to_string()))?;
         if check != "ok" {
             return Err(bad(format!("integrity check failed: {check}")));
         }
     }
 
-    // Switching a fresh file to WAL takes an exclusive lock that SQLite does not wait for:
-    // processes starting together retry within the busy timeout.
-    let deadline = std::time::Instant::now() + options.busy_timeout;
+    // Switching a fresh file to WAL takes an exclusive lock that SQLite does not wait for.
     let mode: String = retry_busy(deadline, || {
         conn.query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
     })
@@ -194,9 +293,11 @@ fn open_connection(path: &Path, options: &SqliteOptions, init: bool) -> Result<C
         Sync::Full => "FULL",
         Sync::Normal => "NORMAL",
     };
-    conn.execute_batch(&format!(
-        "PRAGMA synchronous={sync}; PRAGMA foreign_keys=OFF;"
-    ))
+    retry_busy(deadline, || {
+        conn.execute_batch(&format!(
+            "PRAGMA synchronous={sync}; PRAGMA foreign_keys=OFF;"
+        ))
+    })
     .map_err(backend)?;
     if init {
         retry_busy(deadline, || {
@@ -209,12 +310,13 @@ fn open_connection(path: &Path, options: &SqliteOptions, init: bool) -> Result<C
         })
         .map_err(|e| bad(e.to_string()))?;
     }
-    let layout: Option<i64> = conn
-        .query_row("SELECT value FROM meta WHERE name = 'layout'", [], |r| {
+    let layout: Option<i64> = retry_busy(deadline, || {
+        conn.query_row("SELECT value FROM meta WHERE name = 'layout'", [], |r| {
             r.get(0)
         })
         .optional()
-        .map_err(|e| bad(e.to_string()))?;
+    })
+    .map_err(|e| bad(e.to_string()))?;
     match layout {
         Some(LAYOUT_VERSION) => Ok(conn),
         Some(v) => Err(bad(format!(
@@ -543,7 +645,12 @@ impl Datastore for SqliteStore {
         };
         let (tx, rx) = mpsc::channel(Watch::DEPTH);
         let mut local = self.inner.written.subscribe();
-        let poll = self.inner.options.poll_interval;
+        let mut external = self.inner.external.clone();
+        let poll = if external.is_some() {
+            FALLBACK_POLL
+        } else {
+            self.inner.options.poll_interval
+        };
         let task = tokio::spawn(async move {
             let (mut events, mut last) = first;
             loop {
@@ -554,6 +661,12 @@ impl Datastore for SqliteStore {
                 }
                 tokio::select! {
                     _ = local.changed() => {}
+                    Ok(()) = async {
+                        match external.as_mut() {
+                            Some(e) => e.changed().await,
+                            None => std::future::pending().await,
+                        }
+                    } => {}
                     _ = tokio::time::sleep(poll) => {}
                     _ = tx.closed() => return,
                 }
