@@ -739,8 +739,11 @@ impl Speaker {
         fc.hold_time = spec.hold_time;
         fc.keepalive = spec.keepalive;
         fc.passive = spec.passive;
-        // Test-friendly retry like BIRD's tuned labs; backs off to 120 s.
-        fc.connect_retry = std::time::Duration::from_secs(2);
+        // Peers of a cluster start together and refuse connections until they listen: retry
+        // soon, then back off (jittered) to Calico's BIRD `connect retry time 5`, so a mesh
+        // converges in about a second and a peer that comes late is found within 5 s.
+        fc.connect_retry = std::time::Duration::from_millis(500);
+        fc.connect_retry_max = std::time::Duration::from_secs(5);
         fc.graceful_restart = spec.graceful_restart.map(|g| g.restart_time);
         fc.jitter_seed =
             u64::from(u32::from(spec.address)) ^ u64::from(u32::from(self.config.router_id)) << 32;
