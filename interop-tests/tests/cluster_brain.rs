@@ -135,7 +135,7 @@ fn start_tor(ns: &Netns) -> Frr {
           bgp listen range 10.98.0.0/24 peer-group NODES\n\
           address-family ipv4 unicast\n  neighbor NODES activate\n exit-address-family\n"
     );
-    Frr::start_with_kernel(ns, 65000, &conf).unwrap_or_else(|e| panic!("{e}"))
+    Frr::start_with_kernel(ns.name(), 65000, &conf).unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// The ToR's next hop for a prefix, if it has a route.

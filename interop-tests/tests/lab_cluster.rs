@@ -263,6 +263,110 @@ fn the_local_cluster_end_to_end() {
 /// `up --etcd`: the same cluster with its state in a real etcd inside the lab (the router
 /// namespace); every bgpd uses it, `status` says so, `up` twice is safe, and `down` stops etcd
 /// by PID and removes its data.
+/// The ToR of the no-encapsulation test: FRR with zebra in the lab's router namespace,
+/// taking every node of both segments as a dynamic eBGP neighbour.
+fn tor_conf() -> String {
+    "frr defaults traditional\nhostname tor\nrouter bgp 65000\n bgp router-id 10.99.1.1\n\
+     no bgp ebgp-requires-policy\n neighbor NODES peer-group\n neighbor NODES remote-as external\n\
+     bgp listen range 10.99.1.0/24 peer-group NODES\n bgp listen range 10.99.2.0/24 peer-group NODES\n\
+     address-family ipv4 unicast\n  neighbor NODES activate\n exit-address-family\n"
+        .to_string()
+}
+
+#[test]
+fn a_no_encapsulation_pool_with_a_tor_reaches_pods_directly() {
+    let lab = Lab {
+        name: format!("mlt{}", std::process::id()),
+    };
+    lab.ok(&["up"]);
+    let ctl = |node: &str, args: &[&str]| {
+        let sock = format!("/run/margay-lab-{}/{node}/bgpd.sock", lab.name);
+        let out = Command::new(lab::binary("bgpctl"))
+            .arg("--socket")
+            .arg(&sock)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "bgpctl {args:?}: {out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    // The pool without encapsulation; each node peers with its gateway, the ToR.
+    ctl(
+        "node-1",
+        &[
+            "pool",
+            "set",
+            "default-ipv4-ippool",
+            "--vxlan-mode",
+            "Never",
+        ],
+    );
+    for (node, gw) in [
+        ("node-1", "10.99.1.1"),
+        ("node-2", "10.99.1.1"),
+        ("node-3", "10.99.1.1"),
+        ("node-4", "10.99.2.1"),
+    ] {
+        let name = format!("tor-{node}");
+        ctl(
+            "node-1",
+            &[
+                "peer",
+                "add",
+                gw,
+                "--as",
+                "65000",
+                "--resource",
+                &name,
+                "--node",
+                node,
+            ],
+        );
+    }
+    let router = lab.ns("router");
+    let tor = interop_tests::lab::frr::Frr::start_with_kernel(&router, 65000, &tor_conf())
+        .unwrap_or_else(|e| panic!("{e}"));
+    // The ToR learns every node's block and installs it.
+    let blocks = ctl("node-1", &["ipam", "show", "--show-blocks", "--json"]);
+    let blocks: serde_json::Value = serde_json::from_str(&blocks).unwrap();
+    let cidrs: Vec<String> = blocks["blocks"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|b| b["cidr"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(cidrs.len(), 4, "{blocks}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (_, routes) = lab.exec("router", &["ip", "route", "show", "proto", "bgp"]);
+        if cidrs.iter().all(|c| routes.contains(c.as_str())) {
+            println!("the ToR's kernel:\n{routes}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the ToR did not learn every block: {routes}\n{}\n{}",
+            ctl("node-1", &["show", "protocols"]),
+            tor.vtysh(&["show bgp ipv4 unicast"])
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    // Its namespace reaches every pod directly: the router has no tunnel of any kind.
+    for pod in ["node-1-a", "node-2-b", "node-3-a", "node-4-b"] {
+        let ip = lab.pod_address(pod);
+        let (ok, out) = lab.exec("router", &["ping", "-c", "1", "-W", "2", &ip]);
+        assert!(ok, "the ToR cannot reach {pod} ({ip}): {out}");
+    }
+    // And every pod still reaches every pod, node-4 through the ToR (no VXLAN left).
+    let text = lab.ok(&["check"]);
+    assert!(text.contains("every pod answers every pod"), "{text}");
+    let (_, links) = lab.exec("node-1", &["ip", "-o", "link", "show", "type", "vxlan"]);
+    assert!(
+        !links.contains("vxlan.calico"),
+        "a VXLAN device is left without a VXLAN pool: {links}"
+    );
+}
+
 #[test]
 fn the_local_cluster_on_etcd() {
     let lab = Lab {

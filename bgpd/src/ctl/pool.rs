@@ -1,4 +1,4 @@
-//! `bgpctl pool add|del|ls`.
+//! `bgpctl pool add|set|del|ls`.
 
 use clap::{Subcommand, ValueEnum};
 use proto::v1 as pb;
@@ -11,7 +11,10 @@ use super::{CtlError, Output};
 
 #[derive(Clone, Copy, ValueEnum)]
 pub enum Mode {
+    /// Calico's spelling first; the lower-case one is accepted too.
+    #[value(name = "Never", alias = "never")]
     Never,
+    #[value(name = "Always", alias = "always")]
     Always,
     #[value(name = "CrossSubnet", alias = "cross-subnet")]
     CrossSubnet,
@@ -53,6 +56,22 @@ pub enum PoolCommand {
         /// Create it disabled: no new allocations.
         #[arg(long)]
         disabled: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Change a pool's modes and flags (what is not given stays); every node applies it live.
+    Set {
+        name: String,
+        #[arg(long, value_enum)]
+        vxlan_mode: Option<Mode>,
+        #[arg(long, value_enum)]
+        ipip_mode: Option<Mode>,
+        #[arg(long, value_parser = ["on", "off"])]
+        nat_outgoing: Option<String>,
+        #[arg(long, value_parser = ["on", "off"])]
+        disable_bgp_export: Option<String>,
+        #[arg(long, value_parser = ["on", "off"])]
+        disabled: Option<String>,
         #[arg(long)]
         json: bool,
     },
@@ -130,6 +149,50 @@ pub async fn run(channel: Channel, command: PoolCommand, out: &mut Output) -> Re
                 out.line(&format!(
                     "pool {} created: {} in /{} blocks",
                     created.name, created.cidr, created.block_size
+                ))
+            }
+        }
+        PoolCommand::Set {
+            name,
+            vxlan_mode,
+            ipip_mode,
+            nat_outgoing,
+            disable_bgp_export,
+            disabled,
+            json,
+        } => {
+            let mut pool = client
+                .get_pool(pb::GetPoolRequest { name: name.clone() })
+                .await?
+                .into_inner();
+            let on = |v: &Option<String>| v.as_deref().map(|s| s == "on");
+            if let Some(m) = vxlan_mode {
+                pool.vxlan_mode = pb::EncapMode::from(m).into();
+            }
+            if let Some(m) = ipip_mode {
+                pool.ipip_mode = pb::EncapMode::from(m).into();
+            }
+            if let Some(v) = on(&nat_outgoing) {
+                pool.nat_outgoing = v;
+            }
+            if let Some(v) = on(&disable_bgp_export) {
+                pool.disable_bgp_export = v;
+            }
+            if let Some(v) = on(&disabled) {
+                pool.disabled = v;
+            }
+            let updated = client
+                .update_pool(pb::UpdatePoolRequest { pool: Some(pool) })
+                .await?
+                .into_inner();
+            if json {
+                out.json(&pool_json(&updated))
+            } else {
+                out.line(&format!(
+                    "pool {} updated: vxlan {}, ipip {}",
+                    updated.name,
+                    mode_name(updated.vxlan_mode),
+                    mode_name(updated.ipip_mode)
                 ))
             }
         }

@@ -62,8 +62,9 @@ impl Frr {
     }
 
     /// Like [`Frr::start_with_config`], with zebra: what bgpd learns goes into the kernel of
-    /// `ns` (a router that forwards, not only a BGP speaker).
-    pub fn start_with_kernel(ns: &Netns, asn: u32, conf: &str) -> Result<Frr, String> {
+    /// the namespace `ns` (a router that forwards, not only a BGP speaker). By name, so that
+    /// a namespace this run does not own (margay-lab's router) can be used.
+    pub fn start_with_kernel(ns: &str, asn: u32, conf: &str) -> Result<Frr, String> {
         if !std::path::Path::new(FRR_ZEBRA).exists() {
             return Err("FRR's zebra is not installed: apt-get install frr".into());
         }
@@ -77,7 +78,7 @@ impl Frr {
             .status();
         let pidfile = dir.path().join("zebra.pid");
         let o = Command::new("ip")
-            .args(["netns", "exec", ns.name(), FRR_ZEBRA, "-d", "-f"])
+            .args(["netns", "exec", ns, FRR_ZEBRA, "-d", "-f"])
             .arg(dir.path().join("zebra.conf"))
             .arg("-i")
             .arg(&pidfile)
@@ -99,7 +100,7 @@ impl Frr {
             pid: read_pid(&pidfile).ok_or("FRR zebra wrote no pid file")?,
         };
         let mut f = Frr {
-            ns: ns.name().to_owned(),
+            ns: ns.to_owned(),
             asn,
             dir,
             daemon: DaemonPid { pid: 0 },
