@@ -82,7 +82,7 @@ struct Inner {
 
 /// With inotify, watchers still look this often (a change inotify did not report, e.g. on
 /// a network file system, is seen this late at worst).
-pub const FALLBACK_POLL: Duration = Duration::from_millis(500);
+pub const FALLBACK_POLL: Duration = Duration::from_secs(5);
 
 /// Follows writes to the database file and its WAL through inotify on their directory (the
 /// WAL is created and removed as processes come and go). Idle watchers then cost nothing,
