@@ -48,26 +48,79 @@ pub struct ClusterState {
     pub bgp_peers: Vec<BgpPeer>,
 }
 
-impl ClusterState {
-    pub fn parse(listing: &Listing) -> Result<Self, IpamError> {
-        let mut c = ClusterState::default();
+/// One decoded resource of the cluster state.
+#[derive(Debug, Clone)]
+enum Item {
+    Node(Node),
+    Pool(IpPool),
+    Block(Block),
+    Affinity(BlockAffinity),
+    Config(BgpConfiguration),
+    Peer(BgpPeer),
+}
+
+/// The cluster state by key, decoded once per change: a watch event decodes one value, where
+/// relisting would decode every value of the cluster on every change (O(N²) per node while
+/// N nodes start).
+#[derive(Debug, Default)]
+pub struct StateCache {
+    items: BTreeMap<String, Item>,
+}
+
+impl StateCache {
+    pub fn from_listing(listing: &Listing) -> Result<Self, IpamError> {
+        let mut c = StateCache::default();
         for kv in &listing.items {
-            let k = kv.key.as_str();
-            if k.starts_with(Node::PREFIX) {
-                c.nodes.push(decode(&kv.value)?);
-            } else if k.starts_with(IpPool::PREFIX) {
-                c.pools.push(decode(&kv.value)?);
-            } else if k.starts_with(Block::PREFIX) {
-                c.blocks.push(decode(&kv.value)?);
-            } else if k.starts_with(BlockAffinity::PREFIX) {
-                c.affinities.push(decode(&kv.value)?);
-            } else if k == BgpConfiguration::key(BgpConfiguration::NAME) {
-                c.bgp_config = Some(decode(&kv.value)?);
-            } else if k.starts_with(BgpPeer::PREFIX) {
-                c.bgp_peers.push(decode(&kv.value)?);
-            }
+            c.apply(&kv.key, Some(&kv.value))?;
         }
         Ok(c)
+    }
+
+    /// A key changed (`None`: deleted).
+    pub fn apply(&mut self, key: &str, value: Option<&[u8]>) -> Result<(), IpamError> {
+        let Some(v) = value else {
+            self.items.remove(key);
+            return Ok(());
+        };
+        let item = if key.starts_with(Node::PREFIX) {
+            Item::Node(decode(v)?)
+        } else if key.starts_with(IpPool::PREFIX) {
+            Item::Pool(decode(v)?)
+        } else if key.starts_with(Block::PREFIX) {
+            Item::Block(decode(v)?)
+        } else if key.starts_with(BlockAffinity::PREFIX) {
+            Item::Affinity(decode(v)?)
+        } else if key == BgpConfiguration::key(BgpConfiguration::NAME) {
+            Item::Config(decode(v)?)
+        } else if key.starts_with(BgpPeer::PREFIX) {
+            Item::Peer(decode(v)?)
+        } else {
+            // Handles and the like: not part of what the brain computes from.
+            return Ok(());
+        };
+        self.items.insert(key.to_owned(), item);
+        Ok(())
+    }
+
+    pub fn state(&self) -> ClusterState {
+        let mut c = ClusterState::default();
+        for item in self.items.values() {
+            match item {
+                Item::Node(n) => c.nodes.push(n.clone()),
+                Item::Pool(p) => c.pools.push(p.clone()),
+                Item::Block(b) => c.blocks.push(b.clone()),
+                Item::Affinity(a) => c.affinities.push(a.clone()),
+                Item::Config(g) => c.bgp_config = Some(g.clone()),
+                Item::Peer(p) => c.bgp_peers.push(p.clone()),
+            }
+        }
+        c
+    }
+}
+
+impl ClusterState {
+    pub fn parse(listing: &Listing) -> Result<Self, IpamError> {
+        Ok(StateCache::from_listing(listing)?.state())
     }
 
     /// The node a block is affine to, if that affinity is confirmed (a pending block is
@@ -271,30 +324,71 @@ pub async fn run(
 }
 
 /// Lists, computes, applies, then waits for the next change; returns to re-list.
+/// Lists once, then follows the watch: each change updates the cache, and each burst of
+/// changes is computed and applied once. Returns (to list again) when the watch ends.
 async fn follow(brain: &mut Brain, store: &Store, hub: &Hub) -> Result<(), FollowError> {
     let ipam = Ipam::new(store.clone());
+    let listing = store.list("/margay/v1/").await?;
+    let mut cache = StateCache::from_listing(&listing)?;
+    let mut watch = store.watch("/margay/v1/", listing.revision).await?;
     loop {
-        let listing = store.list("/margay/v1/").await?;
-        let c = ClusterState::parse(&listing)?;
-        if dataplane::ensure_tunnel(&ipam, &brain.me, &c).await? {
-            continue;
+        let c = cache.state();
+        // When this writes (the node's tunnel address), its own event brings the next pass.
+        if !dataplane::ensure_tunnel(&ipam, &brain.me, &c).await? {
+            hub.publish(desired::compute(&desired::Inputs {
+                me: &brain.me,
+                nodes: &c.nodes,
+                pools: &c.pools,
+                blocks: &c.blocks,
+                affinities: &c.affinities,
+            }));
+            brain.apply(&c).await?;
         }
-        hub.publish(desired::compute(&desired::Inputs {
-            me: &brain.me,
-            nodes: &c.nodes,
-            pools: &c.pools,
-            blocks: &c.blocks,
-            affinities: &c.affinities,
-        }));
-        brain.apply(&c).await?;
-        let mut watch = store.watch("/margay/v1/", listing.revision).await?;
         match watch.next().await {
-            Some(Ok(_)) => {}
+            Some(Ok(e)) => cache.apply(&e.key, e.value.as_deref())?,
             Some(Err(e)) => return Err(e.into()),
             None => return Ok(()),
         }
         // Let a burst of changes (a pod start writes a block and a handle) settle.
         let until = tokio::time::Instant::now() + DEBOUNCE;
-        while let Ok(Some(Ok(_))) = tokio::time::timeout_at(until, watch.next()).await {}
+        loop {
+            match tokio::time::timeout_at(until, watch.next()).await {
+                Ok(Some(Ok(e))) => cache.apply(&e.key, e.value.as_deref())?,
+                Ok(Some(Err(e))) => return Err(e.into()),
+                Ok(None) => return Ok(()),
+                Err(_) => break,
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ipam::resource::encode;
+
+    #[test]
+    fn the_cache_follows_puts_and_deletes_and_ignores_other_keys() {
+        let mut c = StateCache::default();
+        let n = Node::new("a");
+        c.apply(&Node::key("a"), Some(&encode(&n))).unwrap();
+        c.apply(
+            &BgpPeer::key("tor"),
+            Some(&encode(&BgpPeer::new(
+                "tor",
+                "",
+                "10.0.0.1".parse().unwrap(),
+                65000,
+            ))),
+        )
+        .unwrap();
+        c.apply("/margay/v1/ipam/handles/x", Some(b"not even json"))
+            .unwrap();
+        let s = c.state();
+        assert_eq!((s.nodes.len(), s.bgp_peers.len()), (1, 1));
+        c.apply(&Node::key("a"), None).unwrap();
+        assert!(c.state().nodes.is_empty());
+        // A value that does not decode is an error (the follow loop lists again).
+        assert!(c.apply(&Node::key("b"), Some(b"{}")).is_err());
     }
 }
