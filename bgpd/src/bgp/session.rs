@@ -200,7 +200,7 @@ impl Session {
                         self.stop(subcode, &reason).await;
                         return;
                     }
-                    Some(ToSession::Routes { epoch, update }) => self.routes(epoch, update).await,
+                    Some(ToSession::Routes { epoch, update }) => self.routes(epoch, update),
                     Some(ToSession::Incoming(s)) => self.incoming(s).await,
                 },
                 res = async {
@@ -554,11 +554,16 @@ impl Session {
         self.out.extend_from_slice(bytes);
     }
 
-    async fn routes(&mut self, epoch: u64, update: OutUpdate) {
-        if self.fsm.state() != State::Established || epoch != self.epoch {
+    fn routes(&mut self, epoch: u64, update: OutUpdate) {
+        if self.fsm.state() != State::Established || epoch != self.epoch || self.stream.is_none() {
             return;
         }
-        let mut out = Vec::new();
+        if self.queued() == 0 {
+            self.out_progress = Instant::now();
+        }
+        // Packed straight into the write queue: a full table is megabytes, and a second
+        // copy would raise the peak.
+        let mut out = std::mem::take(&mut self.out);
         if !update.withdraw.is_empty()
             && let Err(e) = bgp_wire::pack::withdraw_ipv4(
                 &self.params,
@@ -578,9 +583,7 @@ impl Session {
                 tracing::error!(peer = %self.remote, error = %e, "cannot encode announcements");
             }
         }
-        if !out.is_empty() {
-            self.write(&out);
-        }
+        self.out = out;
     }
 
     async fn stop(&mut self, subcode: u8, reason: &str) {
