@@ -845,6 +845,10 @@ impl Rib {
             let Some(adj) = self.peers.get_mut(&id).and_then(|s| s.adj_out.as_mut()) else {
                 return;
             };
+            if want.is_none() && adj.is_empty() {
+                // Nothing to withdraw from an empty table (a peer sending us its table).
+                continue;
+            }
             let announce = match (want, adj.entry(*p)) {
                 (Some(w), Entry::Occupied(mut e)) => {
                     if Arc::ptr_eq(e.get(), &w) {
