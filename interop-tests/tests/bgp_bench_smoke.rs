@@ -31,14 +31,15 @@ fn bgp_bench_smoke_prints_every_row() {
                         && l.contains(&format!("  {receiver} "))
                 })
                 .unwrap_or_else(|| panic!("no row for {receiver} sets={sets}:\n{text}"));
-            // ingest s, ±ms, CPU s, RSS MiB, adv s, ±ms, 1st ms, advCPU, advRSS, ×ingest, ×CPU, ×RSS, ×adv, ×aRSS
+            // ingest s, ±ms, CPU s, RSS MiB, B/rt, adv s, ±ms, 1st ms, advCPU, advRSS,
+            // ×ingest, ×CPU, ×RSS, ×adv, ×aRSS
             let f: Vec<&str> = row
                 .split_once(receiver)
                 .unwrap()
                 .1
                 .split_whitespace()
                 .collect();
-            assert_eq!(f.len(), 14, "{row}");
+            assert_eq!(f.len(), 15, "{row}");
             let num = |i: usize| -> f64 {
                 f[i].parse()
                     .unwrap_or_else(|_| panic!("column {i} of {row}"))
@@ -46,15 +47,16 @@ fn bgp_bench_smoke_prints_every_row() {
             assert!(num(0) > 0.0, "ingest time: {row}");
             assert!(num(1) >= 0.0, "ingest resolution: {row}");
             assert!(num(3) > 1.0, "peak RSS: {row}");
-            assert!(num(4) > 0.0, "advertisement time: {row}");
+            assert!(num(4) >= 0.0, "bytes per route: {row}");
+            assert!(num(5) > 0.0, "advertisement time: {row}");
             assert!(
-                num(6) >= 0.0 && num(6) <= num(4) * 1000.0 + num(5) + 1.0,
+                num(7) >= 0.0 && num(7) <= num(5) * 1000.0 + num(6) + 1.0,
                 "first route: {row}"
             );
-            assert!(num(8) > 1.0, "advertisement peak RSS: {row}");
+            assert!(num(9) > 1.0, "advertisement peak RSS: {row}");
             // CPU seconds of a tiny run may round to 0 (no ratio then: "-").
-            assert!(f[10] == "-" || num(10) >= 0.0, "CPU ratio: {row}");
-            for i in [9, 11, 12, 13] {
+            assert!(f[11] == "-" || num(11) >= 0.0, "CPU ratio: {row}");
+            for i in [10, 12, 13, 14] {
                 let r = num(i);
                 assert!(r > 0.0, "ratio column {i}: {row}");
                 if receiver == "BIRD 2" {

@@ -499,6 +499,13 @@ impl Policy {
         Self::decide(rules, prefix, src, None).is_some_and(|r| r.action == Action::Accept)
     }
 
+    /// Whether any route at all can enter the kernel table (some kernel rule programs).
+    pub fn programs_any(&self) -> bool {
+        self.kernel
+            .iter()
+            .any(|r| matches!(r.action, Action::Program(_)))
+    }
+
     /// How the best route for `prefix` enters the kernel table, with the rule's reason;
     /// `None`: it does not.
     pub fn kernel(

@@ -19,7 +19,8 @@
 //!
 //! **Memory.** Path attributes are interned: one `Arc` per distinct [`PathAttributes`], shared
 //! by every route that carries them (BIRD's attribute cache). Routes hold only the `Arc`,
-//! so equality of attributes is pointer equality. The Loc-RIB holds only *which* candidate
+//! so equality of attributes is pointer equality; the Adj-RIB-In holds a 4-byte [`AttrId`]
+//! per route and the interner counts those references. The Loc-RIB holds only *which* candidate
 //! is best (a 4-byte source code per prefix), not a copy of its attributes: they are read
 //! from the Adj-RIB-In (or the originated routes) it points to. Prefix-keyed tables are hash
 //! maps with a multiplicative hasher ([`PrefixHasher`]); sorted output is made on request
@@ -166,25 +167,100 @@ impl OutUpdate {
     }
 }
 
-/// Attribute interner: one shared copy per distinct attribute set.
+/// An interned attribute set's number: what the Adj-RIB-In stores per route (4 bytes
+/// instead of an 8-byte `Arc`; with the prefix, 12 bytes a route instead of 16).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct AttrId(u32);
+
+#[derive(Debug)]
+struct Slot {
+    attrs: Attrs,
+    /// Routes that hold the set by [`AttrId`] (they hold no `Arc`).
+    refs: u32,
+}
+
+/// Attribute interner: one shared copy per distinct attribute set, with a number for
+/// tables that count their references instead of holding an `Arc`.
 #[derive(Debug, Default)]
 pub struct Interner {
-    set: HashSet<Attrs>,
+    /// Each set and its slot; the key is one `Arc`, the slot another.
+    set: HashMap<Attrs, u32>,
+    slots: Vec<Option<Slot>>,
+    free: Vec<u32>,
 }
 
 impl Interner {
     pub fn intern(&mut self, attrs: PathAttributes) -> Attrs {
-        if let Some(a) = self.set.get(&attrs) {
+        if let Some((a, _)) = self.set.get_key_value(&attrs) {
             return a.clone();
         }
         let a = Arc::new(attrs);
-        self.set.insert(a.clone());
+        let slot = Some(Slot {
+            attrs: a.clone(),
+            refs: 0,
+        });
+        let id = match self.free.pop() {
+            Some(id) => {
+                if let Some(s) = self.slots.get_mut(id as usize) {
+                    *s = slot;
+                }
+                id
+            }
+            None => {
+                // More than 2^32 distinct sets cannot be held in memory anyway: saturate
+                // (the extra sets simply cannot be referenced by id; see `hold`).
+                let id = u32::try_from(self.slots.len()).unwrap_or(u32::MAX);
+                if id != u32::MAX {
+                    self.slots.push(slot);
+                }
+                id
+            }
+        };
+        self.set.insert(a.clone(), id);
         a
     }
 
-    /// Drop sets no route uses any more.
+    /// The id of an interned set; `None` only if it has no slot (past 2^32 sets).
+    fn id_of(&self, a: &Attrs) -> Option<AttrId> {
+        let id = *self.set.get(a.as_ref())?;
+        self.slots.get(id as usize)?.as_ref()?;
+        Some(AttrId(id))
+    }
+
+    /// One more route holds `id`.
+    fn hold(&mut self, id: AttrId) {
+        if let Some(Some(slot)) = self.slots.get_mut(id.0 as usize) {
+            slot.refs = slot.refs.saturating_add(1);
+        }
+    }
+
+    /// A route stopped holding `id`.
+    fn release(&mut self, id: AttrId) {
+        if let Some(Some(slot)) = self.slots.get_mut(id.0 as usize) {
+            slot.refs = slot.refs.saturating_sub(1);
+        }
+    }
+
+    fn get(&self, id: AttrId) -> Option<&Attrs> {
+        Some(&self.slots.get(id.0 as usize)?.as_ref()?.attrs)
+    }
+
+    /// Drop sets no route uses any more (no id reference, no `Arc` but ours).
     pub fn sweep(&mut self) {
-        self.set.retain(|a| Arc::strong_count(a) > 1);
+        let slots = &mut self.slots;
+        let free = &mut self.free;
+        self.set.retain(|a, id| {
+            let slot = slots.get(*id as usize).and_then(Option::as_ref);
+            let refs = slot.map_or(0, |s| s.refs);
+            // Our own `Arc`s: the key, and the slot's.
+            let ours = 1 + usize::from(slot.is_some());
+            let keep = refs > 0 || Arc::strong_count(a) > ours;
+            if !keep && let Some(s) = slots.get_mut(*id as usize) {
+                *s = None;
+                free.push(*id);
+            }
+            keep
+        });
     }
 
     pub fn len(&self) -> usize {
@@ -199,7 +275,7 @@ impl Interner {
 #[derive(Debug)]
 struct PeerState {
     info: PeerInfo,
-    adj_in: FastMap<Ipv4Prefix, Attrs>,
+    adj_in: FastMap<Ipv4Prefix, AttrId>,
     /// Present only while the session is established.
     adj_out: Option<FastMap<Ipv4Prefix, Attrs>>,
     /// Routes received but rejected by import rules (AS loop).
@@ -298,6 +374,13 @@ impl Rib {
         out
     }
 
+    /// Whether a stored route (by id) passes import policy and the loop checks.
+    fn was_eligible(&self, info: &PeerInfo, p: &Ipv4Prefix, id: AttrId) -> bool {
+        self.interner
+            .get(id)
+            .is_some_and(|a| self.eligible(info, p, a))
+    }
+
     /// Count again which Adj-RIB-In routes pass import policy (of one peer, or all).
     fn recount_accepted(&mut self, only: Option<PeerId>) {
         let ids: Vec<PeerId> = match only {
@@ -311,7 +394,11 @@ impl Rib {
             let n = st
                 .adj_in
                 .iter()
-                .filter(|(p, a)| self.eligible(&st.info, p, a))
+                .filter(|(p, id)| {
+                    self.interner
+                        .get(**id)
+                        .is_some_and(|a| self.eligible(&st.info, p, a))
+                })
                 .count() as u64;
             if let Some(st) = self.peers.get_mut(&id) {
                 st.accepted = n;
@@ -323,7 +410,7 @@ impl Rib {
     fn attrs_of(&self, p: &Ipv4Prefix, code: BestCode) -> Option<&Attrs> {
         match code.source() {
             Source::Local => self.local.get(p),
-            Source::Peer(id) => self.peers.get(&id)?.adj_in.get(p),
+            Source::Peer(id) => self.interner.get(*self.peers.get(&id)?.adj_in.get(p)?),
         }
     }
 
@@ -405,7 +492,11 @@ impl Rib {
         let Some(st) = self.peers.remove(&id) else {
             return HashMap::new();
         };
-        let prefixes: Vec<Ipv4Prefix> = st.adj_in.into_keys().collect();
+        let mut prefixes = Vec::with_capacity(st.adj_in.len());
+        for (p, a) in st.adj_in {
+            self.interner.release(a);
+            prefixes.push(p);
+        }
         let out = self.recompute(&prefixes, Some(BestCode::of(Source::Peer(id))));
         self.maybe_sweep(prefixes.len());
         out
@@ -441,10 +532,17 @@ impl Rib {
         let Some(stale) = st.stale.take() else {
             return HashMap::new();
         };
-        let gone: Vec<Ipv4Prefix> = stale
-            .into_iter()
-            .filter(|p| st.adj_in.remove(p).is_some())
-            .collect();
+        let mut gone = Vec::new();
+        let mut released = Vec::new();
+        for p in stale {
+            if let Some(a) = st.adj_in.remove(&p) {
+                gone.push(p);
+                released.push(a);
+            }
+        }
+        for a in released {
+            self.interner.release(a);
+        }
         self.recount_accepted(Some(id));
         let out = self.recompute(&gone, Some(BestCode::of(Source::Peer(id))));
         self.maybe_sweep(gone.len());
@@ -490,9 +588,10 @@ impl Rib {
             let Some(old) = self.peers.get_mut(&from).and_then(|st| st.adj_in.remove(p)) else {
                 continue;
             };
-            if self.eligible(&info, p, &old) {
+            if self.was_eligible(&info, p, old) {
                 accepted_delta -= 1;
             }
+            self.interner.release(old);
             touched.push(*p);
         }
         if let Some(attrs) = attrs.filter(|_| !announced.is_empty()) {
@@ -505,14 +604,22 @@ impl Rib {
                     };
                     st.rejected = st.rejected.saturating_add(1);
                     if let Some(old) = st.adj_in.remove(p) {
-                        if self.eligible(&info, p, &old) {
+                        if self.was_eligible(&info, p, old) {
                             accepted_delta -= 1;
                         }
+                        self.interner.release(old);
                         touched.push(*p);
                     }
                 }
             } else {
                 let a = self.interner.intern(attrs);
+                let Some(id) = self.interner.id_of(&a) else {
+                    // Only past 2^32 distinct sets: the routes cannot be stored.
+                    if let Some(st) = self.peers.get_mut(&from) {
+                        st.rejected = st.rejected.saturating_add(announced.len() as u64);
+                    }
+                    return self.recompute(&touched, Some(BestCode::of(Source::Peer(from))));
+                };
                 // One verdict for the whole UPDATE when policy does not look at prefixes.
                 let prefix_blind = !self.policy.is_generated();
                 let all_ok = prefix_blind
@@ -528,15 +635,17 @@ impl Rib {
                     let Some(st) = self.peers.get_mut(&from) else {
                         break;
                     };
-                    if let Some(old) = st.adj_in.insert(*p, a.clone()) {
-                        if Arc::ptr_eq(&old, &a) {
+                    if let Some(old) = st.adj_in.insert(*p, id) {
+                        if old == id {
                             // The same route again: nothing to decide.
                             continue;
                         }
-                        if self.eligible(&info, p, &old) {
+                        if self.was_eligible(&info, p, old) {
                             accepted_delta -= 1;
                         }
+                        self.interner.release(old);
                     }
+                    self.interner.hold(id);
                     if ok {
                         accepted_delta += 1;
                     }
@@ -618,7 +727,21 @@ impl Rib {
     }
 
     pub fn adj_in(&self, id: PeerId) -> Vec<Route> {
-        self.table(id, |s| Some(&s.adj_in))
+        let mut v: Vec<Route> = self
+            .peers
+            .get(&id)
+            .into_iter()
+            .flat_map(|s| s.adj_in.iter())
+            .filter_map(|(p, a)| {
+                Some(Route {
+                    prefix: *p,
+                    source: Source::Peer(id),
+                    attrs: self.interner.get(*a)?.clone(),
+                })
+            })
+            .collect();
+        v.sort_by_key(|r| r.prefix);
+        v
     }
 
     pub fn adj_out(&self, id: PeerId) -> Vec<Route> {
@@ -716,7 +839,9 @@ impl Rib {
             peer: None,
         });
         for (id, st) in &self.peers {
-            let Some(a) = st.adj_in.get(p) else { continue };
+            let Some(a) = st.adj_in.get(p).and_then(|id| self.interner.get(*id)) else {
+                continue;
+            };
             if !self.eligible(&st.info, p, a) {
                 continue;
             }
@@ -743,76 +868,100 @@ impl Rib {
         let Some(info) = self.peers.get(&id).map(|s| s.info) else {
             return;
         };
-        let mut changes = Vec::new();
+        // Grouped by attributes as they are found (no list of changes in between: a full
+        // table to a fresh peer is the largest transient of the speaker).
+        let mut update = OutUpdate::default();
+        let mut groups: FastMap<*const PathAttributes, usize> = FastMap::default();
         // What `id` is sent for a given best route depends on its attributes and source,
         // not on the prefix: computed and interned once per pair in this pass (a full
         // table with a few attribute sets costs a few export computations, not one per
         // route). Pointers are stable: the interner keeps every set alive meanwhile.
         let mut exported: FastMap<(*const PathAttributes, BestCode), Option<Attrs>> =
             FastMap::default();
+        let to = BestCode::of(Source::Peer(id));
         for p in prefixes {
-            let best = self
-                .loc
-                .get(p)
-                .copied()
-                .and_then(|code| Some((code, self.attrs_of(p, code)?.clone())));
-            let want = match best {
+            let want = match self.loc.get(p).copied() {
                 None => None,
-                Some((code, a)) => {
-                    let src = code.source();
-                    if !self.policy.export(info.class, p, self.route_source(src)) {
-                        None
-                    } else {
-                        let key = (Arc::as_ptr(&a), code);
-                        match exported.get(&key) {
-                            Some(w) => w.clone(),
-                            None => {
-                                let from = match src {
-                                    Source::Local => None,
-                                    Source::Peer(q) => self.peers.get(&q).map(|s| s.info),
-                                };
-                                let w = export_attrs(
+                // Never back to where it came from (export_attrs says so too; checked here
+                // first because it is every prefix of a peer that is sending us a table).
+                Some(code) if code == to => None,
+                Some(code) => match self.attrs_of(p, code).map(Arc::as_ptr) {
+                    None => None,
+                    Some(ptr) => {
+                        let src = code.source();
+                        if !self.policy.export(info.class, p, self.route_source(src)) {
+                            None
+                        } else if let Some(w) = exported.get(&(ptr, code)) {
+                            w.clone()
+                        } else {
+                            let from = match src {
+                                Source::Local => None,
+                                Source::Peer(q) => self.peers.get(&q).map(|s| s.info),
+                            };
+                            let w = self.attrs_of(p, code).and_then(|a| {
+                                export_attrs(
                                     self.local_as,
                                     self.cluster_id,
                                     &info,
                                     src,
                                     from.as_ref(),
-                                    &a,
+                                    a,
                                 )
-                                .map(|w| self.interner.intern(w));
-                                exported.insert(key, w.clone());
-                                w
-                            }
+                            });
+                            let w = w.map(|w| self.interner.intern(w));
+                            exported.insert((ptr, code), w.clone());
+                            w
                         }
                     }
-                }
+                },
             };
             let Some(adj) = self.peers.get_mut(&id).and_then(|s| s.adj_out.as_mut()) else {
                 return;
             };
-            match (want, adj.entry(*p)) {
+            if want.is_none() && adj.is_empty() {
+                // Nothing to withdraw from an empty table (a peer sending us its table).
+                continue;
+            }
+            let announce = match (want, adj.entry(*p)) {
                 (Some(w), Entry::Occupied(mut e)) => {
-                    if !Arc::ptr_eq(e.get(), &w) {
-                        e.insert(w.clone());
-                        changes.push((*p, Some(w)));
+                    if Arc::ptr_eq(e.get(), &w) {
+                        continue;
                     }
+                    e.insert(w.clone());
+                    w
                 }
                 (Some(w), Entry::Vacant(e)) => {
                     e.insert(w.clone());
-                    changes.push((*p, Some(w)));
+                    w
                 }
                 (None, Entry::Occupied(e)) => {
                     e.remove();
-                    changes.push((*p, None));
+                    update.withdraw.push(*p);
+                    continue;
                 }
-                (None, Entry::Vacant(_)) => {}
+                (None, Entry::Vacant(_)) => continue,
+            };
+            let k = Arc::as_ptr(&announce);
+            match groups.get(&k) {
+                Some(&i) => {
+                    if let Some(slot) = update.announce.get_mut(i) {
+                        slot.1.push(*p);
+                    }
+                }
+                None => {
+                    groups.insert(k, update.announce.len());
+                    update.announce.push((announce, vec![*p]));
+                }
             }
         }
-        if !changes.is_empty() {
-            let u = group(changes.into_iter());
+        if !update.is_empty() {
             let slot = out.entry(id).or_default();
-            slot.withdraw.extend(u.withdraw);
-            slot.announce.extend(u.announce);
+            if slot.is_empty() {
+                *slot = update;
+            } else {
+                slot.withdraw.extend(update.withdraw);
+                slot.announce.extend(update.announce);
+            }
         }
     }
 }

@@ -247,9 +247,7 @@ impl Session {
                         self.feed(Event::Shutdown).await;
                         return;
                     }
-                    Some(ToSession::Refresh { epoch, update }) => {
-                        self.refresh(epoch, update).await;
-                    }
+                    Some(ToSession::Refresh { epoch, update }) => self.refresh(epoch, update),
                     Some(ToSession::RequestRefresh) => {
                         if self.fsm.state() == State::Established {
                             let r = bgp_wire::RouteRefresh::new(
@@ -267,7 +265,7 @@ impl Session {
                             self.send(&Message::Update(u));
                         }
                     }
-                    Some(ToSession::Routes { epoch, update }) => self.routes(epoch, update).await,
+                    Some(ToSession::Routes { epoch, update }) => self.routes(epoch, update),
                     Some(ToSession::Incoming(s)) => self.incoming(s).await,
                 },
                 res = async {
@@ -655,7 +653,7 @@ impl Session {
 
     /// Answer a ROUTE-REFRESH: the routes, between BoRR and EoRR when enhanced route refresh
     /// was negotiated (RFC 7313 §4).
-    async fn refresh(&mut self, epoch: u64, update: OutUpdate) {
+    fn refresh(&mut self, epoch: u64, update: OutUpdate) {
         if self.fsm.state() != State::Established || epoch != self.epoch {
             return;
         }
@@ -669,17 +667,22 @@ impl Session {
         if enhanced {
             self.send(&marker(bgp_wire::RefreshSubtype::Begin));
         }
-        self.routes(epoch, update).await;
+        self.routes(epoch, update);
         if enhanced {
             self.send(&marker(bgp_wire::RefreshSubtype::End));
         }
     }
 
-    async fn routes(&mut self, epoch: u64, update: OutUpdate) {
-        if self.fsm.state() != State::Established || epoch != self.epoch {
+    fn routes(&mut self, epoch: u64, update: OutUpdate) {
+        if self.fsm.state() != State::Established || epoch != self.epoch || self.stream.is_none() {
             return;
         }
-        let mut out = Vec::new();
+        if self.queued() == 0 {
+            self.out_progress = Instant::now();
+        }
+        // Packed straight into the write queue: a full table is megabytes, and a second
+        // copy would raise the peak.
+        let mut out = std::mem::take(&mut self.out);
         if !update.withdraw.is_empty()
             && let Err(e) = bgp_wire::pack::withdraw_ipv4(
                 &self.params,
@@ -699,9 +702,7 @@ impl Session {
                 tracing::error!(peer = %self.remote, error = %e, "cannot encode announcements");
             }
         }
-        if !out.is_empty() {
-            self.write(&out);
-        }
+        self.out = out;
     }
 
     async fn stop(&mut self, subcode: u8, reason: &str) {

@@ -23,7 +23,10 @@
 //! receiver busy loading answers its CLI late, which widens its own window). The collector
 //! timestamps each read; its `±ms` is half the gap since the previous read.
 //!
-//! One table, every measure also as a ratio to BIRD 2 of the same N and sets.
+//! One table, every measure also as a ratio to BIRD 2 of the same N and sets. `B/rt` is
+//! the peak RSS above the receiver's RSS before the feed, per route: what the routes cost,
+//! apart from code and runtime. `--repeat R` runs every measurement R times and keeps the
+//! median run (the machine is shared; foreign load moves single runs a lot).
 //!
 //! `--smoke`: N = 2,000 with 1 and 10 attribute sets, to show the benchmark still works.
 
@@ -74,6 +77,10 @@ struct Args {
     /// Receivers to run [default: all].
     #[arg(long, value_delimiter = ',')]
     only: Vec<String>,
+    /// Run each measurement this many times and keep the median (a shared machine is
+    /// noisy).
+    #[arg(long, default_value_t = 1)]
+    repeat: usize,
     /// Skip the advertisement measurement.
     #[arg(long)]
     no_advertise: bool,
@@ -648,10 +655,15 @@ fn cpu_ticks(pid: i32) -> u64 {
 }
 
 fn peak_rss_mib(pid: i32) -> f64 {
+    status_mib(pid, "VmHWM:")
+}
+
+/// A memory figure of /proc/<pid>/status, in MiB.
+fn status_mib(pid: i32, field: &str) -> f64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .unwrap_or_default()
         .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.split_whitespace().next()?.parse::<f64>().ok())
         .map_or(0.0, |kib| kib / 1024.0)
 }
@@ -673,6 +685,8 @@ struct Row {
     ingest: Timed,
     cpu_s: f64,
     rss: f64,
+    /// RSS of the started receiver before the feed (code, runtime, empty tables).
+    idle_rss: f64,
     adv: Option<Timed>,
     adv_cpu_s: f64,
     adv_rss: f64,
@@ -793,6 +807,7 @@ fn wait_for(
 fn ingest(kind: Kind, n: usize, sets: usize, timeout: Duration) -> Result<Row, String> {
     let l = lab()?;
     let mut receiver = start(kind, Mode::Ingest, &l.r)?;
+    let idle_rss = status_mib(receiver.pid, "VmRSS:");
     let updates = build_updates(n, sets, Mode::Ingest);
     let feeder = Feeder::start(&l, Mode::Ingest, updates)?;
     let cpu0 = cpu_ticks(receiver.pid);
@@ -808,6 +823,7 @@ fn ingest(kind: Kind, n: usize, sets: usize, timeout: Duration) -> Result<Row, S
         ingest: r?,
         cpu_s,
         rss,
+        idle_rss,
         adv: None,
         adv_cpu_s: 0.0,
         adv_rss: 0.0,
@@ -970,25 +986,38 @@ fn main() -> ExitCode {
     for &n in &ns {
         for &s in &sets {
             for &k in &kinds {
-                let mut row = match ingest(k, n, s, timeout) {
-                    Ok(r) => r,
-                    Err(e) => {
-                        eprintln!("{} N={n} sets={s}: ingest: {e}", k.name());
-                        failed = true;
-                        continue;
-                    }
-                };
-                if !args.no_advertise {
-                    match advertise(k, n, s, timeout) {
-                        Ok((t, cpu, rss)) => {
-                            row.adv = Some(t);
-                            row.adv_cpu_s = cpu;
-                            row.adv_rss = rss;
-                        }
+                // Each measurement `--repeat` times, in fresh namespaces; the run with the
+                // median time is kept (with its CPU and RSS).
+                let mut ingests = Vec::new();
+                for _ in 0..args.repeat.max(1) {
+                    match ingest(k, n, s, timeout) {
+                        Ok(r) => ingests.push(r),
                         Err(e) => {
-                            eprintln!("{} N={n} sets={s}: advertisement: {e}", k.name());
+                            eprintln!("{} N={n} sets={s}: ingest: {e}", k.name());
                             failed = true;
                         }
+                    }
+                }
+                ingests.sort_by_key(|r| r.ingest.at);
+                let Some(mut row) = median(ingests) else {
+                    continue;
+                };
+                if !args.no_advertise {
+                    let mut advs = Vec::new();
+                    for _ in 0..args.repeat.max(1) {
+                        match advertise(k, n, s, timeout) {
+                            Ok(a) => advs.push(a),
+                            Err(e) => {
+                                eprintln!("{} N={n} sets={s}: advertisement: {e}", k.name());
+                                failed = true;
+                            }
+                        }
+                    }
+                    advs.sort_by_key(|(t, _, _)| t.at);
+                    if let Some((t, cpu, rss)) = median(advs) {
+                        row.adv = Some(t);
+                        row.adv_cpu_s = cpu;
+                        row.adv_rss = rss;
                     }
                 }
                 eprintln!(
@@ -1009,18 +1038,27 @@ fn main() -> ExitCode {
     }
 }
 
+/// The middle element of a sorted list (the upper one of two).
+fn median<T>(mut v: Vec<T>) -> Option<T> {
+    if v.is_empty() {
+        return None;
+    }
+    let mid = v.len() / 2;
+    Some(v.swap_remove(mid))
+}
+
 fn print_table(rows: &[Row]) {
     let mut out = std::io::stdout().lock();
     let _ = writeln!(
         out,
         "Ingest: Established → N in the receiver's table (iBGP). Advertisement: collector's \
          Established → collector holds N (receiver learned them over eBGP); 1st: until the \
-         first route arrived. ±: half the window the instant lies in. × columns: ratio to \
-         BIRD 2 (lower is better)."
+         first route arrived. ±: half the window the instant lies in. RSS: peak (VmHWM); \
+         B/rt: (peak - RSS before the feed) / N. × columns: ratio to BIRD 2 (lower is better)."
     );
     let _ = writeln!(
         out,
-        "{:>9} {:>5}  {:<9} {:>9} {:>6} {:>7} {:>8}  {:>8} {:>6} {:>7} {:>7} {:>8}  {:>7} {:>6} {:>6} {:>6} {:>6}",
+        "{:>9} {:>5}  {:<9} {:>9} {:>6} {:>7} {:>8} {:>5}  {:>8} {:>6} {:>7} {:>7} {:>8}  {:>7} {:>6} {:>6} {:>6} {:>6}",
         "N",
         "sets",
         "receiver",
@@ -1028,6 +1066,7 @@ fn print_table(rows: &[Row]) {
         "±ms",
         "CPU s",
         "RSS MiB",
+        "B/rt",
         "adv s",
         "±ms",
         "1st ms",
@@ -1052,7 +1091,7 @@ fn print_table(rows: &[Row]) {
         let adv = r.adv.map(|a| a.at.as_secs_f64());
         let _ = writeln!(
             out,
-            "{:>9} {:>5}  {:<9} {:>9.4} {:>6.1} {:>7.2} {:>8.1}  {:>8} {:>6} {:>7} {:>7.2} {:>8.1}  {:>7} {:>6} {:>6} {:>6} {:>6}",
+            "{:>9} {:>5}  {:<9} {:>9.4} {:>6.1} {:>7.2} {:>8.1} {:>5.0}  {:>8} {:>6} {:>7} {:>7.2} {:>8.1}  {:>7} {:>6} {:>6} {:>6} {:>6}",
             r.n,
             r.sets,
             r.kind.name(),
@@ -1060,6 +1099,7 @@ fn print_table(rows: &[Row]) {
             r.ingest.pm.as_secs_f64() * 1000.0,
             r.cpu_s,
             r.rss,
+            (r.rss - r.idle_rss).max(0.0) * 1048576.0 / r.n.max(1) as f64,
             adv.map_or("-".into(), |a| format!("{a:.4}")),
             r.adv.map_or("-".into(), |a| format!(
                 "{:.1}",

@@ -405,7 +405,7 @@ fn tables_stay_consistent_under_random_churn() {
         let n = st
             .adj_in
             .iter()
-            .filter(|(x, a)| r.eligible(&st.info, x, a))
+            .filter(|(x, id)| r.was_eligible(&st.info, x, **id))
             .count() as u64;
         assert_eq!(r.counts(p.id).1, n, "accepted of {:?}", p.id);
     }
