@@ -816,6 +816,23 @@ fn up(datastore: Datastore) -> Result<bool, String> {
     print!("{}", bgpctl("node-1", &["status"])?);
     println!("\n== bgpctl ipam show --show-blocks (node-1)");
     print!("{}", bgpctl("node-1", &["ipam", "show", "--show-blocks"])?);
+    // The mesh comes up within a few connect retries; show it up (or as it is after 15 s).
+    let mesh_up = || {
+        bgpctl("node-1", &["show", "protocols", "--json"])
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .and_then(|v| v.as_array().cloned())
+            .is_some_and(|a| {
+                a.len() == NODES.len() - 1 && a.iter().all(|p| p["state"] == "Established")
+            })
+    };
+    if let Err(e) = wait_for(
+        "the node-to-node mesh of node-1",
+        Duration::from_secs(15),
+        mesh_up,
+    ) {
+        println!("margay-lab: {e}");
+    }
     println!("\n== bgpctl show protocols (node-1)");
     print!("{}", bgpctl("node-1", &["show", "protocols"])?);
     println!("\n== kernel routes of node-1 (ip route)");
