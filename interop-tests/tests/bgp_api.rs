@@ -85,6 +85,15 @@ fn peers_and_routes_added_and_deleted_live() {
     assert_eq!(a.route("10.30.0.0/26").unwrap()["next_hop"], "10.99.0.9");
     let filtered = a.ctl_json(&["show", "route", "10.30.0.0/16", "--json"]);
     assert_eq!(filtered.as_array().unwrap().len(), 1, "{filtered}");
+    // The same as a count, and the whole table's count matches its listing.
+    let counted = a.ctl_json(&["show", "route", "10.30.0.0/16", "--count", "--json"]);
+    assert_eq!(counted["routes"], 1, "{counted}");
+    let all = a.ctl_json(&["show", "route", "--json"]);
+    let all_counted = a.ctl_json(&["show", "route", "--count", "--json"]);
+    assert_eq!(
+        all_counted["routes"].as_u64(),
+        Some(all.as_array().unwrap().len() as u64)
+    );
     let adj_in = a.ctl_json(&["show", "route", "--table", "adj-in", PEER_ADDR, "--json"]);
     assert_eq!(adj_in.as_array().unwrap().len(), 1, "{adj_in}");
 

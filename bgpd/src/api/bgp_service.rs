@@ -516,6 +516,13 @@ impl Bgp for BgpService {
         if let Some(f) = filter {
             routes.retain(|r| f.contains(&r.route.prefix));
         }
+        if req.count_only {
+            let reply = ListRoutesResponse {
+                routes: vec![],
+                count: routes.len() as u64,
+            };
+            return Ok(Response::new(Box::pin(tokio_stream::iter(vec![Ok(reply)]))));
+        }
         if req.limit > 0 {
             routes.truncate(usize::try_from(req.limit).unwrap_or(usize::MAX));
         }
@@ -524,6 +531,7 @@ impl Bgp for BgpService {
             .map(|c| {
                 Ok(ListRoutesResponse {
                     routes: c.iter().map(route_message).collect(),
+                    count: 0,
                 })
             })
             .collect();
@@ -626,12 +634,24 @@ impl BgpService {
                 ..Default::default()
             })
             .collect();
+        if req.count_only {
+            let reply = ListRoutesResponse {
+                routes: vec![],
+                count: routes.len() as u64,
+            };
+            return Ok(Response::new(Box::pin(tokio_stream::iter(vec![Ok(reply)]))));
+        }
         if req.limit > 0 {
             routes.truncate(usize::try_from(req.limit).unwrap_or(usize::MAX));
         }
         let batches: Vec<Result<ListRoutesResponse, Status>> = routes
             .chunks(BATCH)
-            .map(|c| Ok(ListRoutesResponse { routes: c.to_vec() }))
+            .map(|c| {
+                Ok(ListRoutesResponse {
+                    routes: c.to_vec(),
+                    count: 0,
+                })
+            })
             .collect();
         Ok(Response::new(Box::pin(tokio_stream::iter(batches))))
     }

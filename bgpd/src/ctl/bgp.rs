@@ -25,6 +25,9 @@ pub enum ShowCommand {
         /// `kernel` (the desired kernel state).
         #[arg(long, num_args = 1..=2, value_names = ["TABLE", "PEER"])]
         table: Vec<String>,
+        /// Only how many routes match, like birdc's `show route count`.
+        #[arg(long)]
+        count: bool,
         #[arg(long)]
         json: bool,
     },
@@ -270,6 +273,7 @@ pub async fn show(
         ShowCommand::Route {
             prefix,
             table,
+            count,
             json,
         } => {
             let peer = table.get(1).cloned();
@@ -293,9 +297,21 @@ pub async fn show(
                     peer: peer.unwrap_or_default(),
                     prefix: prefix.unwrap_or_default(),
                     limit: 0,
+                    count_only: count,
                 })
                 .await?
                 .into_inner();
+            if count {
+                let mut n = 0;
+                while let Some(batch) = stream.message().await? {
+                    n += batch.count;
+                }
+                return if json {
+                    out.json(&json!({ "routes": n }))
+                } else {
+                    out.line(&format!("{n} routes"))
+                };
+            }
             let mut routes = Vec::new();
             while let Some(batch) = stream.message().await? {
                 routes.extend(batch.routes);
