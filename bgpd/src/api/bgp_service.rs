@@ -285,6 +285,44 @@ fn route_message(r: &ListedRoute) -> proto::v1::Route {
 
 type RouteStream = Pin<Box<dyn Stream<Item = Result<ListRoutesResponse, Status>> + Send>>;
 
+/// The optional prefix of a listing request (empty: every route).
+fn prefix_filter(s: &str) -> Result<Option<Ipv4Prefix>, Status> {
+    if s.trim().is_empty() {
+        Ok(None)
+    } else {
+        parse_prefix(s).map(Some)
+    }
+}
+
+/// A listing's answer: the count alone (`count_only`), or the routes (at most `limit`) in
+/// batches, each converted by `to_message`.
+fn route_stream<T>(
+    req: &ListRoutesRequest,
+    mut routes: Vec<T>,
+    to_message: impl Fn(&T) -> proto::v1::Route,
+) -> RouteStream {
+    if req.count_only {
+        let reply = ListRoutesResponse {
+            routes: vec![],
+            count: routes.len() as u64,
+        };
+        return Box::pin(tokio_stream::iter(vec![Ok(reply)]));
+    }
+    if req.limit > 0 {
+        routes.truncate(usize::try_from(req.limit).unwrap_or(usize::MAX));
+    }
+    let batches: Vec<Result<ListRoutesResponse, Status>> = routes
+        .chunks(BATCH)
+        .map(|c| {
+            Ok(ListRoutesResponse {
+                routes: c.iter().map(&to_message).collect(),
+                count: 0,
+            })
+        })
+        .collect();
+    Box::pin(tokio_stream::iter(batches))
+}
+
 #[tonic::async_trait]
 impl Bgp for BgpService {
     async fn get_configuration(
@@ -507,35 +545,12 @@ impl Bgp for BgpService {
             }
             _ => Some(peer_ref(&req.peer)?),
         };
-        let filter = if req.prefix.trim().is_empty() {
-            None
-        } else {
-            Some(parse_prefix(&req.prefix)?)
-        };
+        let filter = prefix_filter(&req.prefix)?;
         let mut routes = self.speaker.routes(table, peer).await.map_err(status)?;
         if let Some(f) = filter {
             routes.retain(|r| f.contains(&r.route.prefix));
         }
-        if req.count_only {
-            let reply = ListRoutesResponse {
-                routes: vec![],
-                count: routes.len() as u64,
-            };
-            return Ok(Response::new(Box::pin(tokio_stream::iter(vec![Ok(reply)]))));
-        }
-        if req.limit > 0 {
-            routes.truncate(usize::try_from(req.limit).unwrap_or(usize::MAX));
-        }
-        let batches: Vec<Result<ListRoutesResponse, Status>> = routes
-            .chunks(BATCH)
-            .map(|c| {
-                Ok(ListRoutesResponse {
-                    routes: c.iter().map(route_message).collect(),
-                    count: 0,
-                })
-            })
-            .collect();
-        Ok(Response::new(Box::pin(tokio_stream::iter(batches))))
+        Ok(Response::new(route_stream(&req, routes, route_message)))
     }
 
     async fn announce_route(
@@ -610,13 +625,9 @@ impl Bgp for BgpService {
 impl BgpService {
     /// The desired kernel state's routes, as the routes of a table.
     fn kernel_routes(&self, req: &ListRoutesRequest) -> Result<Response<RouteStream>, Status> {
-        let filter = if req.prefix.trim().is_empty() {
-            None
-        } else {
-            Some(parse_prefix(&req.prefix)?)
-        };
+        let filter = prefix_filter(&req.prefix)?;
         let (desired, _) = self.dataplane.current();
-        let mut routes: Vec<proto::v1::Route> = desired
+        let routes: Vec<proto::v1::Route> = desired
             .values()
             .filter_map(|item| match &item.item {
                 Some(proto::v1::desired_item::Item::Route(r)) => Some(r),
@@ -634,25 +645,6 @@ impl BgpService {
                 ..Default::default()
             })
             .collect();
-        if req.count_only {
-            let reply = ListRoutesResponse {
-                routes: vec![],
-                count: routes.len() as u64,
-            };
-            return Ok(Response::new(Box::pin(tokio_stream::iter(vec![Ok(reply)]))));
-        }
-        if req.limit > 0 {
-            routes.truncate(usize::try_from(req.limit).unwrap_or(usize::MAX));
-        }
-        let batches: Vec<Result<ListRoutesResponse, Status>> = routes
-            .chunks(BATCH)
-            .map(|c| {
-                Ok(ListRoutesResponse {
-                    routes: c.to_vec(),
-                    count: 0,
-                })
-            })
-            .collect();
-        Ok(Response::new(Box::pin(tokio_stream::iter(batches))))
+        Ok(Response::new(route_stream(req, routes, Clone::clone)))
     }
 }

@@ -23,7 +23,7 @@ use std::time::Duration;
 use bgp_wire::{Asn, Ipv4Prefix};
 use ipam::IpamError;
 use ipam::allocator::Ipam;
-use ipam::block::{AffinityState, Block, BlockAffinity};
+use ipam::block::{Block, BlockAffinity};
 use ipam::model::{BgpConfiguration, BgpPeer, IpPool, Node};
 use ipam::resource::{Resource, decode};
 use ipam::store::{Datastore, Listing, Store};
@@ -119,18 +119,9 @@ impl StateCache {
 }
 
 impl ClusterState {
-    pub fn parse(listing: &Listing) -> Result<Self, IpamError> {
-        Ok(StateCache::from_listing(listing)?.state())
-    }
-
-    /// The node a block is affine to, if that affinity is confirmed (a pending block is
-    /// neither routed nor announced).
+    /// The node a block is affine to, if that affinity is confirmed.
     pub fn confirmed_owner<'a>(&self, b: &'a Block) -> Option<&'a str> {
-        let owner = b.affinity.as_deref()?;
-        self.affinities
-            .iter()
-            .any(|a| a.node == owner && a.cidr == b.cidr && a.state == AffinityState::Confirmed)
-            .then_some(owner)
+        desired::confirmed_owner(b, &self.affinities)
     }
 
     pub fn node(&self, name: &str) -> Option<&Node> {

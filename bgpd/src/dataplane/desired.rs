@@ -126,13 +126,7 @@ pub fn compute(inputs: &Inputs<'_>) -> Desired {
             .iter()
             .find(|p| p.cidr.contains(&cidr.network()))
     };
-    let confirmed = |b: &Block| {
-        b.affinity.as_ref().is_some_and(|owner| {
-            inputs.affinities.iter().any(|a| {
-                &a.node == owner && a.cidr == b.cidr && a.state == AffinityState::Confirmed
-            })
-        })
-    };
+    let confirmed = |b: &Block| confirmed_owner(b, inputs.affinities).is_some();
 
     for block in inputs.blocks {
         let Some(pool) = pool_of(&block.cidr) else {
@@ -249,19 +243,38 @@ pub fn compute(inputs: &Inputs<'_>) -> Desired {
     out
 }
 
-/// The changes from `old` to `new`: items to upsert and keys to remove.
-pub fn diff(old: &Desired, new: &Desired) -> (Vec<pb::DesiredItem>, Vec<pb::DesiredKey>) {
-    let upsert = new
+/// Keys whose item differs between `old` and `new` (changed, added or removed).
+pub fn changed_keys(old: &Desired, new: &Desired) -> Vec<ItemKey> {
+    let mut keys: Vec<ItemKey> = new
         .iter()
         .filter(|(k, v)| old.get(*k) != Some(*v))
-        .map(|(_, v)| v.clone())
+        .map(|(k, _)| k.clone())
         .collect();
-    let remove = old
-        .keys()
-        .filter(|k| !new.contains_key(*k))
-        .map(ItemKey::to_proto)
-        .collect();
+    keys.extend(old.keys().filter(|k| !new.contains_key(*k)).cloned());
+    keys
+}
+
+/// The changes from `old` to `new`: items to upsert and keys to remove.
+pub fn diff(old: &Desired, new: &Desired) -> (Vec<pb::DesiredItem>, Vec<pb::DesiredKey>) {
+    let mut upsert = Vec::new();
+    let mut remove = Vec::new();
+    for k in changed_keys(old, new) {
+        match new.get(&k) {
+            Some(v) => upsert.push(v.clone()),
+            None => remove.push(k.to_proto()),
+        }
+    }
     (upsert, remove)
+}
+
+/// The node a block is affine to, if that affinity is confirmed (a pending block is neither
+/// routed nor announced).
+pub fn confirmed_owner<'a>(b: &'a Block, affinities: &[BlockAffinity]) -> Option<&'a str> {
+    let owner = b.affinity.as_deref()?;
+    affinities
+        .iter()
+        .any(|a| a.node == owner && a.cidr == b.cidr && a.state == AffinityState::Confirmed)
+        .then_some(owner)
 }
 
 #[cfg(test)]

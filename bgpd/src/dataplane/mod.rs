@@ -132,7 +132,7 @@ impl Hub {
     pub fn publish(&self, new: Desired) {
         let mut s = self.lock();
         let old = std::mem::replace(&mut s.ipam, new);
-        let keys = changed_keys(&old, &s.ipam);
+        let keys = desired::changed_keys(&old, &s.ipam);
         let first = !s.ready;
         s.ready = true;
         Self::commit(&mut s, &self.tx, keys, first);
@@ -147,7 +147,7 @@ impl Hub {
                 .filter_map(|(k, v)| Some((k, v?)))
                 .collect();
             let old = std::mem::replace(&mut s.bgp, new);
-            changed_keys(&old, &s.bgp)
+            desired::changed_keys(&old, &s.bgp)
         } else {
             let mut keys = Vec::with_capacity(changes.len());
             for (k, v) in changes {
@@ -221,17 +221,6 @@ impl Hub {
         // Nobody listening is fine.
         let _ = tx.send(update);
     }
-}
-
-/// Keys whose value differs between `old` and `new`.
-fn changed_keys(old: &Desired, new: &Desired) -> Vec<ItemKey> {
-    let mut keys: Vec<ItemKey> = new
-        .iter()
-        .filter(|(k, v)| old.get(*k) != Some(*v))
-        .map(|(k, _)| k.clone())
-        .collect();
-    keys.extend(old.keys().filter(|k| !new.contains_key(*k)).cloned());
-    keys
 }
 
 impl crate::bgp::KernelSink for Hub {
