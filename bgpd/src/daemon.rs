@@ -47,6 +47,7 @@ pub async fn run(config: Config, path: Option<std::path::PathBuf>) -> Result<(),
     let bgp = crate::bgp::start_from_config(
         &config.bgp,
         config.node.address.map(|a| a.addr()),
+        config.node.address6.map(|a| a.addr()),
         Some(std::sync::Arc::new(dataplane.clone())),
     )
     .await?;

@@ -118,5 +118,5 @@ fn peers_and_routes_added_and_deleted_live() {
     let out =
         interop_tests::lab::bgpd::bgpctl(&b.socket, &["peer", "add", "10.0.0.300", "--as", "1"]);
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("not an IPv4 address"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not an IP address"));
 }

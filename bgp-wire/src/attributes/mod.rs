@@ -102,6 +102,11 @@ pub struct PathAttributes {
     pub large_communities: Vec<LargeCommunity>,
     /// Unrecognised optional transitive attributes, in the order received.
     pub unknown: Vec<RawAttribute>,
+    /// Not an attribute of its own: the MP_REACH_NLRI next hop of the routes these
+    /// attributes go with, for tables that store one attribute set per route (IPv6 routes,
+    /// IPv4 routes with an IPv6 next hop). The decoder leaves it `None` (the next hop is in
+    /// [`MpReach`]); the encoders ignore it (the packer takes the next hop as an argument).
+    pub mp_next_hop: Option<NextHop>,
 }
 
 /// Octets of an attribute header for a value of `len` octets.
@@ -435,6 +440,7 @@ mod tests {
                 type_code: 99,
                 value: vec![1, 2, 3],
             }],
+            mp_next_hop: None,
         };
         for four in [false, true] {
             for nh in [false, true] {

@@ -67,6 +67,7 @@ pub fn rich_attributes() -> PathAttributes {
             type_code: 99,
             value: vec![1, 2, 3, 4],
         }],
+        mp_next_hop: None,
     }
 }
 

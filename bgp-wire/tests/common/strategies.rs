@@ -164,6 +164,7 @@ pub fn attributes(four_octet: bool, zetta_safe: bool) -> impl Strategy<Value = P
                             .collect(),
                     ),
                     unknown,
+                    mp_next_hop: None,
                 }
             },
         )

@@ -3,11 +3,11 @@
 //! speaker task owns sessions and tables, the datastore owns the cluster resources (which the
 //! cluster brain turns into peers and policy), the dataplane hub owns the kernel table.
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::time::UNIX_EPOCH;
 
-use bgp_wire::{Community, Ipv4Prefix};
+use bgp_wire::{Community, Prefix};
 use proto::v1::bgp_server::Bgp;
 use proto::v1::{
     AddPeerRequest, AnnounceRouteRequest, AnnounceRouteResponse, BgpConfiguration, BgpPeer,
@@ -27,6 +27,7 @@ use proto::v1::{FilterRule, FilterScope};
 use crate::api::convert;
 use crate::bgp::fsm::State;
 use crate::bgp::policy::Scope;
+use crate::bgp::rib::next_hop_addr;
 use crate::bgp::speaker::ListedRoute;
 use crate::bgp::{Announcement, PeerSpec, PeerStatus, SpeakerError, SpeakerHandle, Table};
 use crate::dataplane::Hub;
@@ -143,38 +144,53 @@ fn status(e: SpeakerError) -> Status {
         SpeakerError::Listen { .. } | SpeakerError::NoRouterId => {
             Status::failed_precondition(e.to_string())
         }
+        SpeakerError::NextHopFamily { .. } => Status::invalid_argument(e.to_string()),
         SpeakerError::Stopped => Status::unavailable(e.to_string()),
     }
 }
 
-fn parse_addr(field: &str, s: &str) -> Result<Ipv4Addr, Status> {
+fn parse_addr(field: &str, s: &str) -> Result<IpAddr, Status> {
     s.trim()
         .parse()
-        .map_err(|_| Status::invalid_argument(format!("{field}: {s:?} is not an IPv4 address")))
+        .map_err(|_| Status::invalid_argument(format!("{field}: {s:?} is not an IP address")))
 }
 
-fn parse_prefix(s: &str) -> Result<Ipv4Prefix, Status> {
-    let net: ipnet::Ipv4Net = s.trim().parse().map_err(|_| {
+fn parse_prefix(s: &str) -> Result<Prefix, Status> {
+    let net: ipnet::IpNet = s.trim().parse().map_err(|_| {
         Status::invalid_argument(format!(
-            "prefix: {s:?} is not an IPv4 prefix like 10.0.0.0/24"
+            "prefix: {s:?} is not a prefix like 10.0.0.0/24 or fd00::/64"
         ))
     })?;
-    Ipv4Prefix::new(net.network(), net.prefix_len())
+    Prefix::new(net.network(), net.prefix_len())
         .ok_or_else(|| Status::invalid_argument(format!("prefix: {s:?} is not valid")))
 }
 
+/// `inner` is `outer` or inside it (same family).
+fn prefix_within(outer: &Prefix, inner: &Prefix) -> bool {
+    match (outer, inner) {
+        (Prefix::V4(o), Prefix::V4(i)) => o.contains(i),
+        (Prefix::V6(o), Prefix::V6(i)) => o.contains(i),
+        _ => false,
+    }
+}
+
 /// Accepts a peer as its address or its session name (`peer_10_0_0_2`, `Mesh_10_0_0_2`,
-/// `Node_10_0_0_2_port_1790`).
-fn peer_ref(s: &str) -> Result<Ipv4Addr, Status> {
+/// `Node_10_0_0_2_port_1790`, `peer_fd00__2`).
+fn peer_ref(s: &str) -> Result<IpAddr, Status> {
     let t = s.trim();
     let named = ["peer_", "Mesh_", "Node_", "Global_"]
         .iter()
         .find_map(|k| t.strip_prefix(k))
-        .map(|r| {
-            let r = r.split("_port_").next().unwrap_or(r);
-            r.replace('_', ".")
-        });
-    parse_addr("peer", named.as_deref().unwrap_or(t))
+        .map(|r| r.split("_port_").next().unwrap_or(r));
+    if let Some(r) = named {
+        // Names spell an address with `_` for its `.` (IPv4) or `:` (IPv6).
+        for sep in [".", ":"] {
+            if let Ok(a) = r.replace('_', sep).parse() {
+                return Ok(a);
+            }
+        }
+    }
+    parse_addr("peer", t)
 }
 
 pub fn session_state(s: State) -> SessionState {
@@ -265,7 +281,14 @@ fn route_message(r: &ListedRoute) -> proto::v1::Route {
     };
     proto::v1::Route {
         prefix: format!("{}/{}", r.route.prefix.addr(), r.route.prefix.prefix_len()),
-        next_hop: a.next_hop.map(|n| n.to_string()).unwrap_or_default(),
+        next_hop: next_hop_addr(a).map(|n| n.to_string()).unwrap_or_default(),
+        next_hop_link_local: match a.mp_next_hop {
+            Some(bgp_wire::NextHop::V6 {
+                link_local: Some(ll),
+                ..
+            }) => ll.to_string(),
+            _ => String::new(),
+        },
         as_path,
         origin: origin.into(),
         med: a.med,
@@ -286,7 +309,7 @@ fn route_message(r: &ListedRoute) -> proto::v1::Route {
 type RouteStream = Pin<Box<dyn Stream<Item = Result<ListRoutesResponse, Status>> + Send>>;
 
 /// The optional prefix of a listing request (empty: every route).
-fn prefix_filter(s: &str) -> Result<Option<Ipv4Prefix>, Status> {
+fn prefix_filter(s: &str) -> Result<Option<Prefix>, Status> {
     if s.trim().is_empty() {
         Ok(None)
     } else {
@@ -386,7 +409,7 @@ impl Bgp for BgpService {
             let r = model::BgpPeer {
                 name: p.name.clone(),
                 node: p.node.clone(),
-                peer_address: std::net::IpAddr::V4(address),
+                peer_address: address,
                 as_number: p.as_number,
                 port: u16_of("port", p.port)?,
                 passive: p.passive,
@@ -548,7 +571,7 @@ impl Bgp for BgpService {
         let filter = prefix_filter(&req.prefix)?;
         let mut routes = self.speaker.routes(table, peer).await.map_err(status)?;
         if let Some(f) = filter {
-            routes.retain(|r| f.contains(&r.route.prefix));
+            routes.retain(|r| prefix_within(&f, &r.route.prefix));
         }
         Ok(Response::new(route_stream(&req, routes, route_message)))
     }
@@ -634,7 +657,9 @@ impl BgpService {
                 _ => None,
             })
             .filter(|r| {
-                filter.is_none_or(|f| parse_prefix(&r.destination).is_ok_and(|p| f.contains(&p)))
+                filter.is_none_or(|f| {
+                    parse_prefix(&r.destination).is_ok_and(|p| prefix_within(&f, &p))
+                })
             })
             .map(|r| proto::v1::Route {
                 prefix: r.destination.clone(),

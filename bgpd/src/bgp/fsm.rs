@@ -86,6 +86,10 @@ pub struct FsmConfig {
     pub jitter_seed: u64,
     /// Graceful restart (RFC 4724): the restart time we announce; `None`: not offered.
     pub graceful_restart: Option<u16>,
+    /// The address families we offer (multiprotocol capabilities, RFC 4760).
+    pub families: Vec<Family>,
+    /// Offer to take IPv4 routes with IPv6 next hops (extended next hop, RFC 8950).
+    pub ext_next_hop: bool,
 }
 
 impl FsmConfig {
@@ -104,6 +108,8 @@ impl FsmConfig {
             idle_hold_max: Duration::from_secs(60),
             jitter_seed: 0x9e37_79b9_7f4a_7c15,
             graceful_restart: None,
+            families: vec![Family::IPV4_UNICAST],
+            ext_next_hop: false,
         }
     }
 
@@ -113,12 +119,23 @@ impl FsmConfig {
 
     /// The OPEN we send.
     pub fn open(&self) -> Open {
-        let mut caps = vec![
-            Capability::Multiprotocol(Family::IPV4_UNICAST),
+        let mut caps: Vec<Capability> = self
+            .families
+            .iter()
+            .map(|f| Capability::Multiprotocol(*f))
+            .collect();
+        if self.ext_next_hop {
+            caps.push(Capability::ExtendedNextHop(vec![bgp_wire::ExtNextHop {
+                nlri_afi: bgp_wire::Afi::IPV4,
+                nlri_safi: 1,
+                next_hop_afi: bgp_wire::Afi::IPV6,
+            }]));
+        }
+        caps.extend([
             Capability::RouteRefresh,
             Capability::EnhancedRouteRefresh,
             Capability::FourOctetAs(self.local_as),
-        ];
+        ]);
         if let Some(t) = self.graceful_restart {
             // Forwarding is preserved across a bgpd restart: routewriter keeps the kernel
             // routes while bgpd is away.
@@ -126,10 +143,14 @@ impl FsmConfig {
                 restarting: false,
                 notification: false,
                 restart_time: t.min(4095),
-                families: vec![bgp_wire::GrFamily {
-                    family: Family::IPV4_UNICAST,
-                    forwarding_preserved: true,
-                }],
+                families: self
+                    .families
+                    .iter()
+                    .map(|f| bgp_wire::GrFamily {
+                        family: *f,
+                        forwarding_preserved: true,
+                    })
+                    .collect(),
             }));
         }
         Open::new(self.local_as, self.hold_time, self.router_id, caps)
@@ -192,11 +213,12 @@ pub enum Action {
     },
     /// An UPDATE for the RIB.
     Deliver(UpdateDecode),
-    /// A ROUTE-REFRESH request from the peer: resend the Adj-RIB-Out.
-    Refresh,
-    /// The peer begins (BoRR) or ends (EoRR) re-advertising its routes (RFC 7313): at the end,
-    /// what it did not re-advertise is gone.
+    /// A ROUTE-REFRESH request from the peer: resend the Adj-RIB-Out of the family.
+    Refresh(Family),
+    /// The peer begins (BoRR) or ends (EoRR) re-advertising its routes of a family
+    /// (RFC 7313): at the end, what it did not re-advertise is gone.
     RefreshMarker {
+        family: Family,
         begin: bool,
     },
     /// Collision lost by the new connection: send it this Cease and close it.
@@ -220,6 +242,8 @@ pub struct Negotiated {
     /// Both sides offered enhanced route refresh (RFC 7313): refreshes are framed by
     /// BoRR/EoRR.
     pub enhanced_refresh: bool,
+    /// The peer takes IPv4 routes with IPv6 next hops (RFC 8950).
+    pub peer_ext_next_hop: bool,
 }
 
 /// One peer's state machine.
@@ -435,16 +459,19 @@ impl Fsm {
             }
             (State::Established, Decoded::RouteRefresh(r)) => {
                 self.restart_hold(out);
-                // Only the family we carry; unknown subtypes are ignored (RFC 7313 §5).
-                if r.family == Family::IPV4_UNICAST {
+                // Only families we carry; unknown subtypes are ignored (RFC 7313 §5).
+                let family = r.family;
+                if self.config.families.contains(&family) {
                     match r.subtype {
-                        bgp_wire::RefreshSubtype::Normal => out.push(Action::Refresh),
-                        bgp_wire::RefreshSubtype::Begin => {
-                            out.push(Action::RefreshMarker { begin: true })
-                        }
-                        bgp_wire::RefreshSubtype::End => {
-                            out.push(Action::RefreshMarker { begin: false })
-                        }
+                        bgp_wire::RefreshSubtype::Normal => out.push(Action::Refresh(family)),
+                        bgp_wire::RefreshSubtype::Begin => out.push(Action::RefreshMarker {
+                            family,
+                            begin: true,
+                        }),
+                        bgp_wire::RefreshSubtype::End => out.push(Action::RefreshMarker {
+                            family,
+                            begin: false,
+                        }),
                         bgp_wire::RefreshSubtype::Other(_) => {}
                     }
                 }
@@ -530,7 +557,10 @@ impl Fsm {
             .graceful_restart()
             .filter(|_| self.config.graceful_restart.is_some())
             .filter(|g| {
-                g.restart_time > 0 && g.families.iter().any(|f| f.family == Family::IPV4_UNICAST)
+                g.restart_time > 0
+                    && g.families
+                        .iter()
+                        .any(|f| self.config.families.contains(&f.family))
             })
             .map(|g| g.restart_time);
         Ok(Negotiated {
@@ -544,6 +574,11 @@ impl Fsm {
                 .capabilities
                 .iter()
                 .any(|c| matches!(c, Capability::EnhancedRouteRefresh)),
+            peer_ext_next_hop: open.ext_next_hops().any(|t| {
+                t.nlri_afi == bgp_wire::Afi::IPV4
+                    && t.nlri_safi == 1
+                    && t.next_hop_afi == bgp_wire::Afi::IPV6
+            }),
         })
     }
 

@@ -7,6 +7,7 @@
 //! - `speaker`: the task that owns the RIB and the peers; [`SpeakerHandle`] is its API.
 
 pub mod fsm;
+pub mod iface;
 pub mod policy;
 pub mod rib;
 pub mod session;
@@ -19,7 +20,7 @@ pub use speaker::{
 };
 
 use std::collections::BTreeMap;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use crate::config::{BgpAnnounce, BgpConfig, BgpPeerConfig};
 
@@ -27,6 +28,7 @@ use crate::config::{BgpAnnounce, BgpConfig, BgpPeerConfig};
 pub async fn start_from_config(
     config: &BgpConfig,
     node_address: Option<Ipv4Addr>,
+    node_address6: Option<Ipv6Addr>,
     kernel: Option<std::sync::Arc<dyn KernelSink>>,
 ) -> Result<SpeakerHandle, SpeakerError> {
     let router_id = config
@@ -37,6 +39,7 @@ pub async fn start_from_config(
         local_as: bgp_wire::Asn(config.as_number),
         router_id,
         listen: SocketAddr::from((Ipv4Addr::UNSPECIFIED, config.listen_port)),
+        ipv6_next_hop: node_address6,
         kernel,
     });
     if config.cluster_id.is_some() {
@@ -76,6 +79,13 @@ fn peer_spec(p: &BgpPeerConfig) -> PeerSpec {
             stale_time: p.stale_time.unwrap_or(d.stale_time),
         }
     });
+    if let Some(f) = &p.families {
+        use crate::config::AddressFamily;
+        spec.families = speaker::Families {
+            ipv4: f.contains(&AddressFamily::Ipv4),
+            ipv6: f.contains(&AddressFamily::Ipv6),
+        };
+    }
     spec.transport = sockopt::Transport {
         password: sockopt::Password::new(&p.password).ok().flatten(),
         ttl_security_hops: p.ttl_security,
@@ -87,7 +97,7 @@ fn peer_spec(p: &BgpPeerConfig) -> PeerSpec {
 /// A `[[bgp.announce]]` entry as an announcement (validated when the file was loaded).
 fn announcement(a: &BgpAnnounce) -> Option<Announcement> {
     Some(Announcement {
-        prefix: bgp_wire::Ipv4Prefix::new(a.prefix.network(), a.prefix.prefix_len())?,
+        prefix: bgp_wire::Prefix::new(a.prefix.network(), a.prefix.prefix_len())?,
         next_hop: a.next_hop,
         communities: a
             .communities
@@ -133,12 +143,12 @@ pub async fn reload(
     if old.external_transit != new.external_transit {
         r.need_restart.push("bgp.external_transit");
     }
-    let before: BTreeMap<Ipv4Addr, PeerSpec> = old
+    let before: BTreeMap<IpAddr, PeerSpec> = old
         .peers
         .iter()
         .map(|p| (p.address, peer_spec(p)))
         .collect();
-    let after: BTreeMap<Ipv4Addr, PeerSpec> = new
+    let after: BTreeMap<IpAddr, PeerSpec> = new
         .peers
         .iter()
         .map(|p| (p.address, peer_spec(p)))

@@ -11,9 +11,9 @@
 //! without a cluster (tests, a bare route server) runs [`Policy::accept_all`].
 
 use std::fmt;
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 
-use bgp_wire::Ipv4Prefix;
+use bgp_wire::Prefix;
 use ipam::model::{EncapMode, IpPool};
 use ipnet::Ipv4Net;
 
@@ -73,7 +73,13 @@ pub enum NetMatch {
 }
 
 impl NetMatch {
-    fn matches(&self, p: &Ipv4Prefix) -> bool {
+    /// Rules are generated from IPv4 pools: an IPv6 prefix matches only `Any`.
+    fn matches(&self, p: Prefix) -> bool {
+        let p = match (self, p) {
+            (NetMatch::Any, _) => return true,
+            (_, Prefix::V6(_)) => return false,
+            (_, Prefix::V4(p)) => p,
+        };
         match *self {
             NetMatch::Any => true,
             NetMatch::Exactly(n) => n.network() == p.addr() && n.prefix_len() == p.prefix_len(),
@@ -112,12 +118,12 @@ impl Rule {
         self
     }
 
-    fn matches(&self, p: &Ipv4Prefix, src: RouteSource, next_hop: Option<Ipv4Addr>) -> bool {
+    fn matches(&self, p: Prefix, src: RouteSource, next_hop: Option<IpAddr>) -> bool {
         self.net.matches(p)
             && self.source.is_none_or(|s| s == src)
             && self
                 .next_hop_in
-                .is_none_or(|n| next_hop.is_some_and(|h| n.contains(&h)))
+                .is_none_or(|n| matches!(next_hop, Some(IpAddr::V4(h)) if n.contains(&h)))
     }
 
     /// The match, BIRD-like: `net ~ 172.20.0.0/16{16,32} && from cluster peers`.
@@ -466,12 +472,7 @@ impl Policy {
         }
     }
 
-    fn decide<'r>(
-        rules: &'r [Rule],
-        p: &Ipv4Prefix,
-        src: RouteSource,
-        nh: Option<Ipv4Addr>,
-    ) -> Option<&'r Rule> {
+    fn decide(rules: &[Rule], p: Prefix, src: RouteSource, nh: Option<IpAddr>) -> Option<&Rule> {
         rules.iter().find(|r| r.matches(p, src, nh))
     }
 
@@ -481,14 +482,14 @@ impl Policy {
     }
 
     /// May the Loc-RIB use `prefix` received from a peer of `class`?
-    pub fn import(&self, class: PeerClass, prefix: &Ipv4Prefix) -> bool {
+    pub fn import(&self, class: PeerClass, prefix: Prefix) -> bool {
         !self.generated
             || Self::decide(&self.import, prefix, RouteSource::Peer(class), None)
                 .is_some_and(|r| r.action == Action::Accept)
     }
 
     /// May a peer of class `to` be sent the best route for `prefix` from `src`?
-    pub fn export(&self, to: PeerClass, prefix: &Ipv4Prefix, src: RouteSource) -> bool {
+    pub fn export(&self, to: PeerClass, prefix: Prefix, src: RouteSource) -> bool {
         if !self.generated {
             return true;
         }
@@ -510,9 +511,9 @@ impl Policy {
     /// `None`: it does not.
     pub fn kernel(
         &self,
-        prefix: &Ipv4Prefix,
+        prefix: Prefix,
         src: RouteSource,
-        next_hop: Option<Ipv4Addr>,
+        next_hop: Option<IpAddr>,
     ) -> Option<(KernelVia, &str)> {
         match *Self::decide(&self.kernel, prefix, src, next_hop)? {
             Rule {

@@ -1,5 +1,6 @@
 //! The RIBs: Adj-RIB-In per peer, the Loc-RIB with the RFC 4271 §9.1 decision process, and
-//! Adj-RIB-Out per established peer, for IPv4 unicast.
+//! Adj-RIB-Out per established peer, for one address family ([`RibPrefix`]: the speaker
+//! keeps one [`Rib`] for IPv4 unicast and one for IPv6 unicast).
 //!
 //! **Job.** Take routes learned from peers and routes we originate; choose one best route
 //! per prefix; compute, per peer, what it must be told (iBGP/eBGP rules, next-hop-self,
@@ -8,6 +9,11 @@
 //! **Boundaries.** Sans-IO and single-owner: one task (the speaker) owns a [`Rib`] and calls
 //! it; nothing here locks or awaits. Packing the returned [`OutUpdate`]s into messages is
 //! the session's job (`bgp_wire::pack`).
+//!
+//! **Next hops.** IPv4 routes keep an IPv4 next hop in NEXT_HOP; IPv6 routes, and IPv4
+//! routes with an IPv6 next hop (RFC 8950), keep it in `mp_next_hop`. What a peer is sent
+//! for our own routes comes from [`PeerInfo`] (the session decides: our address on it, a
+//! link-local one beside it on a shared link, the node's IPv6 address on an IPv4 session).
 //!
 //! **Policy.** Adj-RIB-In keeps what peers sent, before policy, so a new [`Policy`] (pools
 //! changed) is applied without asking peers again: import rules are evaluated when the
@@ -31,11 +37,15 @@
 use std::cmp::Ordering;
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt;
 use std::hash::{BuildHasherDefault, Hasher};
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 
-use bgp_wire::{AsPath, Asn, Community, Ipv4Prefix, Origin, PathAttributes};
+use bgp_wire::{
+    AsPath, Asn, Community, Ipv4Prefix, Ipv6Prefix, NextHop, NlriPrefix, Origin, PathAttributes,
+    Prefix,
+};
 
 use super::policy::{PeerClass, Policy, RouteSource};
 
@@ -119,16 +129,108 @@ impl BestCode {
 /// BIRD, FRR and GoBGP use 100).
 pub const DEFAULT_LOCAL_PREF: u32 = 100;
 
+/// A prefix type a [`Rib`] holds: IPv4 or IPv6 unicast.
+pub trait RibPrefix: NlriPrefix + Ord + fmt::Display + fmt::Debug + Send + Sync + 'static {
+    /// The prefix as policy and listings see it.
+    fn any(self) -> Prefix;
+    /// The next hop we give `to` for our routes of this family (next-hop-self); `None`: the
+    /// session cannot carry them.
+    fn self_next_hop(to: &PeerInfo) -> Option<NextHop>;
+    /// Whether `to` can be sent a route of this family with next hop `nh` as it is.
+    fn carries(to: &PeerInfo, nh: &NextHop) -> bool;
+    /// A peer's changes of this family, for its session.
+    fn family_update(u: OutUpdate<Self>) -> FamilyUpdate;
+}
+
+impl RibPrefix for Ipv4Prefix {
+    fn any(self) -> Prefix {
+        Prefix::V4(self)
+    }
+    fn self_next_hop(to: &PeerInfo) -> Option<NextHop> {
+        to.next_hop_v4
+    }
+    fn carries(to: &PeerInfo, nh: &NextHop) -> bool {
+        // An IPv6 next hop only to a peer that takes them (RFC 8950: it said so, and we
+        // then use one ourselves).
+        matches!(nh, NextHop::V4(_)) || matches!(to.next_hop_v4, Some(NextHop::V6 { .. }))
+    }
+    fn family_update(u: OutUpdate<Self>) -> FamilyUpdate {
+        FamilyUpdate::V4(u)
+    }
+}
+
+impl RibPrefix for Ipv6Prefix {
+    fn any(self) -> Prefix {
+        Prefix::V6(self)
+    }
+    fn self_next_hop(to: &PeerInfo) -> Option<NextHop> {
+        to.next_hop_v6
+    }
+    fn carries(_: &PeerInfo, nh: &NextHop) -> bool {
+        matches!(nh, NextHop::V6 { .. })
+    }
+    fn family_update(u: OutUpdate<Self>) -> FamilyUpdate {
+        FamilyUpdate::V6(u)
+    }
+}
+
+/// One family's changes for a peer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FamilyUpdate {
+    V4(OutUpdate<Ipv4Prefix>),
+    V6(OutUpdate<Ipv6Prefix>),
+}
+
+impl FamilyUpdate {
+    pub fn is_empty(&self) -> bool {
+        match self {
+            FamilyUpdate::V4(u) => u.is_empty(),
+            FamilyUpdate::V6(u) => u.is_empty(),
+        }
+    }
+}
+
+/// The next hop a route carries, whichever field holds it.
+pub fn next_hop_of(a: &PathAttributes) -> Option<NextHop> {
+    a.next_hop.map(NextHop::V4).or(a.mp_next_hop)
+}
+
+/// The global next-hop address of a route (what the kernel routes via).
+pub fn next_hop_addr(a: &PathAttributes) -> Option<IpAddr> {
+    next_hop_of(a).map(|nh| match nh {
+        NextHop::V4(v4) => IpAddr::V4(v4),
+        NextHop::V6 { global, .. } => IpAddr::V6(global),
+    })
+}
+
+/// Put `nh` where it belongs: NEXT_HOP for an IPv4 next hop, `mp_next_hop` otherwise.
+fn set_next_hop(a: &mut PathAttributes, nh: NextHop) {
+    match nh {
+        NextHop::V4(v4) => {
+            a.next_hop = Some(v4);
+            a.mp_next_hop = None;
+        }
+        v6 => {
+            a.next_hop = None;
+            a.mp_next_hop = Some(v6);
+        }
+    }
+}
+
 /// What the RIB must know of an established peer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PeerInfo {
     pub id: PeerId,
-    pub address: Ipv4Addr,
+    pub address: IpAddr,
     pub asn: Asn,
     pub router_id: Ipv4Addr,
-    /// Our address on the session: the next hop we advertise for what we originate (and on
-    /// eBGP, for everything).
-    pub local_address: Ipv4Addr,
+    /// The next hop we advertise for IPv4 routes we originate (and on eBGP, for all):
+    /// our IPv4 address on the session, or our IPv6 one when the peer takes IPv6 next
+    /// hops for IPv4 (RFC 8950); `None`: no IPv4 routes to this peer.
+    pub next_hop_v4: Option<NextHop>,
+    /// The same for IPv6 routes: our global address on the session (and link-local on a
+    /// shared link), or the node's IPv6 address on an IPv4 session.
+    pub next_hop_v6: Option<NextHop>,
     /// Which policy rules apply to the peer.
     pub class: PeerClass,
     /// A route-reflector client of ours (meaningful only when we have a cluster id).
@@ -145,20 +247,29 @@ pub enum Source {
 
 /// A route in a table.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Route {
-    pub prefix: Ipv4Prefix,
+pub struct Route<P = Ipv4Prefix> {
+    pub prefix: P,
     pub source: Source,
     pub attrs: Attrs,
 }
 
 /// What one peer must be sent: announcements grouped by (interned) attributes, withdrawals.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct OutUpdate {
-    pub announce: Vec<(Attrs, Vec<Ipv4Prefix>)>,
-    pub withdraw: Vec<Ipv4Prefix>,
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutUpdate<P = Ipv4Prefix> {
+    pub announce: Vec<(Attrs, Vec<P>)>,
+    pub withdraw: Vec<P>,
 }
 
-impl OutUpdate {
+impl<P> Default for OutUpdate<P> {
+    fn default() -> Self {
+        OutUpdate {
+            announce: Vec::new(),
+            withdraw: Vec::new(),
+        }
+    }
+}
+
+impl<P> OutUpdate<P> {
     pub fn is_empty(&self) -> bool {
         self.announce.is_empty() && self.withdraw.is_empty()
     }
@@ -273,40 +384,40 @@ impl Interner {
 }
 
 #[derive(Debug)]
-struct PeerState {
+struct PeerState<P> {
     info: PeerInfo,
-    adj_in: FastMap<Ipv4Prefix, AttrId>,
+    adj_in: FastMap<P, AttrId>,
     /// Present only while the session is established.
-    adj_out: Option<FastMap<Ipv4Prefix, Attrs>>,
+    adj_out: Option<FastMap<P, Attrs>>,
     /// Routes received but rejected by import rules (AS loop).
     rejected: u64,
     /// Graceful restart: routes kept from before the peer restarted, not yet refreshed.
-    stale: Option<HashSet<Ipv4Prefix>>,
+    stale: Option<HashSet<P>>,
     /// How many Adj-RIB-In routes pass import policy, kept up to date as routes come and go
     /// (status is polled while routes stream in; counting there would be O(routes)).
     accepted: u64,
 }
 
-/// The three tables of one speaker.
+/// The three tables of one speaker, for one address family.
 #[derive(Debug)]
-pub struct Rib {
+pub struct Rib<P = Ipv4Prefix> {
     local_as: Asn,
     router_id: Ipv4Addr,
     interner: Interner,
-    local: FastMap<Ipv4Prefix, Attrs>,
-    peers: BTreeMap<PeerId, PeerState>,
+    local: FastMap<P, Attrs>,
+    peers: BTreeMap<PeerId, PeerState<P>>,
     /// The Loc-RIB: which candidate is best; its attributes stay where they are stored.
-    loc: FastMap<Ipv4Prefix, BestCode>,
+    loc: FastMap<P, BestCode>,
     /// Changes since the last sweep; the interner is swept after many.
     churn: usize,
     policy: Arc<Policy>,
     /// Set: we are a route reflector with this cluster id.
     cluster_id: Option<Ipv4Addr>,
     /// Prefixes whose best route changed, when someone drains them (`track_loc_changes`).
-    loc_changes: Option<Vec<Ipv4Prefix>>,
+    loc_changes: Option<Vec<P>>,
 }
 
-impl Rib {
+impl<P: RibPrefix> Rib<P> {
     pub fn new(local_as: Asn, router_id: Ipv4Addr) -> Self {
         Rib {
             local_as,
@@ -328,7 +439,7 @@ impl Rib {
     }
 
     /// The prefixes whose best route changed since the last call (tracking must be on).
-    pub fn take_loc_changes(&mut self) -> Vec<Ipv4Prefix> {
+    pub fn take_loc_changes(&mut self) -> Vec<P> {
         self.loc_changes
             .as_mut()
             .map(std::mem::take)
@@ -349,14 +460,14 @@ impl Rib {
         &mut self,
         policy: Arc<Policy>,
         cluster_id: Option<Ipv4Addr>,
-    ) -> HashMap<PeerId, OutUpdate> {
+    ) -> HashMap<PeerId, OutUpdate<P>> {
         if *policy == *self.policy && cluster_id == self.cluster_id {
             return HashMap::new();
         }
         self.policy = policy;
         self.cluster_id = cluster_id;
         self.recount_accepted(None);
-        let mut all: Vec<Ipv4Prefix> = self.loc.keys().copied().collect();
+        let mut all: Vec<P> = self.loc.keys().copied().collect();
         all.extend(self.local.keys().copied());
         for st in self.peers.values() {
             all.extend(st.adj_in.keys().copied());
@@ -370,12 +481,12 @@ impl Rib {
         for id in ids {
             self.export_to(id, &all, &mut out);
         }
-        out.retain(|_, u: &mut OutUpdate| !u.is_empty());
+        out.retain(|_, u: &mut OutUpdate<P>| !u.is_empty());
         out
     }
 
     /// Whether a stored route (by id) passes import policy and the loop checks.
-    fn was_eligible(&self, info: &PeerInfo, p: &Ipv4Prefix, id: AttrId) -> bool {
+    fn was_eligible(&self, info: &PeerInfo, p: &P, id: AttrId) -> bool {
         self.interner
             .get(id)
             .is_some_and(|a| self.eligible(info, p, a))
@@ -407,7 +518,7 @@ impl Rib {
     }
 
     /// The attributes of the candidate `code` names for `p`.
-    fn attrs_of(&self, p: &Ipv4Prefix, code: BestCode) -> Option<&Attrs> {
+    fn attrs_of(&self, p: &P, code: BestCode) -> Option<&Attrs> {
         match code.source() {
             Source::Local => self.local.get(p),
             Source::Peer(id) => self.interner.get(*self.peers.get(&id)?.adj_in.get(p)?),
@@ -436,7 +547,7 @@ impl Rib {
     }
 
     /// Whether a received route may be used: import policy and the reflection loop checks.
-    fn eligible(&self, info: &PeerInfo, prefix: &Ipv4Prefix, a: &PathAttributes) -> bool {
+    fn eligible(&self, info: &PeerInfo, prefix: &P, a: &PathAttributes) -> bool {
         if info.asn == self.local_as {
             if a.originator_id == Some(self.router_id) {
                 return false;
@@ -447,7 +558,7 @@ impl Rib {
                 return false;
             }
         }
-        self.policy.import(info.class, prefix)
+        self.policy.import(info.class, prefix.any())
     }
 
     pub fn local_as(&self) -> Asn {
@@ -464,7 +575,7 @@ impl Rib {
     }
 
     /// A session came up: its Adj-RIB-Out starts empty and is filled from the Loc-RIB.
-    pub fn peer_up(&mut self, info: PeerInfo) -> OutUpdate {
+    pub fn peer_up(&mut self, info: PeerInfo) -> OutUpdate<P> {
         let st = self.peers.entry(info.id).or_insert_with(|| PeerState {
             info,
             adj_in: FastMap::default(),
@@ -480,7 +591,7 @@ impl Rib {
             self.recount_accepted(Some(info.id));
         }
         // In prefix order: what the peer receives first does not depend on hashing.
-        let mut prefixes: Vec<Ipv4Prefix> = self.loc.keys().copied().collect();
+        let mut prefixes: Vec<P> = self.loc.keys().copied().collect();
         prefixes.sort_unstable();
         let mut out = HashMap::new();
         self.export_to(info.id, &prefixes, &mut out);
@@ -488,7 +599,7 @@ impl Rib {
     }
 
     /// A session went down (or the peer was deleted): its routes leave every table.
-    pub fn peer_down(&mut self, id: PeerId) -> HashMap<PeerId, OutUpdate> {
+    pub fn peer_down(&mut self, id: PeerId) -> HashMap<PeerId, OutUpdate<P>> {
         let Some(st) = self.peers.remove(&id) else {
             return HashMap::new();
         };
@@ -510,7 +621,7 @@ impl Rib {
             return 0;
         };
         st.adj_out = None;
-        let stale: HashSet<Ipv4Prefix> = st.adj_in.keys().copied().collect();
+        let stale: HashSet<P> = st.adj_in.keys().copied().collect();
         let n = stale.len();
         st.stale = Some(stale);
         n
@@ -525,7 +636,7 @@ impl Rib {
     }
 
     /// Drop the peer's routes still stale (its End-of-RIB came, or its time ran out).
-    pub fn sweep_stale(&mut self, id: PeerId) -> HashMap<PeerId, OutUpdate> {
+    pub fn sweep_stale(&mut self, id: PeerId) -> HashMap<PeerId, OutUpdate<P>> {
         let Some(st) = self.peers.get_mut(&id) else {
             return HashMap::new();
         };
@@ -555,7 +666,7 @@ impl Rib {
     }
 
     /// Whether this route of the peer is kept from before its restart.
-    pub fn is_stale(&self, id: PeerId, prefix: &Ipv4Prefix) -> bool {
+    pub fn is_stale(&self, id: PeerId, prefix: &P) -> bool {
         self.peers
             .get(&id)
             .and_then(|s| s.stale.as_ref())
@@ -567,9 +678,9 @@ impl Rib {
         &mut self,
         from: PeerId,
         attrs: Option<PathAttributes>,
-        announced: &[Ipv4Prefix],
-        withdrawn: &[Ipv4Prefix],
-    ) -> HashMap<PeerId, OutUpdate> {
+        announced: &[P],
+        withdrawn: &[P],
+    ) -> HashMap<PeerId, OutUpdate<P>> {
         let local_as = self.local_as;
         let Some(info) = self.peers.get(&from).map(|s| s.info) else {
             return HashMap::new();
@@ -581,7 +692,7 @@ impl Rib {
                 stale.remove(p);
             }
         }
-        let mut touched: Vec<Ipv4Prefix> = Vec::with_capacity(announced.len() + withdrawn.len());
+        let mut touched: Vec<P> = Vec::with_capacity(announced.len() + withdrawn.len());
         // Import policy and loop checks decide `accepted`; evaluated on the way in and out.
         let mut accepted_delta: i64 = 0;
         for p in withdrawn {
@@ -662,18 +773,14 @@ impl Rib {
     }
 
     /// Originate `prefix` with `attrs` (next hop and AS path are set per peer on export).
-    pub fn announce(
-        &mut self,
-        prefix: Ipv4Prefix,
-        attrs: PathAttributes,
-    ) -> HashMap<PeerId, OutUpdate> {
+    pub fn announce(&mut self, prefix: P, attrs: PathAttributes) -> HashMap<PeerId, OutUpdate<P>> {
         let a = self.interner.intern(attrs);
         self.local.insert(prefix, a);
         self.recompute(&[prefix], Some(BestCode::LOCAL))
     }
 
     /// Stop originating `prefix`; `None` if we did not.
-    pub fn withdraw(&mut self, prefix: Ipv4Prefix) -> Option<HashMap<PeerId, OutUpdate>> {
+    pub fn withdraw(&mut self, prefix: P) -> Option<HashMap<PeerId, OutUpdate<P>>> {
         self.local.remove(&prefix)?;
         let out = self.recompute(&[prefix], Some(BestCode::LOCAL));
         self.maybe_sweep(1);
@@ -681,19 +788,19 @@ impl Rib {
     }
 
     /// Everything advertised to a peer, again (ROUTE-REFRESH from it).
-    pub fn refresh(&self, id: PeerId) -> OutUpdate {
+    pub fn refresh(&self, id: PeerId) -> OutUpdate<P> {
         let Some(out) = self.peers.get(&id).and_then(|s| s.adj_out.as_ref()) else {
             return OutUpdate::default();
         };
-        let mut routes: Vec<(Ipv4Prefix, Option<Attrs>)> =
+        let mut routes: Vec<(P, Option<Attrs>)> =
             out.iter().map(|(p, a)| (*p, Some(a.clone()))).collect();
         routes.sort_unstable_by_key(|(p, _)| *p);
         group(routes.into_iter())
     }
 
     /// The Loc-RIB in prefix order (sorted here: the table itself is a hash map).
-    pub fn loc_rib(&self) -> impl Iterator<Item = Route> + '_ {
-        let mut v: Vec<Route> = self
+    pub fn loc_rib(&self) -> impl Iterator<Item = Route<P>> + '_ {
+        let mut v: Vec<Route<P>> = self
             .loc
             .iter()
             .filter_map(|(p, code)| {
@@ -709,7 +816,7 @@ impl Rib {
     }
 
     /// What this node originates.
-    pub fn local_routes(&self) -> Vec<(Ipv4Prefix, PathAttributes)> {
+    pub fn local_routes(&self) -> Vec<(P, PathAttributes)> {
         self.local
             .iter()
             .map(|(p, a)| (*p, PathAttributes::clone(a)))
@@ -721,13 +828,13 @@ impl Rib {
     }
 
     /// The best route for a prefix.
-    pub fn best(&self, prefix: &Ipv4Prefix) -> Option<(Source, &Attrs)> {
+    pub fn best(&self, prefix: &P) -> Option<(Source, &Attrs)> {
         let code = *self.loc.get(prefix)?;
         Some((code.source(), self.attrs_of(prefix, code)?))
     }
 
-    pub fn adj_in(&self, id: PeerId) -> Vec<Route> {
-        let mut v: Vec<Route> = self
+    pub fn adj_in(&self, id: PeerId) -> Vec<Route<P>> {
+        let mut v: Vec<Route<P>> = self
             .peers
             .get(&id)
             .into_iter()
@@ -744,16 +851,16 @@ impl Rib {
         v
     }
 
-    pub fn adj_out(&self, id: PeerId) -> Vec<Route> {
+    pub fn adj_out(&self, id: PeerId) -> Vec<Route<P>> {
         self.table(id, |s| s.adj_out.as_ref())
     }
 
     fn table(
         &self,
         id: PeerId,
-        pick: impl Fn(&PeerState) -> Option<&FastMap<Ipv4Prefix, Attrs>>,
-    ) -> Vec<Route> {
-        let mut v: Vec<Route> = self
+        pick: impl Fn(&PeerState<P>) -> Option<&FastMap<P, Attrs>>,
+    ) -> Vec<Route<P>> {
+        let mut v: Vec<Route<P>> = self
             .peers
             .get(&id)
             .and_then(pick)
@@ -795,9 +902,9 @@ impl Rib {
     /// given) was replaced or removed, and export the changes.
     fn recompute(
         &mut self,
-        prefixes: &[Ipv4Prefix],
+        prefixes: &[P],
         changed_by: Option<BestCode>,
-    ) -> HashMap<PeerId, OutUpdate> {
+    ) -> HashMap<PeerId, OutUpdate<P>> {
         let mut changed = Vec::with_capacity(prefixes.len());
         for p in prefixes {
             let best = self.decide(p).map(BestCode::of);
@@ -832,7 +939,7 @@ impl Rib {
     }
 
     /// The best candidate for a prefix (RFC 4271 §9.1.2).
-    fn decide(&self, p: &Ipv4Prefix) -> Option<Source> {
+    fn decide(&self, p: &P) -> Option<Source> {
         let mut best: Option<Candidate<'_>> = self.local.get(p).map(|a| Candidate {
             source: Source::Local,
             attrs: a,
@@ -859,12 +966,7 @@ impl Rib {
     }
 
     /// Bring `id`'s Adj-RIB-Out in line with the Loc-RIB for `prefixes`.
-    fn export_to(
-        &mut self,
-        id: PeerId,
-        prefixes: &[Ipv4Prefix],
-        out: &mut HashMap<PeerId, OutUpdate>,
-    ) {
+    fn export_to(&mut self, id: PeerId, prefixes: &[P], out: &mut HashMap<PeerId, OutUpdate<P>>) {
         let Some(info) = self.peers.get(&id).map(|s| s.info) else {
             return;
         };
@@ -889,7 +991,10 @@ impl Rib {
                     None => None,
                     Some(ptr) => {
                         let src = code.source();
-                        if !self.policy.export(info.class, p, self.route_source(src)) {
+                        if !self
+                            .policy
+                            .export(info.class, p.any(), self.route_source(src))
+                        {
                             None
                         } else if let Some(w) = exported.get(&(ptr, code)) {
                             w.clone()
@@ -899,7 +1004,7 @@ impl Rib {
                                 Source::Peer(q) => self.peers.get(&q).map(|s| s.info),
                             };
                             let w = self.attrs_of(p, code).and_then(|a| {
-                                export_attrs(
+                                export_attrs::<P>(
                                     self.local_as,
                                     self.cluster_id,
                                     &info,
@@ -1014,7 +1119,7 @@ fn compare(a: &Candidate<'_>, b: &Candidate<'_>, local_as: Asn) -> Ordering {
         // Shorter CLUSTER_LIST (RFC 4456 §9).
         .then_with(|| x.cluster_list.len().cmp(&y.cluster_list.len()))
         .then_with(|| {
-            let addr = |c: &Candidate<'_>| c.peer.map_or(0, |p| u32::from(p.address));
+            let addr = |c: &Candidate<'_>| c.peer.map(|p| p.address);
             addr(a).cmp(&addr(b))
         })
 }
@@ -1028,7 +1133,7 @@ fn origin(a: &PathAttributes) -> Origin {
 }
 
 /// The attributes `to` must see for the best route from `src` (None: do not advertise).
-fn export_attrs(
+fn export_attrs<P: RibPrefix>(
     local_as: Asn,
     cluster_id: Option<Ipv4Addr>,
     to: &PeerInfo,
@@ -1037,6 +1142,9 @@ fn export_attrs(
     a: &PathAttributes,
 ) -> Option<PathAttributes> {
     let to_ebgp = to.asn != local_as;
+    // A session that cannot carry this family's routes is never asked; without a next hop
+    // of ours for it, there is nothing we could say.
+    let own = P::self_next_hop(to)?;
     // Set when an iBGP-learned route goes to an iBGP peer: only by reflection.
     let mut reflect = None;
     if let Source::Peer(q) = src {
@@ -1070,7 +1178,7 @@ fn export_attrs(
             return None;
         }
         path.prepend(local_as);
-        e.next_hop = Some(to.local_address);
+        set_next_hop(&mut e, own);
         e.local_pref = None;
         // MED is not passed on to another AS (RFC 4271 §5.1.4); our own is.
         if src != Source::Local {
@@ -1084,22 +1192,35 @@ fn export_attrs(
             e.originator_id.get_or_insert(originator);
             e.cluster_list.insert(0, cluster);
         }
-        if src == Source::Local {
-            // Next-hop-self for what we originate unless the announcement named one.
-            if e.next_hop.is_none() {
-                e.next_hop = Some(to.local_address);
-            }
-        }
     }
     e.as_path = Some(path);
-    if e.next_hop.is_none() {
-        e.next_hop = Some(to.local_address);
+    match next_hop_of(&e) {
+        // Next-hop-self for what we originate unless the announcement named one, and for
+        // what the peer could not use as it is.
+        Some(nh) if P::carries(to, &nh) => {
+            if let NextHop::V6 {
+                global,
+                link_local: Some(_),
+            } = nh
+                && nh != own
+            {
+                // A link-local next hop means something only on its own link (RFC 2545).
+                set_next_hop(
+                    &mut e,
+                    NextHop::V6 {
+                        global,
+                        link_local: None,
+                    },
+                );
+            }
+        }
+        _ => set_next_hop(&mut e, own),
     }
     Some(e)
 }
 
 /// Group changes by attributes (pointer identity: they are interned).
-fn group(changes: impl Iterator<Item = (Ipv4Prefix, Option<Attrs>)>) -> OutUpdate {
+fn group<P>(changes: impl Iterator<Item = (P, Option<Attrs>)>) -> OutUpdate<P> {
     let mut u = OutUpdate::default();
     let mut index: HashMap<*const PathAttributes, usize> = HashMap::new();
     for (p, a) in changes {

@@ -21,11 +21,11 @@
 //! attempted, connection closed).
 
 use std::collections::HashMap;
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::SystemTime;
 
 use bgp_wire::{
-    Decoded, Message, Open, SessionParams, Split, UpdateDecode, cease, decode_message,
+    Decoded, Family, Message, Open, SessionParams, Split, UpdateDecode, cease, decode_message,
     split_message,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -34,7 +34,7 @@ use tokio::sync::mpsc;
 use tokio::time::{Duration, Instant};
 
 use super::fsm::{Action, Event, Fsm, State, Timer};
-use super::rib::{OutUpdate, PeerId};
+use super::rib::{FamilyUpdate, OutUpdate, PeerId};
 use super::sockopt::Transport;
 
 /// Largest message plus a read's worth: the receive buffer never needs more.
@@ -52,18 +52,19 @@ const DEFAULT_STALL: Duration = Duration::from_secs(240);
 #[derive(Debug)]
 pub enum ToSession {
     /// Changes to advertise, computed for the session's `epoch`th Established period.
-    Routes { epoch: u64, update: OutUpdate },
+    Routes { epoch: u64, update: FamilyUpdate },
     /// The peer connected to our listener.
     Incoming(TcpStream),
     /// Leave: send Cease with this subcode and end the task.
     Stop { subcode: u8, reason: String },
     /// Leave for a graceful restart: close without a NOTIFICATION and end the task.
     Shutdown,
-    /// The initial routes of the `epoch`th Established period are all sent: End-of-RIB.
+    /// The initial routes of the `epoch`th Established period are all sent: End-of-RIB
+    /// for every negotiated family.
     EndOfRib { epoch: u64 },
-    /// The whole Adj-RIB-Out again, for the peer's ROUTE-REFRESH (framed by BoRR/EoRR when
-    /// enhanced route refresh was negotiated).
-    Refresh { epoch: u64, update: OutUpdate },
+    /// The whole Adj-RIB-Out of a family again, for the peer's ROUTE-REFRESH (framed by
+    /// BoRR/EoRR when enhanced route refresh was negotiated).
+    Refresh { epoch: u64, update: FamilyUpdate },
     /// Ask the peer to send its routes again (ROUTE-REFRESH).
     RequestRefresh,
 }
@@ -84,7 +85,13 @@ pub enum FromSession {
         id: PeerId,
         epoch: u64,
         remote_id: Ipv4Addr,
-        local_address: Ipv4Addr,
+        /// Our address on the connection.
+        local_address: IpAddr,
+        /// Families both sides offered.
+        ipv4: bool,
+        ipv6: bool,
+        /// The peer takes IPv4 routes with IPv6 next hops (RFC 8950).
+        peer_ext_next_hop: bool,
         /// The peer's restart time, when both sides offered graceful restart.
         peer_restart_time: Option<u16>,
     },
@@ -94,19 +101,32 @@ pub enum FromSession {
         epoch: u64,
         graceful: Option<u16>,
     },
-    /// The peer's End-of-RIB for IPv4 unicast.
-    EndOfRib { id: PeerId, epoch: u64 },
+    /// The peer's End-of-RIB for a family.
+    EndOfRib {
+        id: PeerId,
+        epoch: u64,
+        family: Family,
+    },
     /// A message from the peer was malformed beyond repair: the session is reset.
     MalformedReset { id: PeerId },
     /// The peer begins or ends an enhanced route refresh (RFC 7313).
-    RefreshMarker { id: PeerId, epoch: u64, begin: bool },
+    RefreshMarker {
+        id: PeerId,
+        epoch: u64,
+        family: Family,
+        begin: bool,
+    },
     Update {
         id: PeerId,
         epoch: u64,
         update: UpdateDecode,
     },
-    /// The peer asked for our routes again (ROUTE-REFRESH).
-    Refresh { id: PeerId, epoch: u64 },
+    /// The peer asked for our routes of a family again (ROUTE-REFRESH).
+    Refresh {
+        id: PeerId,
+        epoch: u64,
+        family: Family,
+    },
 }
 
 /// A colliding connection whose OPEN has been read.
@@ -250,19 +270,22 @@ impl Session {
                     Some(ToSession::Refresh { epoch, update }) => self.refresh(epoch, update),
                     Some(ToSession::RequestRefresh) => {
                         if self.fsm.state() == State::Established {
-                            let r = bgp_wire::RouteRefresh::new(
-                                bgp_wire::Family::IPV4_UNICAST,
-                                bgp_wire::RefreshSubtype::Normal,
-                            );
-                            self.send(&Message::RouteRefresh(r));
+                            for family in self.families() {
+                                let r = bgp_wire::RouteRefresh::new(
+                                    family,
+                                    bgp_wire::RefreshSubtype::Normal,
+                                );
+                                self.send(&Message::RouteRefresh(r));
+                            }
                         }
                     }
                     Some(ToSession::EndOfRib { epoch }) => {
-                        if self.fsm.state() == State::Established
-                            && epoch == self.epoch
-                            && let Some(u) = bgp_wire::Update::end_of_rib(bgp_wire::Family::IPV4_UNICAST)
-                        {
-                            self.send(&Message::Update(u));
+                        if self.fsm.state() == State::Established && epoch == self.epoch {
+                            for family in self.families() {
+                                if let Some(u) = bgp_wire::Update::end_of_rib(family) {
+                                    self.send(&Message::Update(u));
+                                }
+                            }
                         }
                     }
                     Some(ToSession::Routes { epoch, update }) => self.routes(epoch, update),
@@ -558,10 +581,11 @@ impl Session {
             Action::Established(n) => {
                 self.params = n.params;
                 self.epoch = self.epoch.wrapping_add(1);
-                let local_address = match self.stream.as_ref().and_then(|s| s.local_addr().ok()) {
-                    Some(SocketAddr::V4(a)) => *a.ip(),
-                    _ => Ipv4Addr::UNSPECIFIED,
-                };
+                let local_address = self
+                    .stream
+                    .as_ref()
+                    .and_then(|s| s.local_addr().ok())
+                    .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |a| a.ip().to_canonical());
                 tracing::info!(peer = %self.remote, hold = n.hold_time, "session established");
                 let _ = self
                     .to_speaker
@@ -570,6 +594,9 @@ impl Session {
                         epoch: self.epoch,
                         remote_id: n.remote_id,
                         local_address,
+                        ipv4: n.params.ipv4_unicast,
+                        ipv6: n.params.ipv6_unicast,
+                        peer_ext_next_hop: n.peer_ext_next_hop,
                         peer_restart_time: n.peer_restart_time,
                     })
                     .await;
@@ -586,14 +613,16 @@ impl Session {
                     })
                     .await;
             }
-            Action::Deliver(update)
-                if update.end_of_rib == Some(bgp_wire::Family::IPV4_UNICAST) =>
-            {
+            Action::Deliver(UpdateDecode {
+                end_of_rib: Some(family),
+                ..
+            }) => {
                 let _ = self
                     .to_speaker
                     .send(FromSession::EndOfRib {
                         id: self.id,
                         epoch: self.epoch,
+                        family,
                     })
                     .await;
             }
@@ -607,22 +636,24 @@ impl Session {
                     })
                     .await;
             }
-            Action::RefreshMarker { begin } => {
+            Action::RefreshMarker { family, begin } => {
                 let _ = self
                     .to_speaker
                     .send(FromSession::RefreshMarker {
                         id: self.id,
                         epoch: self.epoch,
+                        family,
                         begin,
                     })
                     .await;
             }
-            Action::Refresh => {
+            Action::Refresh(family) => {
                 let _ = self
                     .to_speaker
                     .send(FromSession::Refresh {
                         id: self.id,
                         epoch: self.epoch,
+                        family,
                     })
                     .await;
             }
@@ -653,17 +684,16 @@ impl Session {
 
     /// Answer a ROUTE-REFRESH: the routes, between BoRR and EoRR when enhanced route refresh
     /// was negotiated (RFC 7313 §4).
-    fn refresh(&mut self, epoch: u64, update: OutUpdate) {
+    fn refresh(&mut self, epoch: u64, update: FamilyUpdate) {
         if self.fsm.state() != State::Established || epoch != self.epoch {
             return;
         }
         let enhanced = self.fsm.negotiated().is_some_and(|n| n.enhanced_refresh);
-        let marker = |subtype| {
-            Message::RouteRefresh(bgp_wire::RouteRefresh::new(
-                bgp_wire::Family::IPV4_UNICAST,
-                subtype,
-            ))
+        let family = match &update {
+            FamilyUpdate::V4(_) => Family::IPV4_UNICAST,
+            FamilyUpdate::V6(_) => Family::IPV6_UNICAST,
         };
+        let marker = |subtype| Message::RouteRefresh(bgp_wire::RouteRefresh::new(family, subtype));
         if enhanced {
             self.send(&marker(bgp_wire::RefreshSubtype::Begin));
         }
@@ -673,7 +703,20 @@ impl Session {
         }
     }
 
-    fn routes(&mut self, epoch: u64, update: OutUpdate) {
+    /// The families negotiated on the current session.
+    fn families(&self) -> Vec<Family> {
+        let p = &self.params;
+        let mut v = Vec::with_capacity(2);
+        if p.ipv4_unicast {
+            v.push(Family::IPV4_UNICAST);
+        }
+        if p.ipv6_unicast {
+            v.push(Family::IPV6_UNICAST);
+        }
+        v
+    }
+
+    fn routes(&mut self, epoch: u64, update: FamilyUpdate) {
         if self.fsm.state() != State::Established || epoch != self.epoch || self.stream.is_none() {
             return;
         }
@@ -683,24 +726,12 @@ impl Session {
         // Packed straight into the write queue: a full table is megabytes, and a second
         // copy would raise the peak.
         let mut out = std::mem::take(&mut self.out);
-        if !update.withdraw.is_empty()
-            && let Err(e) = bgp_wire::pack::withdraw_ipv4(
-                &self.params,
-                update.withdraw.iter().copied(),
-                &mut out,
-            )
-        {
-            tracing::error!(peer = %self.remote, error = %e, "cannot encode withdrawals");
-        }
-        for (attrs, prefixes) in &update.announce {
-            if let Err(e) = bgp_wire::pack::announce_ipv4(
-                &self.params,
-                attrs,
-                prefixes.iter().copied(),
-                &mut out,
-            ) {
-                tracing::error!(peer = %self.remote, error = %e, "cannot encode announcements");
-            }
+        let result = match &update {
+            FamilyUpdate::V4(u) => pack_v4(&self.params, u, &mut out),
+            FamilyUpdate::V6(u) => pack_mp(&self.params, u, &mut out),
+        };
+        if let Err(e) = result {
+            tracing::error!(peer = %self.remote, error = %e, "cannot encode routes");
         }
         self.out = out;
     }
@@ -712,6 +743,53 @@ impl Session {
         })
         .await;
     }
+}
+
+/// IPv4 changes: the NLRI field with NEXT_HOP, or MP_REACH_NLRI for routes with an IPv6
+/// next hop (RFC 8950). Every group is tried; the first error is returned.
+fn pack_v4(
+    params: &SessionParams,
+    u: &OutUpdate<bgp_wire::Ipv4Prefix>,
+    out: &mut Vec<u8>,
+) -> Result<(), bgp_wire::EncodeError> {
+    let mut result = Ok(());
+    if !u.withdraw.is_empty() {
+        result = result
+            .and(bgp_wire::pack::withdraw_ipv4(params, u.withdraw.iter().copied(), out).map(drop));
+    }
+    for (attrs, prefixes) in &u.announce {
+        let r = match (attrs.next_hop, attrs.mp_next_hop) {
+            (None, Some(nh)) => {
+                bgp_wire::pack::announce_mp(params, attrs, nh, prefixes.iter().copied(), out)
+            }
+            _ => bgp_wire::pack::announce_ipv4(params, attrs, prefixes.iter().copied(), out),
+        };
+        result = result.and(r.map(drop));
+    }
+    result
+}
+
+/// Changes of a family that travels only in MP_REACH_NLRI / MP_UNREACH_NLRI (IPv6).
+fn pack_mp<P: bgp_wire::NlriPrefix>(
+    params: &SessionParams,
+    u: &OutUpdate<P>,
+    out: &mut Vec<u8>,
+) -> Result<(), bgp_wire::EncodeError> {
+    let mut result = Ok(());
+    if !u.withdraw.is_empty() {
+        result = result
+            .and(bgp_wire::pack::withdraw_mp(params, u.withdraw.iter().copied(), out).map(drop));
+    }
+    for (attrs, prefixes) in &u.announce {
+        let r = match attrs.mp_next_hop {
+            Some(nh) => {
+                bgp_wire::pack::announce_mp(params, attrs, nh, prefixes.iter().copied(), out)
+            }
+            None => Err(bgp_wire::EncodeError::Invalid("route without a next hop")),
+        };
+        result = result.and(r.map(drop));
+    }
+    result
 }
 
 /// Open a connection to `addr` with the peer's MD5 key and TTLs set before the SYN.

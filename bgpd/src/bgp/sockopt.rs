@@ -97,6 +97,12 @@ pub fn save_syns(fd: BorrowedFd<'_>) -> io::Result<()> {
     set_int(fd, libc::IPPROTO_TCP, libc::TCP_SAVE_SYN, 1)
 }
 
+/// An IPv6 socket that takes IPv6 only (IPv4 has its own listener, whatever the host's
+/// `bindv6only` default).
+pub fn set_v6only(fd: BorrowedFd<'_>) -> io::Result<()> {
+    set_int(fd, libc::IPPROTO_IPV6, libc::IPV6_V6ONLY, 1)
+}
+
 /// The TTL (hop limit) of the SYN that opened an accepted connection, if it was saved.
 pub fn syn_ttl(fd: BorrowedFd<'_>) -> io::Result<Option<u8>> {
     let mut buf = [0u8; 512];

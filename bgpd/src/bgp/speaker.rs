@@ -17,21 +17,26 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::hash::BuildHasherDefault;
-use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::SystemTime;
 
-use bgp_wire::{Asn, Community, Disposition, Ipv4Prefix, Origin, PathAttributes, Prefix, cease};
+use bgp_wire::{
+    Asn, Community, Disposition, Family, Ipv4Prefix, Ipv6Prefix, NextHop, Origin, PathAttributes,
+    Prefix, cease,
+};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
 
 use std::sync::Arc;
 
-use ipnet::{IpNet, Ipv4Net};
+use ipnet::IpNet;
 use proto::v1 as pb;
 
 use super::fsm::{Fsm, FsmConfig, State};
 use super::policy::{KernelVia, PeerClass, Policy};
-use super::rib::{OutUpdate, PeerId, PeerInfo, PrefixHasher, Rib, Route, Source};
+use super::rib::{
+    OutUpdate, PeerId, PeerInfo, PrefixHasher, Rib, RibPrefix, Route, Source, next_hop_addr,
+};
 use super::session::{FromSession, Session, ToSession};
 use super::sockopt::{self, Transport};
 
@@ -43,7 +48,7 @@ const YIELD_AFTER: std::time::Duration = std::time::Duration::from_millis(2);
 #[derive(Debug, thiserror::Error)]
 pub enum SpeakerError {
     #[error("peer {0} already exists; delete it first")]
-    PeerExists(Ipv4Addr),
+    PeerExists(IpAddr),
     #[error("no peer {0}")]
     NoPeer(String),
     #[error(
@@ -59,7 +64,11 @@ pub enum SpeakerError {
     #[error("the BGP speaker has stopped")]
     Stopped,
     #[error("{0} is not announced by this node")]
-    NotAnnounced(Ipv4Prefix),
+    NotAnnounced(Prefix),
+    #[error(
+        "next hop {next_hop} cannot be used for {prefix}: give an IPv6 next hop for IPv6 routes"
+    )]
+    NextHopFamily { prefix: Prefix, next_hop: IpAddr },
 }
 
 /// Where a peer comes from; the cluster brain manages only its own kinds.
@@ -85,10 +94,39 @@ impl PeerOrigin {
     }
 }
 
+/// The address families a session carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Families {
+    pub ipv4: bool,
+    pub ipv6: bool,
+}
+
+impl Families {
+    /// The session's own family only (BIRD's and FRR's default: a channel per session
+    /// family).
+    pub fn of(address: IpAddr) -> Self {
+        Families {
+            ipv4: address.is_ipv4(),
+            ipv6: address.is_ipv6(),
+        }
+    }
+
+    fn list(self) -> Vec<Family> {
+        let mut v = Vec::with_capacity(2);
+        if self.ipv4 {
+            v.push(Family::IPV4_UNICAST);
+        }
+        if self.ipv6 {
+            v.push(Family::IPV6_UNICAST);
+        }
+        v
+    }
+}
+
 /// How a peer was configured.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PeerSpec {
-    pub address: Ipv4Addr,
+    pub address: IpAddr,
     pub asn: Asn,
     pub passive: bool,
     pub port: u16,
@@ -111,6 +149,10 @@ pub struct PeerSpec {
     pub max_prefixes_restart: Option<u16>,
     /// Graceful restart (RFC 4724), both roles; `None`: off for this peer.
     pub graceful_restart: Option<GracefulRestart>,
+    /// IPv4 and/or IPv6 unicast. IPv4 on an IPv6 session offers the extended next hop
+    /// capability (RFC 8950); IPv6 on an IPv4 session uses the node's IPv6 address as our
+    /// next hop.
+    pub families: Families,
 }
 
 /// Graceful restart times of a peer.
@@ -137,9 +179,11 @@ impl Default for GracefulRestart {
 const PREFIX_WARN_PERCENT: u64 = 75;
 
 impl PeerSpec {
-    pub fn new(address: Ipv4Addr, asn: Asn) -> Self {
+    pub fn new(address: impl Into<IpAddr>, asn: Asn) -> Self {
+        let address = address.into();
         PeerSpec {
             address,
+            families: Families::of(address),
             asn,
             passive: false,
             port: 179,
@@ -160,7 +204,7 @@ impl PeerSpec {
     pub fn name(&self) -> String {
         match &self.label {
             Some(l) => l.clone(),
-            None => format!("peer_{}", self.address.to_string().replace('.', "_")),
+            None => format!("peer_{}", self.address.to_string().replace(['.', ':'], "_")),
         }
     }
 }
@@ -201,16 +245,41 @@ pub enum Table {
 /// A route to announce from this node.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Announcement {
-    pub prefix: Ipv4Prefix,
-    pub next_hop: Option<Ipv4Addr>,
+    pub prefix: Prefix,
+    pub next_hop: Option<IpAddr>,
     pub communities: Vec<Community>,
+}
+
+impl Announcement {
+    /// The attributes we originate it with; the next hop is set per peer unless given.
+    fn attrs(&self) -> Result<PathAttributes, SpeakerError> {
+        let mut attrs = PathAttributes {
+            origin: Some(Origin::Igp),
+            communities: self.communities.clone(),
+            ..PathAttributes::default()
+        };
+        match (self.prefix, self.next_hop) {
+            (_, None) => {}
+            (Prefix::V4(_), Some(IpAddr::V4(a))) => attrs.next_hop = Some(a),
+            (_, Some(IpAddr::V6(global))) => {
+                attrs.mp_next_hop = Some(NextHop::V6 {
+                    global,
+                    link_local: None,
+                })
+            }
+            (prefix @ Prefix::V6(_), Some(next_hop)) => {
+                return Err(SpeakerError::NextHopFamily { prefix, next_hop });
+            }
+        }
+        Ok(attrs)
+    }
 }
 
 /// A route with where it came from, for listings.
 #[derive(Debug, Clone)]
 pub struct ListedRoute {
-    pub route: Route,
-    pub from_peer: Option<Ipv4Addr>,
+    pub route: Route<Prefix>,
+    pub from_peer: Option<IpAddr>,
     pub best: bool,
     /// Kept from before the peer's graceful restart, not refreshed yet.
     pub stale: bool,
@@ -218,14 +287,14 @@ pub struct ListedRoute {
 
 enum Command {
     AddPeer(PeerSpec, oneshot::Sender<Result<(), SpeakerError>>),
-    DeletePeer(Ipv4Addr, oneshot::Sender<Result<(), SpeakerError>>),
+    DeletePeer(IpAddr, oneshot::Sender<Result<(), SpeakerError>>),
     ListPeers(oneshot::Sender<Vec<PeerStatus>>),
     Routes {
         table: Table,
-        peer: Option<Ipv4Addr>,
+        peer: Option<IpAddr>,
         reply: oneshot::Sender<Result<Vec<ListedRoute>, SpeakerError>>,
     },
-    Announce(Announcement, oneshot::Sender<()>),
+    Announce(Announcement, oneshot::Sender<Result<(), SpeakerError>>),
     SetPolicy(Arc<Policy>, Option<Ipv4Addr>, oneshot::Sender<()>),
     GetPolicy(oneshot::Sender<Arc<Policy>>),
     Reconfigure {
@@ -233,15 +302,15 @@ enum Command {
         listen_port: u16,
         reply: oneshot::Sender<Result<(), SpeakerError>>,
     },
-    Withdraw(Ipv4Prefix, oneshot::Sender<Result<(), SpeakerError>>),
+    Withdraw(Prefix, oneshot::Sender<Result<(), SpeakerError>>),
     Accepted(TcpStream, SocketAddr),
     /// The restart time after a prefix-limit stop has passed.
-    RestartAfterLimit(Ipv4Addr, PeerId),
+    RestartAfterLimit(IpAddr, PeerId),
     /// A graceful-restart timer of a peer ran out (restart time or stale-path time).
-    GrExpired(Ipv4Addr, PeerId, u64),
+    GrExpired(IpAddr, PeerId, u64),
     /// Ask a peer to send its routes again.
     RequestRefresh {
-        addr: Ipv4Addr,
+        addr: IpAddr,
         outbound: bool,
         reply: oneshot::Sender<Result<(), SpeakerError>>,
     },
@@ -273,7 +342,7 @@ impl SpeakerHandle {
         self.ask(|r| Command::AddPeer(spec, r)).await?
     }
 
-    pub async fn delete_peer(&self, address: Ipv4Addr) -> Result<(), SpeakerError> {
+    pub async fn delete_peer(&self, address: IpAddr) -> Result<(), SpeakerError> {
         self.ask(|r| Command::DeletePeer(address, r)).await?
     }
 
@@ -284,17 +353,17 @@ impl SpeakerHandle {
     pub async fn routes(
         &self,
         table: Table,
-        peer: Option<Ipv4Addr>,
+        peer: Option<IpAddr>,
     ) -> Result<Vec<ListedRoute>, SpeakerError> {
         self.ask(|reply| Command::Routes { table, peer, reply })
             .await?
     }
 
     pub async fn announce(&self, a: Announcement) -> Result<(), SpeakerError> {
-        self.ask(|r| Command::Announce(a, r)).await
+        self.ask(|r| Command::Announce(a, r)).await?
     }
 
-    pub async fn withdraw(&self, prefix: Ipv4Prefix) -> Result<(), SpeakerError> {
+    pub async fn withdraw(&self, prefix: Prefix) -> Result<(), SpeakerError> {
         self.ask(|r| Command::Withdraw(prefix, r)).await?
     }
 
@@ -311,7 +380,7 @@ impl SpeakerHandle {
 
     /// Ask a peer to send its routes again (ROUTE-REFRESH; with enhanced route refresh,
     /// routes it does not re-advertise are removed), or with `outbound` send it ours again.
-    pub async fn refresh(&self, addr: Ipv4Addr, outbound: bool) -> Result<(), SpeakerError> {
+    pub async fn refresh(&self, addr: IpAddr, outbound: bool) -> Result<(), SpeakerError> {
         self.ask(|reply| Command::RequestRefresh {
             addr,
             outbound,
@@ -347,8 +416,12 @@ impl SpeakerHandle {
 pub struct SpeakerConfig {
     pub local_as: Asn,
     pub router_id: Ipv4Addr,
-    /// Where to listen; bound when the first peer is added (port 0: never listen).
+    /// Where to listen; bound when the first peer is added (port 0: never listen). With the
+    /// unspecified IPv4 address, IPv6 is listened on as well (`[::]`, IPv6 only).
     pub listen: SocketAddr,
+    /// The node's IPv6 address: our next hop for IPv6 routes on IPv4 sessions (without
+    /// it, the IPv4-mapped address of the session, as FRR does).
+    pub ipv6_next_hop: Option<Ipv6Addr>,
     /// Told the kernel routes the policy derives from the Loc-RIB.
     pub kernel: Option<Arc<dyn KernelSink>>,
 }
@@ -370,6 +443,8 @@ struct PeerEntry {
     remote_id: Option<Ipv4Addr>,
     /// The Established period the RIB holds routes for, if any.
     epoch: Option<u64>,
+    /// The families negotiated in that period.
+    up: Families,
     /// The peer passed its prefix limit: its session is stopped (restarted later if
     /// configured).
     limit_hit: bool,
@@ -380,38 +455,55 @@ struct PeerEntry {
     malformed: Malformed,
 }
 
+/// A listening socket and its accept task.
+struct Listener {
+    task: tokio::task::JoinHandle<()>,
+    /// For per-peer MD5 keys (accepted connections inherit them).
+    fd: Option<std::os::fd::OwnedFd>,
+    ipv6: bool,
+}
+
 struct Speaker {
     config: SpeakerConfig,
-    rib: Rib,
-    peers: BTreeMap<Ipv4Addr, PeerEntry>,
-    by_id: BTreeMap<PeerId, Ipv4Addr>,
+    /// One RIB per family; a peer is in the RIB of each family its session negotiated.
+    rib: Rib<Ipv4Prefix>,
+    rib6: Rib<Ipv6Prefix>,
+    peers: BTreeMap<IpAddr, PeerEntry>,
+    by_id: BTreeMap<PeerId, IpAddr>,
     next_id: u32,
-    /// The running listener task, to rebind when the port changes.
-    listener: Option<tokio::task::JoinHandle<()>>,
-    /// The listening socket, for per-peer MD5 keys (accepted connections inherit them).
-    listener_fd: Option<std::os::fd::OwnedFd>,
+    /// The running listeners (IPv4, and IPv6 where it can be bound), to rebind when the
+    /// port changes.
+    listeners: Vec<Listener>,
     self_tx: mpsc::Sender<Command>,
     from_sessions: mpsc::Sender<FromSession>,
     /// Prefixes the kernel sink holds a route for (told to it, not withdrawn since).
-    in_kernel: HashSet<Ipv4Prefix, BuildHasherDefault<PrefixHasher>>,
+    in_kernel: HashSet<Prefix, BuildHasherDefault<PrefixHasher>>,
+}
+
+/// The RIBs of a speaker in AS `local_as`.
+fn new_ribs(config: &SpeakerConfig, local_as: Asn) -> (Rib<Ipv4Prefix>, Rib<Ipv6Prefix>) {
+    let mut rib = Rib::new(local_as, config.router_id);
+    let mut rib6 = Rib::new(local_as, config.router_id);
+    if config.kernel.is_some() {
+        rib.track_loc_changes();
+        rib6.track_loc_changes();
+    }
+    (rib, rib6)
 }
 
 /// Start the speaker task; peers and announcements are added through the handle.
 pub fn start(config: SpeakerConfig) -> SpeakerHandle {
     let (tx, rx) = mpsc::channel(QUEUE);
     let (stx, srx) = mpsc::channel(QUEUE);
-    let mut rib = Rib::new(config.local_as, config.router_id);
-    if config.kernel.is_some() {
-        rib.track_loc_changes();
-    }
+    let (rib, rib6) = new_ribs(&config, config.local_as);
     let speaker = Speaker {
         rib,
+        rib6,
         config,
         peers: BTreeMap::new(),
         by_id: BTreeMap::new(),
         next_id: 1,
-        listener: None,
-        listener_fd: None,
+        listeners: Vec::new(),
         self_tx: tx.clone(),
         from_sessions: stx,
         in_kernel: HashSet::default(),
@@ -470,7 +562,9 @@ impl Speaker {
                     .peers
                     .values()
                     .map(|p| {
-                        let (received, accepted, advertised) = self.rib.counts(p.id);
+                        let (r4, a4, o4) = self.rib.counts(p.id);
+                        let (r6, a6, o6) = self.rib6.counts(p.id);
+                        let (received, accepted, advertised) = (r4 + r6, a4 + a6, o4 + o6);
                         PeerStatus {
                             spec: p.spec.clone(),
                             state: p.state,
@@ -490,7 +584,9 @@ impl Speaker {
                 let _ = reply.send(self.list(table, peer));
             }
             Command::SetPolicy(policy, cluster_id, reply) => {
-                let out = self.rib.set_policy(policy, cluster_id);
+                let out = self.rib.set_policy(policy.clone(), cluster_id);
+                self.distribute(out);
+                let out = self.rib6.set_policy(policy, cluster_id);
                 self.distribute(out);
                 self.publish_kernel(true);
                 let _ = reply.send(());
@@ -506,24 +602,24 @@ impl Speaker {
                 let _ = reply.send(self.reconfigure(local_as, listen_port).await);
             }
             Command::Announce(a, reply) => {
-                let attrs = PathAttributes {
-                    origin: Some(Origin::Igp),
-                    next_hop: a.next_hop,
-                    communities: a.communities,
-                    ..PathAttributes::default()
-                };
-                let out = self.rib.announce(a.prefix, attrs);
-                self.distribute(out);
-                let _ = reply.send(());
+                let r = a.attrs().map(|attrs| match a.prefix {
+                    Prefix::V4(p) => {
+                        let out = self.rib.announce(p, attrs);
+                        self.distribute(out);
+                    }
+                    Prefix::V6(p) => {
+                        let out = self.rib6.announce(p, attrs);
+                        self.distribute(out);
+                    }
+                });
+                let _ = reply.send(r);
             }
             Command::Withdraw(prefix, reply) => {
-                let r = match self.rib.withdraw(prefix) {
-                    Some(out) => {
-                        self.distribute(out);
-                        Ok(())
-                    }
-                    None => Err(SpeakerError::NotAnnounced(prefix)),
+                let done = match prefix {
+                    Prefix::V4(p) => self.rib.withdraw(p).map(|out| self.distribute(out)),
+                    Prefix::V6(p) => self.rib6.withdraw(p).map(|out| self.distribute(out)),
                 };
+                let r = done.ok_or(SpeakerError::NotAnnounced(prefix));
                 let _ = reply.send(r);
             }
             Command::RequestRefresh {
@@ -534,8 +630,9 @@ impl Speaker {
                 let r = match self.peers.get(&addr) {
                     Some(p) if outbound => {
                         if let Some(epoch) = p.epoch {
-                            let update = self.rib.refresh(p.id);
-                            let _ = p.tx.send(ToSession::Refresh { epoch, update });
+                            for family in p.up.list() {
+                                self.send_refresh(p, epoch, family);
+                            }
                         }
                         Ok(())
                     }
@@ -551,12 +648,11 @@ impl Speaker {
                 let Some(p) = self.peers.get(&addr) else {
                     return;
                 };
-                if p.id != id || p.gr_token != token || !self.rib.has_stale(id) {
+                if p.id != id || p.gr_token != token || !self.has_stale(id) {
                     return;
                 }
                 tracing::info!(peer = %addr, "graceful restart time ran out: stale routes removed");
-                let out = self.rib.sweep_stale(id);
-                self.distribute(out);
+                self.sweep_stale(id, None);
             }
             Command::Shutdown(reply) => {
                 for p in self.peers.values() {
@@ -588,8 +684,7 @@ impl Speaker {
                 tracing::info!(peer = %addr, "restarting the session after its prefix limit");
             }
             Command::Accepted(stream, from) => {
-                let SocketAddr::V4(v4) = from else { return };
-                match self.peers.get_mut(v4.ip()) {
+                match self.peers.get_mut(&from.ip().to_canonical()) {
                     Some(p) => {
                         use std::os::fd::AsFd;
                         // GTSM: judge the peer by its SYN, before any of its data is read.
@@ -615,8 +710,7 @@ impl Speaker {
         }
     }
 
-    fn list(&self, table: Table, peer: Option<Ipv4Addr>) -> Result<Vec<ListedRoute>, SpeakerError> {
-        let addr_of = |id: PeerId| self.by_id.get(&id).copied();
+    fn list(&self, table: Table, peer: Option<IpAddr>) -> Result<Vec<ListedRoute>, SpeakerError> {
         let peer_id = match (table, peer) {
             (Table::Loc, _) => None,
             (_, Some(a)) => Some(
@@ -627,74 +721,103 @@ impl Speaker {
             ),
             (_, None) => return Err(SpeakerError::NoPeer("(none given)".into())),
         };
-        let routes = match (table, peer_id) {
-            (Table::Loc, _) | (_, None) => self
-                .rib
+        let mut routes = self.list_family(&self.rib, table, peer_id);
+        routes.extend(self.list_family(&self.rib6, table, peer_id));
+        Ok(routes)
+    }
+
+    /// One family's part of a listing.
+    fn list_family<P: RibPrefix>(
+        &self,
+        rib: &Rib<P>,
+        table: Table,
+        peer_id: Option<PeerId>,
+    ) -> Vec<ListedRoute> {
+        let addr_of = |id: PeerId| self.by_id.get(&id).copied();
+        let any = |r: Route<P>| Route {
+            prefix: r.prefix.any(),
+            source: r.source,
+            attrs: r.attrs,
+        };
+        match (table, peer_id) {
+            (Table::Loc, _) | (_, None) => rib
                 .loc_rib()
                 .map(|r| {
                     let (from_peer, stale) = match r.source {
-                        super::rib::Source::Peer(id) => {
-                            (addr_of(id), self.rib.is_stale(id, &r.prefix))
-                        }
-                        super::rib::Source::Local => (None, false),
+                        Source::Peer(id) => (addr_of(id), rib.is_stale(id, &r.prefix)),
+                        Source::Local => (None, false),
                     };
                     ListedRoute {
-                        route: r,
+                        route: any(r),
                         from_peer,
                         best: true,
                         stale,
                     }
                 })
                 .collect(),
-            (Table::AdjIn, Some(id)) => self
-                .rib
+            (Table::AdjIn, Some(id)) => rib
                 .adj_in(id)
                 .into_iter()
                 .map(|r| {
-                    let best = self.rib.best(&r.prefix).is_some_and(|(s, _)| s == r.source);
-                    let stale = self.rib.is_stale(id, &r.prefix);
+                    let best = rib.best(&r.prefix).is_some_and(|(s, _)| s == r.source);
+                    let stale = rib.is_stale(id, &r.prefix);
                     ListedRoute {
-                        route: r,
+                        route: any(r),
                         from_peer: addr_of(id),
                         best,
                         stale,
                     }
                 })
                 .collect(),
-            (Table::AdjOut, Some(id)) => self
-                .rib
+            (Table::AdjOut, Some(id)) => rib
                 .adj_out(id)
                 .into_iter()
                 .map(|r| ListedRoute {
-                    route: r,
+                    route: any(r),
                     from_peer: None,
                     best: true,
                     stale: false,
                 })
                 .collect(),
-        };
-        Ok(routes)
+        }
     }
 
     async fn ensure_listening(&mut self) -> Result<(), SpeakerError> {
-        if self.listener.is_some() || self.config.listen.port() == 0 {
+        if !self.listeners.is_empty() || self.config.listen.port() == 0 {
             return Ok(());
         }
         let addr = self.config.listen;
         let listener = bind(addr).map_err(|source| SpeakerError::Listen { addr, source })?;
-        {
-            use std::os::fd::AsFd;
-            self.listener_fd = listener.as_fd().try_clone_to_owned().ok();
-            if let Err(e) = sockopt::save_syns(listener.as_fd()) {
-                tracing::warn!(error = %e, "cannot keep SYNs: TTL security (GTSM) is checked only after a connection's first bytes");
+        self.spawn_listener(listener, addr.is_ipv6());
+        tracing::info!(%addr, "BGP listening");
+        if addr.ip() == IpAddr::V4(Ipv4Addr::UNSPECIFIED) {
+            // IPv6 peers too; a host without IPv6 only loses them.
+            let addr6 = SocketAddr::from((Ipv6Addr::UNSPECIFIED, addr.port()));
+            match bind(addr6) {
+                Ok(l) => {
+                    self.spawn_listener(l, true);
+                    tracing::info!(addr = %addr6, "BGP listening");
+                }
+                Err(e) => {
+                    tracing::warn!(addr = %addr6, error = %e, "cannot listen for BGP on IPv6; IPv6 peers must connect out")
+                }
             }
         }
         let specs: Vec<PeerSpec> = self.peers.values().map(|p| p.spec.clone()).collect();
         for spec in &specs {
             self.listener_key(spec, true);
         }
+        Ok(())
+    }
+
+    fn spawn_listener(&mut self, listener: TcpListener, ipv6: bool) {
+        use std::os::fd::AsFd;
+        let fd = listener.as_fd().try_clone_to_owned().ok();
+        if let Err(e) = sockopt::save_syns(listener.as_fd()) {
+            tracing::warn!(error = %e, "cannot keep SYNs: TTL security (GTSM) is checked only after a connection's first bytes");
+        }
         let tx = self.self_tx.clone();
-        self.listener = Some(tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             loop {
                 match listener.accept().await {
                     Ok((s, from)) => {
@@ -708,9 +831,8 @@ impl Speaker {
                     }
                 }
             }
-        }));
-        tracing::info!(%addr, "BGP listening");
-        Ok(())
+        });
+        self.listeners.push(Listener { task, fd, ipv6 });
     }
 
     async fn add_peer(&mut self, spec: PeerSpec) -> Result<(), SpeakerError> {
@@ -738,6 +860,10 @@ impl Speaker {
                 last_error: None,
                 remote_id: None,
                 epoch: None,
+                up: Families {
+                    ipv4: false,
+                    ipv6: false,
+                },
                 limit_hit: false,
                 limit_warned: false,
                 gr_token: 0,
@@ -759,10 +885,18 @@ impl Speaker {
         fc.connect_retry = std::time::Duration::from_millis(500);
         fc.connect_retry_max = std::time::Duration::from_secs(5);
         fc.graceful_restart = spec.graceful_restart.map(|g| g.restart_time);
-        fc.jitter_seed =
-            u64::from(u32::from(spec.address)) ^ u64::from(u32::from(self.config.router_id)) << 32;
+        fc.families = spec.families.list();
+        fc.ext_next_hop = spec.address.is_ipv6() && spec.families.ipv4;
+        let addr_bits = match spec.address {
+            IpAddr::V4(a) => u64::from(u32::from(a)),
+            IpAddr::V6(a) => {
+                let b = u128::from(a);
+                (b as u64) ^ ((b >> 64) as u64)
+            }
+        };
+        fc.jitter_seed = addr_bits ^ u64::from(u32::from(self.config.router_id)) << 32;
         let (tx, rx) = mpsc::unbounded_channel();
-        let remote = SocketAddr::V4(SocketAddrV4::new(spec.address, spec.port));
+        let remote = SocketAddr::new(spec.address, spec.port);
         let session = Session::new(id, remote, Fsm::new(fc), self.from_sessions.clone())
             .with_transport(spec.transport.clone());
         tokio::spawn(session.run(rx));
@@ -770,7 +904,7 @@ impl Speaker {
     }
 
     /// In `secs`, sweep the peer's stale routes unless something happened since (`token`).
-    fn gr_timer(&self, addr: Ipv4Addr, id: PeerId, token: u64, secs: u16) {
+    fn gr_timer(&self, addr: IpAddr, id: PeerId, token: u64, secs: u16) {
         let tx = self.self_tx.clone();
         tokio::spawn(async move {
             tokio::time::sleep(std::time::Duration::from_secs(u64::from(secs))).await;
@@ -778,9 +912,10 @@ impl Speaker {
         });
     }
 
-    /// After an UPDATE: warn near the peer's prefix limit, stop the session above it.
+    /// After an UPDATE: warn near the peer's prefix limit, stop the session above it. The
+    /// limit applies to each family (BIRD's per-channel receive limit).
     fn check_prefix_limit(&mut self, id: PeerId) {
-        let held = self.rib.adj_in_len(id) as u64;
+        let held = self.rib.adj_in_len(id).max(self.rib6.adj_in_len(id)) as u64;
         let Some(addr) = self.by_id.get(&id).copied() else {
             return;
         };
@@ -814,8 +949,7 @@ impl Speaker {
                     let _ = tx.send(Command::RestartAfterLimit(addr, id)).await;
                 });
             }
-            let out = self.rib.peer_down(id);
-            self.distribute(out);
+            self.peer_down(id);
         } else if !p.limit_warned && held * 100 >= max * PREFIX_WARN_PERCENT {
             p.limit_warned = true;
             tracing::warn!(peer = %addr, held, max, "peer is at {PREFIX_WARN_PERCENT}% of its prefix limit");
@@ -824,23 +958,28 @@ impl Speaker {
 
     /// Install (or remove) a peer's MD5 key on the listening socket.
     fn listener_key(&self, spec: &PeerSpec, install: bool) {
-        let (Some(fd), Some(p)) = (self.listener_fd.as_ref(), spec.transport.password.as_ref())
-        else {
+        let Some(p) = spec.transport.password.as_ref() else {
             return;
         };
         use std::os::fd::AsFd;
         let key = install.then(|| p.as_bytes());
-        if let Err(e) = sockopt::set_md5(fd.as_fd(), spec.address.into(), key) {
-            tracing::warn!(peer = %spec.address, error = %e, "cannot set the TCP MD5 key on the BGP listener");
+        for l in &self.listeners {
+            let Some(fd) = l.fd.as_ref().filter(|_| l.ipv6 == spec.address.is_ipv6()) else {
+                continue;
+            };
+            if let Err(e) = sockopt::set_md5(fd.as_fd(), spec.address, key) {
+                tracing::warn!(peer = %spec.address, error = %e, "cannot set the TCP MD5 key on the BGP listener");
+            }
         }
     }
 
     async fn reconfigure(&mut self, local_as: Asn, listen_port: u16) -> Result<(), SpeakerError> {
         if listen_port != self.config.listen.port() {
-            if let Some(l) = self.listener.take() {
-                self.listener_fd = None;
-                l.abort();
-                // Let the aborted task drop its socket before binding the new port.
+            if !self.listeners.is_empty() {
+                for l in self.listeners.drain(..) {
+                    l.task.abort();
+                }
+                // Let the aborted tasks drop their sockets before binding the new port.
                 tokio::task::yield_now().await;
             }
             self.config.listen.set_port(listen_port);
@@ -854,15 +993,17 @@ impl Speaker {
             for s in &specs {
                 let _ = self.delete_peer(s.address);
             }
-            let mut rib = Rib::new(local_as, self.config.router_id);
-            if self.config.kernel.is_some() {
-                rib.track_loc_changes();
-            }
+            let (mut rib, mut rib6) = new_ribs(&self.config, local_as);
             let _ = rib.set_policy(self.rib.policy().clone(), self.rib.cluster_id());
+            let _ = rib6.set_policy(self.rib.policy().clone(), self.rib.cluster_id());
             for (prefix, attrs) in self.rib.local_routes() {
                 let _ = rib.announce(prefix, attrs);
             }
+            for (prefix, attrs) in self.rib6.local_routes() {
+                let _ = rib6.announce(prefix, attrs);
+            }
             self.rib = rib;
+            self.rib6 = rib6;
             self.config.local_as = local_as;
             self.publish_kernel(true);
             for s in specs {
@@ -873,28 +1014,32 @@ impl Speaker {
         Ok(())
     }
 
-    /// Tell the kernel sink what changed in the Loc-RIB (everything, with `replace`).
+    /// Tell the kernel sink what changed in the Loc-RIBs (everything, with `replace`).
     fn publish_kernel(&mut self, replace: bool) {
         let Some(sink) = self.config.kernel.clone() else {
             return;
         };
-        let changed = self.rib.take_loc_changes();
+        let changed: Vec<Prefix> = (self.rib.take_loc_changes().into_iter().map(Prefix::V4))
+            .chain(self.rib6.take_loc_changes().into_iter().map(Prefix::V6))
+            .collect();
         if !replace && self.in_kernel.is_empty() && !self.rib.policy().programs_any() {
             // Nothing is programmed and nothing can be: no route to look at (a full table
             // from a peer whose routes policy keeps out of the kernel costs nothing here).
             return;
         }
-        let prefixes: Vec<Ipv4Prefix> = if replace {
-            self.rib.loc_rib().map(|r| r.prefix).collect()
+        let prefixes: Vec<Prefix> = if replace {
+            (self.rib.loc_rib().map(|r| r.prefix.any()))
+                .chain(self.rib6.loc_rib().map(|r| r.prefix.any()))
+                .collect()
         } else {
             changed
         };
         if prefixes.is_empty() && !replace {
             return;
         }
-        let items: Vec<(Ipv4Prefix, Option<pb::DesiredItem>)> = prefixes
+        let items: Vec<(Prefix, Option<pb::DesiredItem>)> = prefixes
             .into_iter()
-            .map(|p| (p, self.kernel_item(&p)))
+            .map(|p| (p, self.kernel_item(p)))
             .collect();
         if replace {
             self.in_kernel.clear();
@@ -911,10 +1056,10 @@ impl Speaker {
             if item.is_none() && (replace || !was) {
                 continue;
             }
-            let Ok(net) = Ipv4Net::new(p.addr(), p.prefix_len()) else {
+            let Ok(net) = IpNet::new(p.addr(), p.prefix_len()) else {
                 continue;
             };
-            changes.push((IpNet::V4(net), item));
+            changes.push((net, item));
         }
         if changes.is_empty() && !replace {
             return;
@@ -923,10 +1068,13 @@ impl Speaker {
     }
 
     /// The kernel route the policy derives from the best route for `p`, if any.
-    fn kernel_item(&self, p: &Ipv4Prefix) -> Option<pb::DesiredItem> {
-        let (src, attrs) = self.rib.best(p)?;
+    fn kernel_item(&self, p: Prefix) -> Option<pb::DesiredItem> {
+        let (src, attrs) = match p {
+            Prefix::V4(q) => self.rib.best(&q)?,
+            Prefix::V6(q) => self.rib6.best(&q)?,
+        };
         let Source::Peer(q) = src else { return None };
-        let next_hop = attrs.next_hop?;
+        let next_hop = next_hop_addr(attrs)?;
         let (via, reason) =
             self.rib
                 .policy()
@@ -953,7 +1101,42 @@ impl Speaker {
         })
     }
 
-    fn delete_peer(&mut self, addr: Ipv4Addr) -> Result<(), SpeakerError> {
+    /// Whether the peer has routes kept through a graceful restart, in any family.
+    fn has_stale(&self, id: PeerId) -> bool {
+        self.rib.has_stale(id) || self.rib6.has_stale(id)
+    }
+
+    /// Drop the peer's stale routes of one family (its End-of-RIB) or all.
+    fn sweep_stale(&mut self, id: PeerId, family: Option<Family>) {
+        if family.is_none_or(|f| f == Family::IPV4_UNICAST) {
+            let out = self.rib.sweep_stale(id);
+            self.distribute(out);
+        }
+        if family.is_none_or(|f| f == Family::IPV6_UNICAST) {
+            let out = self.rib6.sweep_stale(id);
+            self.distribute(out);
+        }
+    }
+
+    /// The peer's routes leave every table.
+    fn peer_down(&mut self, id: PeerId) {
+        let out = self.rib.peer_down(id);
+        self.distribute(out);
+        let out = self.rib6.peer_down(id);
+        self.distribute(out);
+    }
+
+    /// Send a peer its Adj-RIB-Out of `family` again.
+    fn send_refresh(&self, p: &PeerEntry, epoch: u64, family: Family) {
+        let update = if family == Family::IPV6_UNICAST {
+            Ipv6Prefix::family_update(self.rib6.refresh(p.id))
+        } else {
+            Ipv4Prefix::family_update(self.rib.refresh(p.id))
+        };
+        let _ = p.tx.send(ToSession::Refresh { epoch, update });
+    }
+
+    fn delete_peer(&mut self, addr: IpAddr) -> Result<(), SpeakerError> {
         let p = self
             .peers
             .remove(&addr)
@@ -964,8 +1147,7 @@ impl Speaker {
             subcode: cease::PEER_DECONFIGURED,
             reason: "peer deleted".into(),
         });
-        let out = self.rib.peer_down(p.id);
-        self.distribute(out);
+        self.peer_down(p.id);
         tracing::info!(peer = %addr, "BGP peer deleted");
         Ok(())
     }
@@ -991,35 +1173,52 @@ impl Speaker {
                 epoch,
                 remote_id,
                 local_address,
+                ipv4,
+                ipv6,
+                peer_ext_next_hop,
                 peer_restart_time,
             } => {
+                let ipv6_next_hop = self.config.ipv6_next_hop;
                 let Some(p) = self.entry(id) else { return };
                 p.epoch = Some(epoch);
+                p.up = Families { ipv4, ipv6 };
                 p.remote_id = Some(remote_id);
                 p.gr_token = p.gr_token.wrapping_add(1);
                 let (token, addr) = (p.gr_token, p.spec.address);
                 let stale_time = p.spec.graceful_restart.map_or(0, |g| g.stale_time);
+                let (next_hop_v4, next_hop_v6) = own_next_hops(
+                    local_address,
+                    p.spec.address,
+                    peer_ext_next_hop,
+                    ipv6_next_hop,
+                );
                 let info = PeerInfo {
                     id,
                     address: p.spec.address,
                     asn: p.spec.asn,
                     router_id: remote_id,
-                    local_address,
+                    next_hop_v4: next_hop_v4.filter(|_| ipv4),
+                    next_hop_v6: next_hop_v6.filter(|_| ipv6),
                     class: p.spec.class,
                     rr_client: p.spec.rr_client,
                 };
                 let tx = p.tx.clone();
-                let update = self.rib.peer_up(info);
-                let _ = tx.send(ToSession::Routes { epoch, update });
+                if ipv4 {
+                    let update = Ipv4Prefix::family_update(self.rib.peer_up(info));
+                    let _ = tx.send(ToSession::Routes { epoch, update });
+                }
+                if ipv6 {
+                    let update = Ipv6Prefix::family_update(self.rib6.peer_up(info));
+                    let _ = tx.send(ToSession::Routes { epoch, update });
+                }
                 let _ = tx.send(ToSession::EndOfRib { epoch });
-                if self.rib.has_stale(id) {
+                if self.has_stale(id) {
                     if peer_restart_time.is_some() {
                         // Back from its restart: its routes stay until its End-of-RIB, at
                         // most the stale-path time.
                         self.gr_timer(addr, id, token, stale_time);
                     } else {
-                        let out = self.rib.sweep_stale(id);
-                        self.distribute(out);
+                        self.sweep_stale(id, None);
                     }
                 }
             }
@@ -1037,27 +1236,34 @@ impl Speaker {
                 let (token, addr) = (p.gr_token, p.spec.address);
                 match graceful.filter(|_| p.spec.graceful_restart.is_some()) {
                     Some(restart_time) => {
-                        let kept = self.rib.peer_down_graceful(id);
+                        let kept =
+                            self.rib.peer_down_graceful(id) + self.rib6.peer_down_graceful(id);
                         tracing::info!(peer = %addr, kept, restart_time, "peer restarting gracefully: its routes are kept stale");
                         self.gr_timer(addr, id, token, restart_time);
                     }
-                    None => {
-                        let out = self.rib.peer_down(id);
-                        self.distribute(out);
-                    }
+                    None => self.peer_down(id),
                 }
             }
-            FromSession::RefreshMarker { id, epoch, begin } => {
+            FromSession::RefreshMarker {
+                id,
+                epoch,
+                family,
+                begin,
+            } => {
                 let Some(p) = self.entry(id) else { return };
                 if p.epoch != Some(epoch) {
                     return;
                 }
+                let v6 = family == Family::IPV6_UNICAST;
                 if begin {
                     // What the peer does not re-advertise before EoRR is gone (RFC 7313 §4).
-                    self.rib.begin_refresh(id);
-                } else if self.rib.has_stale(id) {
-                    let out = self.rib.sweep_stale(id);
-                    self.distribute(out);
+                    if v6 {
+                        self.rib6.begin_refresh(id);
+                    } else {
+                        self.rib.begin_refresh(id);
+                    }
+                } else {
+                    self.sweep_stale(id, Some(family));
                 }
             }
             FromSession::MalformedReset { id } => {
@@ -1065,15 +1271,17 @@ impl Speaker {
                     p.malformed.session_reset = p.malformed.session_reset.saturating_add(1);
                 }
             }
-            FromSession::EndOfRib { id, epoch } => {
+            FromSession::EndOfRib { id, epoch, family } => {
                 let Some(p) = self.entry(id) else { return };
                 if p.epoch != Some(epoch) {
                     return;
                 }
-                p.gr_token = p.gr_token.wrapping_add(1);
-                if self.rib.has_stale(id) {
-                    let out = self.rib.sweep_stale(id);
-                    self.distribute(out);
+                self.sweep_stale(id, Some(family));
+                // The stale-path timer stays for families whose End-of-RIB is still due.
+                if !self.has_stale(id)
+                    && let Some(p) = self.entry(id)
+                {
+                    p.gr_token = p.gr_token.wrapping_add(1);
                 }
             }
             FromSession::Update { id, epoch, update } => {
@@ -1082,12 +1290,8 @@ impl Speaker {
                     return;
                 }
                 let u = update.update;
-                let v4 = |p: Prefix| match p {
-                    Prefix::V4(p) => Some(p),
-                    Prefix::V6(_) => None,
-                };
-                let mut withdrawn: Vec<Ipv4Prefix> = u.withdrawn_routes().filter_map(v4).collect();
-                let mut announced: Vec<Ipv4Prefix> = u.announced().filter_map(v4).collect();
+                let (mut withdrawn, mut withdrawn6) = split_families(u.withdrawn_routes());
+                let (mut announced, mut announced6) = split_families(u.announced());
                 let mut attrs = Some(u.attributes);
                 p.malformed.attribute_discard = p
                     .malformed
@@ -1100,29 +1304,27 @@ impl Speaker {
                     p.malformed.treat_as_withdraw = p.malformed.treat_as_withdraw.saturating_add(1);
                     tracing::warn!(peer = %p.spec.address, ?problems, "UPDATE treated as withdraw (RFC 7606)");
                     withdrawn.append(&mut announced);
+                    withdrawn6.append(&mut announced6);
                     attrs = None;
                 }
-                // Routes in MP_REACH_NLRI carry their next hop there.
-                if let (Some(a), Some(r)) = (attrs.as_mut(), u.mp_reach.as_ref())
-                    && a.next_hop.is_none()
-                    && let bgp_wire::NextHop::V4(nh) = r.next_hop
-                {
-                    a.next_hop = Some(nh);
+                let (attrs, attrs6) =
+                    route_attrs(attrs, u.mp_reach.as_ref(), !announced6.is_empty());
+                if !announced.is_empty() || !withdrawn.is_empty() {
+                    let out = self.rib.update(id, attrs, &announced, &withdrawn);
+                    self.distribute(out);
                 }
-                let out = self.rib.update(id, attrs, &announced, &withdrawn);
-                self.distribute(out);
+                if !announced6.is_empty() || !withdrawn6.is_empty() {
+                    let out = self.rib6.update(id, attrs6, &announced6, &withdrawn6);
+                    self.distribute(out);
+                }
                 self.check_prefix_limit(id);
             }
-            FromSession::Refresh { id, epoch } => {
-                let Some(p) = self
-                    .peers
-                    .get(self.by_id.get(&id).unwrap_or(&Ipv4Addr::UNSPECIFIED))
-                else {
+            FromSession::Refresh { id, epoch, family } => {
+                let Some(p) = self.by_id.get(&id).and_then(|a| self.peers.get(a)) else {
                     return;
                 };
                 if p.epoch == Some(epoch) {
-                    let update = self.rib.refresh(id);
-                    let _ = p.tx.send(ToSession::Refresh { epoch, update });
+                    self.send_refresh(p, epoch, family);
                 }
             }
         }
@@ -1133,9 +1335,10 @@ impl Speaker {
         self.peers.get_mut(addr)
     }
 
-    fn distribute(&mut self, out: std::collections::HashMap<PeerId, OutUpdate>) {
+    fn distribute<P: RibPrefix>(&mut self, out: std::collections::HashMap<PeerId, OutUpdate<P>>) {
         self.publish_kernel(false);
         for (id, update) in out {
+            let update = P::family_update(update);
             let Some(addr) = self.by_id.get(&id) else {
                 continue;
             };
@@ -1149,6 +1352,88 @@ impl Speaker {
     }
 }
 
+/// Prefixes of an UPDATE by family.
+fn split_families(prefixes: impl Iterator<Item = Prefix>) -> (Vec<Ipv4Prefix>, Vec<Ipv6Prefix>) {
+    let (mut v4, mut v6) = (Vec::new(), Vec::new());
+    for p in prefixes {
+        match p {
+            Prefix::V4(p) => v4.push(p),
+            Prefix::V6(p) => v6.push(p),
+        }
+    }
+    (v4, v6)
+}
+
+/// The attributes to store with an UPDATE's IPv4 and IPv6 routes: routes in MP_REACH_NLRI
+/// carry their next hop there, and the table keeps it with the attributes.
+fn route_attrs(
+    attrs: Option<PathAttributes>,
+    reach: Option<&bgp_wire::MpReach>,
+    has_v6: bool,
+) -> (Option<PathAttributes>, Option<PathAttributes>) {
+    let Some(mut a) = attrs else {
+        return (None, None);
+    };
+    let Some(r) = reach else {
+        return (Some(a), None);
+    };
+    match (&r.nlri, r.next_hop) {
+        (bgp_wire::MpNlri::Ipv6(_), nh) if has_v6 => {
+            let mut a6 = a.clone();
+            a6.next_hop = None;
+            a6.mp_next_hop = Some(nh);
+            (Some(a), Some(a6))
+        }
+        (bgp_wire::MpNlri::Ipv4(_), NextHop::V4(nh)) if a.next_hop.is_none() => {
+            a.next_hop = Some(nh);
+            (Some(a), None)
+        }
+        // IPv4 routes with an IPv6 next hop (RFC 8950).
+        (bgp_wire::MpNlri::Ipv4(_), nh @ NextHop::V6 { .. }) if a.next_hop.is_none() => {
+            a.mp_next_hop = Some(nh);
+            (Some(a), None)
+        }
+        _ => (Some(a), None),
+    }
+}
+
+/// Our next hops on a session from our address on it: for IPv4 routes (our IPv4 address,
+/// or our IPv6 one where the peer takes it, RFC 8950) and for IPv6 routes (our IPv6
+/// address, with the link-local address of the same interface when the peer is on that
+/// link, RFC 2545 §3, as BIRD and FRR send; on an IPv4 session the node's IPv6 address,
+/// else the IPv4-mapped one).
+///
+/// IPv4 routes get the global address alone: FRR without interface knowledge (no zebra)
+/// treats a link-local next hop as an error, and the global one is what RFC 8950 needs.
+fn own_next_hops(
+    local: IpAddr,
+    peer: IpAddr,
+    peer_ext_next_hop: bool,
+    node_v6: Option<Ipv6Addr>,
+) -> (Option<NextHop>, Option<NextHop>) {
+    match local {
+        IpAddr::V4(a) => (
+            Some(NextHop::V4(a)),
+            Some(NextHop::V6 {
+                global: node_v6.unwrap_or(a.to_ipv6_mapped()),
+                link_local: None,
+            }),
+        ),
+        IpAddr::V6(global) => {
+            let link_local = match peer {
+                IpAddr::V6(p) => super::iface::link_local_toward(global, p),
+                IpAddr::V4(_) => None,
+            };
+            let own = NextHop::V6 { global, link_local };
+            let global_only = NextHop::V6 {
+                global,
+                link_local: None,
+            };
+            (peer_ext_next_hop.then_some(global_only), Some(own))
+        }
+    }
+}
+
 /// A listener with a real backlog (BIRD 1.6's 8 drops SYNs in a mesh) and SO_REUSEADDR.
 fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     let socket = match addr {
@@ -1156,6 +1441,114 @@ fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
         SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
     };
     socket.set_reuseaddr(true)?;
+    if addr.is_ipv6() {
+        // IPv4 peers have their own listener.
+        use std::os::fd::AsFd;
+        sockopt::set_v6only(socket.as_fd())?;
+    }
     socket.bind(addr)?;
     socket.listen(1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bgp_wire::{MpNlri, MpReach};
+
+    fn v6(s: &str) -> Ipv6Addr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn mp_reach_next_hops_go_with_the_routes_of_their_family() {
+        let base = PathAttributes {
+            origin: Some(Origin::Igp),
+            next_hop: Some(Ipv4Addr::new(10, 0, 0, 2)),
+            ..PathAttributes::default()
+        };
+        let nh6 = NextHop::V6 {
+            global: v6("fd99::2"),
+            link_local: Some(v6("fe80::2")),
+        };
+        // IPv6 routes beside classic IPv4 ones: each family its own next hop.
+        let reach = MpReach {
+            next_hop: nh6,
+            nlri: MpNlri::Ipv6(vec!["fd20::/122".parse().unwrap()]),
+        };
+        let (a4, a6) = route_attrs(Some(base.clone()), Some(&reach), true);
+        assert_eq!(a4.unwrap().next_hop, Some(Ipv4Addr::new(10, 0, 0, 2)));
+        let a6 = a6.unwrap();
+        assert_eq!((a6.next_hop, a6.mp_next_hop), (None, Some(nh6)));
+        // IPv4 routes with an IPv6 next hop (RFC 8950).
+        let reach = MpReach {
+            next_hop: nh6,
+            nlri: MpNlri::Ipv4(vec!["10.20.1.0/24".parse().unwrap()]),
+        };
+        let no_nh = PathAttributes {
+            next_hop: None,
+            ..base.clone()
+        };
+        let (a4, a6) = route_attrs(Some(no_nh), Some(&reach), false);
+        assert_eq!(a4.unwrap().mp_next_hop, Some(nh6));
+        assert!(a6.is_none());
+        // Treated as withdraw: nothing to store.
+        assert_eq!(route_attrs(None, Some(&reach), true), (None, None));
+    }
+
+    #[test]
+    fn own_next_hops_follow_the_session_family() {
+        let a4 = Ipv4Addr::new(10, 0, 0, 1);
+        // IPv4 session: IPv4 next hop; IPv6 routes via the node's IPv6 address, else mapped.
+        assert_eq!(
+            own_next_hops(IpAddr::V4(a4), IpAddr::V4(a4), false, Some(v6("fd99::1"))),
+            (
+                Some(NextHop::V4(a4)),
+                Some(NextHop::V6 {
+                    global: v6("fd99::1"),
+                    link_local: None
+                })
+            )
+        );
+        assert_eq!(
+            own_next_hops(IpAddr::V4(a4), IpAddr::V4(a4), false, None).1,
+            Some(NextHop::V6 {
+                global: v6("::ffff:10.0.0.1"),
+                link_local: None
+            })
+        );
+        // IPv6 session (loopback has no link-local): IPv4 routes only with RFC 8950.
+        let lo = IpAddr::V6(Ipv6Addr::LOCALHOST);
+        let (n4, n6) = own_next_hops(lo, lo, false, None);
+        assert_eq!(n4, None);
+        assert_eq!(
+            n6,
+            Some(NextHop::V6 {
+                global: Ipv6Addr::LOCALHOST,
+                link_local: None
+            })
+        );
+        let (n4, _) = own_next_hops(lo, lo, true, None);
+        assert_eq!(n4, n6);
+    }
+
+    #[test]
+    fn announcements_check_the_next_hop_family() {
+        let a = Announcement {
+            prefix: "fd10::/122".parse::<Ipv6Prefix>().unwrap().into(),
+            next_hop: Some(IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1))),
+            communities: vec![],
+        };
+        assert!(matches!(a.attrs(), Err(SpeakerError::NextHopFamily { .. })));
+        let a = Announcement {
+            next_hop: Some(IpAddr::V6(v6("fd99::7"))),
+            ..a
+        };
+        assert_eq!(
+            a.attrs().unwrap().mp_next_hop,
+            Some(NextHop::V6 {
+                global: v6("fd99::7"),
+                link_local: None
+            })
+        );
+    }
 }

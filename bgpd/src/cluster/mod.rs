@@ -221,15 +221,15 @@ impl Brain {
         for p in want.difference(&self.applied.announced.clone()) {
             self.speaker
                 .announce(Announcement {
-                    prefix: *p,
-                    next_hop,
+                    prefix: bgp_wire::Prefix::V4(*p),
+                    next_hop: next_hop.map(std::net::IpAddr::V4),
                     communities: vec![],
                 })
                 .await?;
             self.applied.announced.insert(*p);
         }
         for p in self.applied.announced.clone().difference(&want) {
-            match self.speaker.withdraw(*p).await {
+            match self.speaker.withdraw(bgp_wire::Prefix::V4(*p)).await {
                 Ok(()) | Err(SpeakerError::NotAnnounced(_)) => {}
                 Err(e) => return Err(e),
             }
@@ -241,6 +241,8 @@ impl Brain {
     /// Add, replace or remove the cluster-derived peers; peers from the configuration file
     /// or the API are never touched (and win an address both name).
     async fn apply_peers(&self, want: BTreeMap<Ipv4Addr, PeerSpec>) -> Result<(), SpeakerError> {
+        let want: BTreeMap<std::net::IpAddr, PeerSpec> =
+            want.into_iter().map(|(a, s)| (a.into(), s)).collect();
         let have = self.speaker.peers().await?;
         let mut keep = BTreeSet::new();
         for p in &have {

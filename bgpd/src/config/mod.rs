@@ -2,10 +2,10 @@
 //! environment variable `MARGAY_<SECTION>__<KEY>` (e.g. `MARGAY_NODE__ADDRESS=10.0.0.5/24`).
 //! Loading validates everything, so the rest of the daemon works with typed, checked values.
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 
-use ipnet::{Ipv4Net, Ipv6Net};
+use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use serde::Deserialize;
 
 /// Where bgpd serves its API when the configuration says nothing.
@@ -236,7 +236,8 @@ pub struct BgpConfig {
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct BgpPeerConfig {
-    pub address: Ipv4Addr,
+    /// IPv4 or IPv6: the session runs over TCP of that family.
+    pub address: IpAddr,
     #[serde(rename = "as")]
     pub as_number: u32,
     /// Wait for the peer to connect; never connect out.
@@ -270,6 +271,18 @@ pub struct BgpPeerConfig {
     pub restart_time: Option<u16>,
     /// How long the peer's routes stay stale after it is back, seconds; 360 when unset.
     pub stale_time: Option<u16>,
+    /// Address families the session carries; the session's own family when unset.
+    /// `ipv4` on an IPv6 session uses IPv6 next hops (RFC 8950 extended next hop);
+    /// `ipv6` on an IPv4 session uses `node.address6` as our next hop.
+    pub families: Option<Vec<AddressFamily>>,
+}
+
+/// An address family a BGP session can carry (unicast).
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum AddressFamily {
+    Ipv4,
+    Ipv6,
 }
 
 fn yes() -> bool {
@@ -280,9 +293,10 @@ fn yes() -> bool {
 #[derive(Debug, Clone, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct BgpAnnounce {
-    pub prefix: Ipv4Net,
+    /// IPv4 or IPv6.
+    pub prefix: IpNet,
     /// Next hop to advertise; our address on each session when unset (next-hop-self).
-    pub next_hop: Option<Ipv4Addr>,
+    pub next_hop: Option<IpAddr>,
     /// Standard communities, "65000:100".
     #[serde(default)]
     pub communities: Vec<String>,
@@ -408,6 +422,15 @@ impl Config {
             }
             crate::bgp::sockopt::Password::new(&p.password)
                 .map_err(|e| field("bgp.peers", format!("peer {}: password: {e}", p.address)))?;
+            if p.families.as_ref().is_some_and(Vec::is_empty) {
+                return Err(field(
+                    "bgp.peers",
+                    format!(
+                        "peer {}: families is empty; list \"ipv4\", \"ipv6\" or both, or leave it out",
+                        p.address
+                    ),
+                ));
+            }
             if matches!(p.ttl_security, Some(0)) || matches!(p.multihop, Some(0)) {
                 return Err(field(
                     "bgp.peers",
@@ -419,6 +442,15 @@ impl Config {
             }
         }
         for a in &self.bgp.announce {
+            if let (IpNet::V6(_), Some(IpAddr::V4(nh))) = (a.prefix, a.next_hop) {
+                return Err(field(
+                    "bgp.announce",
+                    format!(
+                        "prefix {}: next hop {nh} is IPv4; IPv6 routes need an IPv6 next hop",
+                        a.prefix
+                    ),
+                ));
+            }
             for c in &a.communities {
                 c.parse::<bgp_wire::Community>().map_err(|e| {
                     field(

@@ -127,7 +127,11 @@ fn bgp_peers_and_announcements_load_and_are_checked() {
     let p = &c.bgp.peers[0];
     assert_eq!(
         (p.address, p.as_number, p.passive),
-        (Ipv4Addr::new(10, 0, 0, 2), 65000, true)
+        (
+            std::net::IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2)),
+            65000,
+            true
+        )
     );
     assert_eq!(
         (p.port, p.hold_time, p.keepalive),

@@ -206,6 +206,7 @@ pub fn route_json(r: &pb::Route) -> serde_json::Value {
     json!({
         "prefix": r.prefix,
         "next_hop": r.next_hop,
+        "next_hop_link_local": r.next_hop_link_local,
         "as_path": r.as_path,
         "origin": origin,
         "med": r.med,
@@ -335,9 +336,14 @@ pub async fn show(
             ]);
             for r in &routes {
                 let path: Vec<String> = r.as_path.iter().map(u32::to_string).collect();
+                let next_hop = if r.next_hop_link_local.is_empty() {
+                    r.next_hop.clone()
+                } else {
+                    format!("{} {}", r.next_hop, r.next_hop_link_local)
+                };
                 t.row(vec![
                     r.prefix.clone(),
-                    r.next_hop.clone(),
+                    next_hop,
                     path.join(" "),
                     route_json(r)["origin"].as_str().unwrap_or("").to_owned(),
                     r.local_pref.map(|l| l.to_string()).unwrap_or_default(),

@@ -303,7 +303,7 @@ fn updates_and_refresh_are_delivered_in_established() {
         Family::IPV4_UNICAST,
         RefreshSubtype::Normal,
     ))));
-    assert!(a.contains(&Action::Refresh));
+    assert!(a.contains(&Action::Refresh(Family::IPV4_UNICAST)));
 }
 
 #[test]
@@ -551,17 +551,23 @@ fn enhanced_route_refresh_is_offered_and_its_markers_reach_the_rib() {
     };
     assert!(
         f.handle(rr(RefreshSubtype::Begin))
-            .contains(&Action::RefreshMarker { begin: true })
+            .contains(&Action::RefreshMarker {
+                family: Family::IPV4_UNICAST,
+                begin: true
+            })
     );
     assert!(
         f.handle(rr(RefreshSubtype::End))
-            .contains(&Action::RefreshMarker { begin: false })
+            .contains(&Action::RefreshMarker {
+                family: Family::IPV4_UNICAST,
+                begin: false
+            })
     );
     // Unknown subtypes and other families are ignored (RFC 7313 §5).
     let a = f.handle(rr(RefreshSubtype::Other(9)));
     assert!(
         !a.iter()
-            .any(|a| matches!(a, Action::Refresh | Action::RefreshMarker { .. }))
+            .any(|a| matches!(a, Action::Refresh(_) | Action::RefreshMarker { .. }))
     );
     assert_eq!(f.state(), State::Established);
     // Without the peer's capability, no framing.

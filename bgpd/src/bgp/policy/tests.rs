@@ -1,9 +1,11 @@
 use super::*;
+use bgp_wire::Ipv4Prefix;
 use ipam::model::IpPool;
+use std::net::Ipv4Addr;
 
-fn pfx(s: &str) -> Ipv4Prefix {
+fn pfx(s: &str) -> Prefix {
     let n: Ipv4Net = s.parse().unwrap();
-    Ipv4Prefix::new(n.network(), n.prefix_len()).unwrap()
+    Prefix::V4(Ipv4Prefix::new(n.network(), n.prefix_len()).unwrap())
 }
 
 fn pool(name: &str, cidr: &str) -> IpPool {
@@ -44,8 +46,8 @@ impl Case {
     }
 }
 
-const NH_SAME: Option<Ipv4Addr> = Some(Ipv4Addr::new(10, 99, 1, 12));
-const NH_OTHER: Option<Ipv4Addr> = Some(Ipv4Addr::new(10, 99, 2, 14));
+const NH_SAME: Option<IpAddr> = Some(IpAddr::V4(Ipv4Addr::new(10, 99, 1, 12)));
+const NH_OTHER: Option<IpAddr> = Some(IpAddr::V4(Ipv4Addr::new(10, 99, 2, 14)));
 
 #[test]
 fn vxlan_pools_never_reach_the_kernel_from_bgp() {
@@ -53,13 +55,13 @@ fn vxlan_pools_never_reach_the_kernel_from_bgp() {
         let mut p = pool("default", "172.20.0.0/16");
         p.vxlan_mode = mode;
         let pol = Case::new(vec![p]).policy();
-        assert_eq!(pol.kernel(&pfx("172.20.9.0/26"), CLUSTER, NH_SAME), None);
-        assert_eq!(pol.kernel(&pfx("172.20.9.0/26"), EXTERNAL, NH_OTHER), None);
+        assert_eq!(pol.kernel(pfx("172.20.9.0/26"), CLUSTER, NH_SAME), None);
+        assert_eq!(pol.kernel(pfx("172.20.9.0/26"), EXTERNAL, NH_OTHER), None);
         // Still imported and exported (the ToR keeps learning the blocks).
-        assert!(pol.import(PeerClass::Cluster, &pfx("172.20.9.0/26")));
+        assert!(pol.import(PeerClass::Cluster, pfx("172.20.9.0/26")));
         assert!(pol.export(
             PeerClass::External,
-            &pfx("172.20.1.0/26"),
+            pfx("172.20.1.0/26"),
             RouteSource::Local
         ));
     }
@@ -68,12 +70,12 @@ fn vxlan_pools_never_reach_the_kernel_from_bgp() {
 #[test]
 fn no_encapsulation_goes_via_the_next_hop_in_our_subnet_only() {
     let pol = Case::new(vec![pool("default", "172.20.0.0/16")]).policy();
-    let (via, why) = pol.kernel(&pfx("172.20.9.0/26"), CLUSTER, NH_SAME).unwrap();
+    let (via, why) = pol.kernel(pfx("172.20.9.0/26"), CLUSTER, NH_SAME).unwrap();
     assert_eq!(via, KernelVia::NextHop);
     assert!(why.contains("no encapsulation"), "{why}");
     // Beyond our subnet the gateway is not on a link of ours: left to the node's routes.
     assert!(
-        pol.kernel(&pfx("172.20.9.0/26"), CLUSTER, NH_OTHER)
+        pol.kernel(pfx("172.20.9.0/26"), CLUSTER, NH_OTHER)
             .is_none()
     );
 }
@@ -85,29 +87,26 @@ fn ipip_cross_subnet_is_direct_only_inside_our_subnet() {
     let pol = Case::new(vec![p.clone()]).policy();
     let b = pfx("172.20.9.0/26");
     assert_eq!(
-        pol.kernel(&b, CLUSTER, NH_SAME).unwrap().0,
+        pol.kernel(b, CLUSTER, NH_SAME).unwrap().0,
         KernelVia::NextHop
     );
-    assert_eq!(
-        pol.kernel(&b, CLUSTER, NH_OTHER).unwrap().0,
-        KernelVia::Ipip
-    );
+    assert_eq!(pol.kernel(b, CLUSTER, NH_OTHER).unwrap().0, KernelVia::Ipip);
     p.ipip_mode = EncapMode::Always;
     let pol = Case::new(vec![p]).policy();
-    assert_eq!(pol.kernel(&b, CLUSTER, NH_SAME).unwrap().0, KernelVia::Ipip);
+    assert_eq!(pol.kernel(b, CLUSTER, NH_SAME).unwrap().0, KernelVia::Ipip);
 }
 
 #[test]
 fn routes_outside_the_pools_follow_the_setting() {
     let mut c = Case::new(vec![pool("default", "172.20.0.0/16")]);
     let r = pfx("198.51.100.0/24");
-    assert!(c.policy().kernel(&r, EXTERNAL, NH_SAME).is_some());
+    assert!(c.policy().kernel(r, EXTERNAL, NH_SAME).is_some());
     c.program_external = false;
-    assert!(c.policy().kernel(&r, EXTERNAL, NH_SAME).is_none());
+    assert!(c.policy().kernel(r, EXTERNAL, NH_SAME).is_none());
     // Nothing originated here is programmed from BGP.
     assert!(
         c.policy()
-            .kernel(&pfx("172.20.1.0/26"), RouteSource::Local, None)
+            .kernel(pfx("172.20.1.0/26"), RouteSource::Local, None)
             .is_none()
     );
 }
@@ -115,14 +114,14 @@ fn routes_outside_the_pools_follow_the_setting() {
 #[test]
 fn imports_from_cluster_peers_stay_inside_pools_and_own_blocks_are_refused() {
     let pol = Case::new(vec![pool("default", "172.20.0.0/16")]).policy();
-    assert!(pol.import(PeerClass::Cluster, &pfx("172.20.9.0/26")));
-    assert!(!pol.import(PeerClass::Cluster, &pfx("10.0.0.0/8")));
-    assert!(!pol.import(PeerClass::Cluster, &pfx("0.0.0.0/0")));
-    assert!(!pol.import(PeerClass::Cluster, &pfx("172.20.1.0/26")));
-    assert!(!pol.import(PeerClass::External, &pfx("172.20.1.0/26")));
+    assert!(pol.import(PeerClass::Cluster, pfx("172.20.9.0/26")));
+    assert!(!pol.import(PeerClass::Cluster, pfx("10.0.0.0/8")));
+    assert!(!pol.import(PeerClass::Cluster, pfx("0.0.0.0/0")));
+    assert!(!pol.import(PeerClass::Cluster, pfx("172.20.1.0/26")));
+    assert!(!pol.import(PeerClass::External, pfx("172.20.1.0/26")));
     // An address another node borrowed from our block: more specific, accepted.
-    assert!(pol.import(PeerClass::Cluster, &pfx("172.20.1.7/32")));
-    assert!(pol.import(PeerClass::External, &pfx("10.0.0.0/8")));
+    assert!(pol.import(PeerClass::Cluster, pfx("172.20.1.7/32")));
+    assert!(pol.import(PeerClass::External, pfx("10.0.0.0/8")));
 }
 
 #[test]
@@ -131,25 +130,25 @@ fn external_export_honours_disable_bgp_export_and_never_sends_default() {
     hidden.disable_bgp_export = true;
     let pol = Case::new(vec![pool("default", "172.20.0.0/16"), hidden]).policy();
     let local = RouteSource::Local;
-    assert!(pol.export(PeerClass::External, &pfx("172.20.1.0/26"), local));
-    assert!(!pol.export(PeerClass::External, &pfx("10.60.0.0/26"), local));
-    assert!(!pol.export(PeerClass::External, &pfx("0.0.0.0/0"), local));
+    assert!(pol.export(PeerClass::External, pfx("172.20.1.0/26"), local));
+    assert!(!pol.export(PeerClass::External, pfx("10.60.0.0/26"), local));
+    assert!(!pol.export(PeerClass::External, pfx("0.0.0.0/0"), local));
     // Mesh peers still get blocks of a pool hidden from external peers.
-    assert!(pol.export(PeerClass::Cluster, &pfx("10.60.0.0/26"), local));
+    assert!(pol.export(PeerClass::Cluster, pfx("10.60.0.0/26"), local));
     // Another node's block is announced by that node, not relayed to the ToR.
-    assert!(!pol.export(PeerClass::External, &pfx("172.20.9.0/26"), CLUSTER));
+    assert!(!pol.export(PeerClass::External, pfx("172.20.9.0/26"), CLUSTER));
     // Reflection between cluster peers carries pool routes only.
-    assert!(pol.export(PeerClass::Cluster, &pfx("172.20.9.0/26"), CLUSTER));
-    assert!(!pol.export(PeerClass::Cluster, &pfx("198.51.100.0/24"), EXTERNAL));
+    assert!(pol.export(PeerClass::Cluster, pfx("172.20.9.0/26"), CLUSTER));
+    assert!(!pol.export(PeerClass::Cluster, pfx("198.51.100.0/24"), EXTERNAL));
 }
 
 #[test]
 fn transit_between_external_peers_is_a_setting() {
     let mut c = Case::new(vec![pool("default", "172.20.0.0/16")]);
     let r = pfx("198.51.100.0/24");
-    assert!(!c.policy().export(PeerClass::External, &r, EXTERNAL));
+    assert!(!c.policy().export(PeerClass::External, r, EXTERNAL));
     c.transit = true;
-    assert!(c.policy().export(PeerClass::External, &r, EXTERNAL));
+    assert!(c.policy().export(PeerClass::External, r, EXTERNAL));
 }
 
 #[test]
@@ -158,10 +157,10 @@ fn aggregation_exports_one_prefix_per_pool_to_external_peers_only() {
     c.aggregate = true;
     let pol = c.policy();
     let local = RouteSource::Local;
-    assert!(pol.export(PeerClass::External, &pfx("172.20.0.0/16"), local));
-    assert!(!pol.export(PeerClass::External, &pfx("172.20.1.0/26"), local));
-    assert!(!pol.export(PeerClass::Cluster, &pfx("172.20.0.0/16"), local));
-    assert!(pol.export(PeerClass::Cluster, &pfx("172.20.1.0/26"), local));
+    assert!(pol.export(PeerClass::External, pfx("172.20.0.0/16"), local));
+    assert!(!pol.export(PeerClass::External, pfx("172.20.1.0/26"), local));
+    assert!(!pol.export(PeerClass::Cluster, pfx("172.20.0.0/16"), local));
+    assert!(pol.export(PeerClass::Cluster, pfx("172.20.1.0/26"), local));
 }
 
 #[test]
@@ -175,8 +174,8 @@ fn nested_pools_decide_by_the_most_specific() {
         vec![inner.clone(), outer.clone()],
     ] {
         let pol = Case::new(pools).policy();
-        assert!(pol.kernel(&pfx("10.1.2.0/26"), CLUSTER, NH_SAME).is_none());
-        assert!(pol.kernel(&pfx("10.2.2.0/26"), CLUSTER, NH_SAME).is_some());
+        assert!(pol.kernel(pfx("10.1.2.0/26"), CLUSTER, NH_SAME).is_none());
+        assert!(pol.kernel(pfx("10.2.2.0/26"), CLUSTER, NH_SAME).is_some());
     }
 }
 
@@ -205,13 +204,13 @@ fn generation_is_deterministic_and_rules_read_like_bird() {
 #[test]
 fn accept_all_accepts_everything_but_programs_nothing_local() {
     let pol = Policy::accept_all();
-    assert!(pol.import(PeerClass::Cluster, &pfx("0.0.0.0/0")));
-    assert!(pol.export(PeerClass::External, &pfx("0.0.0.0/0"), CLUSTER));
+    assert!(pol.import(PeerClass::Cluster, pfx("0.0.0.0/0")));
+    assert!(pol.export(PeerClass::External, pfx("0.0.0.0/0"), CLUSTER));
     assert!(
-        pol.kernel(&pfx("10.0.0.0/8"), RouteSource::Local, None)
+        pol.kernel(pfx("10.0.0.0/8"), RouteSource::Local, None)
             .is_none()
     );
-    assert!(pol.kernel(&pfx("10.0.0.0/8"), EXTERNAL, NH_SAME).is_some());
+    assert!(pol.kernel(pfx("10.0.0.0/8"), EXTERNAL, NH_SAME).is_some());
 }
 
 #[test]
@@ -221,8 +220,8 @@ fn a_pool_changing_mode_changes_only_its_kernel_rule() {
     p.vxlan_mode = EncapMode::CrossSubnet;
     let after = Case::new(vec![p]).policy();
     let b = pfx("172.20.9.0/26");
-    assert!(before.kernel(&b, CLUSTER, NH_SAME).is_some());
-    assert!(after.kernel(&b, CLUSTER, NH_SAME).is_none());
+    assert!(before.kernel(b, CLUSTER, NH_SAME).is_some());
+    assert!(after.kernel(b, CLUSTER, NH_SAME).is_none());
     for scope in [Scope::Import, Scope::ExportCluster, Scope::ExportExternal] {
         assert_eq!(before.rules(scope), after.rules(scope), "{scope:?}");
     }

@@ -15,10 +15,11 @@ fn pfx(s: &str) -> Ipv4Prefix {
 fn peer(n: u8, asn: u32) -> PeerInfo {
     PeerInfo {
         id: PeerId(u32::from(n)),
-        address: Ipv4Addr::new(10, 0, 0, n),
+        address: IpAddr::V4(Ipv4Addr::new(10, 0, 0, n)),
         asn: Asn(asn),
         router_id: Ipv4Addr::new(10, 0, 0, n),
-        local_address: Ipv4Addr::new(10, 0, 0, 1),
+        next_hop_v4: Some(NextHop::V4(Ipv4Addr::new(10, 0, 0, 1))),
+        next_hop_v6: None,
         class: PeerClass::External,
         rr_client: false,
     }
@@ -378,7 +379,7 @@ fn tables_stay_consistent_under_random_churn() {
                     Source::Peer(q) => peers.iter().find(|x| x.id == q).copied(),
                     Source::Local => None,
                 };
-                export_attrs(
+                export_attrs::<Ipv4Prefix>(
                     LOCAL_AS,
                     None,
                     &p,
@@ -641,4 +642,135 @@ fn an_enhanced_refresh_drops_what_the_peer_did_not_readvertise() {
     let _ = r.sweep_stale(PeerId(2));
     assert_eq!(best_from(&r, "10.1.0.0/24"), Some(Source::Peer(PeerId(2))));
     assert_eq!(best_from(&r, "10.2.0.0/24"), None);
+}
+
+// ---- IPv6 and extended next hops -------------------------------------------------------
+
+fn v6(s: &str) -> std::net::Ipv6Addr {
+    s.parse().unwrap()
+}
+
+fn pfx6(s: &str) -> Ipv6Prefix {
+    s.parse().unwrap()
+}
+
+/// A peer on an IPv6 session: our next hop there is `fd99::1` (+ `fe80::1` on the link).
+fn peer6(n: u8, asn: u32) -> PeerInfo {
+    let own = NextHop::V6 {
+        global: v6("fd99::1"),
+        link_local: Some(v6("fe80::1")),
+    };
+    PeerInfo {
+        address: IpAddr::V6(v6(&format!("fd99::{n}"))),
+        next_hop_v4: None,
+        next_hop_v6: Some(own),
+        ..peer(n, asn)
+    }
+}
+
+fn announced_nh<P: RibPrefix>(out: &HashMap<PeerId, OutUpdate<P>>, to: u8) -> Option<NextHop> {
+    let (a, _) = out.get(&PeerId(u32::from(to)))?.announce.first()?;
+    next_hop_of(a)
+}
+
+#[test]
+fn ipv6_routes_we_originate_carry_our_global_and_link_local_next_hop() {
+    let mut r: Rib<Ipv6Prefix> = Rib::new(LOCAL_AS, Ipv4Addr::new(10, 0, 0, 1));
+    let up = r.peer_up(peer6(2, 65000));
+    assert!(up.is_empty());
+    let out = r.announce(pfx6("fd10:1::/122"), PathAttributes::default());
+    let (a, ps) = &out[&PeerId(2)].announce[0];
+    assert_eq!(ps, &vec![pfx6("fd10:1::/122")]);
+    assert_eq!(a.next_hop, None, "IPv6 routes have no NEXT_HOP attribute");
+    assert_eq!(
+        a.mp_next_hop,
+        Some(NextHop::V6 {
+            global: v6("fd99::1"),
+            link_local: Some(v6("fe80::1")),
+        })
+    );
+}
+
+#[test]
+fn a_reflected_ipv6_route_keeps_its_global_next_hop_but_not_a_foreign_link_local() {
+    let mut r: Rib<Ipv6Prefix> = Rib::new(LOCAL_AS, Ipv4Addr::new(10, 0, 0, 1));
+    r.peer_up(peer6(2, 65000));
+    r.peer_up(peer6(3, 64512));
+    r.peer_up(peer6(4, 65100));
+    let theirs = PathAttributes {
+        origin: Some(Origin::Igp),
+        as_path: Some(AsPath::from_sequence([Asn(65000)])),
+        mp_next_hop: Some(NextHop::V6 {
+            global: v6("fd99::2"),
+            link_local: Some(v6("fe80::2")),
+        }),
+        ..PathAttributes::default()
+    };
+    let out = r.update(PeerId(2), Some(theirs), &[pfx6("fd20::/122")], &[]);
+    // iBGP: next hop unchanged, but a link-local address of another link means nothing.
+    assert_eq!(
+        announced_nh(&out, 3),
+        Some(NextHop::V6 {
+            global: v6("fd99::2"),
+            link_local: None,
+        })
+    );
+    // eBGP: ours.
+    assert_eq!(
+        announced_nh(&out, 4),
+        Some(NextHop::V6 {
+            global: v6("fd99::1"),
+            link_local: Some(v6("fe80::1")),
+        })
+    );
+}
+
+#[test]
+fn a_session_without_a_next_hop_of_the_family_is_sent_nothing() {
+    let mut r: Rib<Ipv6Prefix> = Rib::new(LOCAL_AS, Ipv4Addr::new(10, 0, 0, 1));
+    r.peer_up(peer(2, 65000)); // next_hop_v6: None
+    let out = r.announce(pfx6("fd10:1::/122"), PathAttributes::default());
+    assert!(out.is_empty(), "{out:?}");
+    assert!(r.adj_out(PeerId(2)).is_empty());
+}
+
+#[test]
+fn ipv4_routes_over_extended_next_hop_use_ipv6_next_hops_only_where_the_peer_takes_them() {
+    let mut r = rib();
+    // Peer 2: an IPv6 session whose peer takes IPv6 next hops for IPv4 (RFC 8950).
+    let enh = PeerInfo {
+        next_hop_v4: peer6(2, 65000).next_hop_v6,
+        ..peer6(2, 65000)
+    };
+    r.peer_up(enh);
+    // Peer 3: a plain IPv4 iBGP session.
+    r.peer_up(peer(3, 64512));
+    let out = r.announce(pfx("10.10.1.0/24"), PathAttributes::default());
+    assert_eq!(announced_nh(&out, 2), enh.next_hop_v4);
+    assert_eq!(
+        announced_nh(&out, 3),
+        Some(NextHop::V4(Ipv4Addr::new(10, 0, 0, 1)))
+    );
+    // A route learned from peer 2 with an IPv6 next hop: peer 3 cannot use that next hop,
+    // so it gets ours.
+    let theirs = PathAttributes {
+        origin: Some(Origin::Igp),
+        as_path: Some(AsPath::from_sequence([Asn(65000)])),
+        mp_next_hop: Some(NextHop::V6 {
+            global: v6("fd99::2"),
+            link_local: None,
+        }),
+        ..PathAttributes::default()
+    };
+    let out = r.update(PeerId(2), Some(theirs), &[pfx("10.20.1.0/24")], &[]);
+    assert_eq!(
+        announced_nh(&out, 3),
+        Some(NextHop::V4(Ipv4Addr::new(10, 0, 0, 1)))
+    );
+    let best = r.best(&pfx("10.20.1.0/24")).unwrap().1;
+    assert_eq!(
+        next_hop_addr(best),
+        Some(IpAddr::V6(v6("fd99::2"))),
+        "the Loc-RIB keeps the received IPv6 next hop"
+    );
 }

@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 use tokio::time::{Duration, Instant, timeout};
 
 use super::super::fsm::{Fsm, FsmConfig};
-use super::super::rib::{OutUpdate, PeerId};
+use super::super::rib::{FamilyUpdate, OutUpdate, PeerId};
 use super::{FromSession, Session, ToSession};
 
 fn keepalive() -> Vec<u8> {
@@ -83,10 +83,10 @@ async fn a_peer_that_stops_reading_is_dropped_after_the_hold_time() {
     commands
         .send(ToSession::Routes {
             epoch,
-            update: OutUpdate {
+            update: FamilyUpdate::V4(OutUpdate {
                 announce: vec![(attrs, prefixes)],
                 withdraw: Vec::new(),
-            },
+            }),
         })
         .unwrap();
 

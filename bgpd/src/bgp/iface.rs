@@ -1,0 +1,86 @@
+//! What the speaker needs to know of the host's interfaces: the link-local IPv6 address
+//! beside a global one, for the second next hop of RFC 2545 when the peer shares the link.
+//!
+//! Read with `getifaddrs(3)` when a session comes up (rare); nothing is cached, so an
+//! address added later is seen by the next session.
+
+use std::net::Ipv6Addr;
+
+/// The link-local address of the interface that holds `global`, if `peer` is in that
+/// address's subnet (on the link) and the interface has one.
+pub fn link_local_toward(global: Ipv6Addr, peer: Ipv6Addr) -> Option<Ipv6Addr> {
+    let addrs = ipv6_addresses();
+    let (name, _, mask) = addrs.iter().find(|(_, a, _)| *a == global)?;
+    let on_link = u128::from(global) & u128::from(*mask) == u128::from(peer) & u128::from(*mask);
+    if !on_link {
+        return None;
+    }
+    addrs
+        .iter()
+        .find(|(n, a, _)| n == name && is_link_local(a))
+        .map(|(_, a, _)| *a)
+}
+
+fn is_link_local(a: &Ipv6Addr) -> bool {
+    a.segments()[0] & 0xffc0 == 0xfe80
+}
+
+/// Every IPv6 address of the host (this network namespace), with its interface name and
+/// netmask.
+fn ipv6_addresses() -> Vec<(String, Ipv6Addr, Ipv6Addr)> {
+    let mut out = Vec::new();
+    let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `head` with a list we free below with freeifaddrs.
+    if unsafe { libc::getifaddrs(&raw mut head) } != 0 {
+        return out;
+    }
+    let mut cur = head;
+    while !cur.is_null() {
+        // SAFETY: `cur` is a node of the list getifaddrs returned, not yet freed.
+        let ifa = unsafe { &*cur };
+        cur = ifa.ifa_next;
+        if ifa.ifa_addr.is_null() || ifa.ifa_name.is_null() {
+            continue;
+        }
+        // SAFETY: ifa_addr points to a sockaddr of the family it names.
+        let family = i32::from(unsafe { (*ifa.ifa_addr).sa_family });
+        if family != libc::AF_INET6 {
+            continue;
+        }
+        // SAFETY: an AF_INET6 address is a sockaddr_in6.
+        let sin6 = unsafe { &*ifa.ifa_addr.cast::<libc::sockaddr_in6>() };
+        let mask = if ifa.ifa_netmask.is_null() {
+            Ipv6Addr::from(u128::MAX)
+        } else {
+            // SAFETY: the netmask of an AF_INET6 address is a sockaddr_in6.
+            let m = unsafe { &*ifa.ifa_netmask.cast::<libc::sockaddr_in6>() };
+            Ipv6Addr::from(m.sin6_addr.s6_addr)
+        };
+        // SAFETY: ifa_name is a NUL-terminated string owned by the list.
+        let name = unsafe { std::ffi::CStr::from_ptr(ifa.ifa_name) };
+        out.push((
+            name.to_string_lossy().into_owned(),
+            Ipv6Addr::from(sin6.sin6_addr.s6_addr),
+            mask,
+        ));
+    }
+    // SAFETY: `head` came from getifaddrs and is freed once.
+    unsafe { libc::freeifaddrs(head) };
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_has_no_link_local_and_unknown_addresses_none() {
+        // ::1 lives on lo, which has no fe80:: address.
+        let lo = Ipv6Addr::LOCALHOST;
+        assert_eq!(link_local_toward(lo, lo), None);
+        let unknown: Ipv6Addr = "2001:db8::dead".parse().unwrap();
+        assert_eq!(link_local_toward(unknown, unknown), None);
+        assert!(is_link_local(&"fe80::1".parse().unwrap()));
+        assert!(!is_link_local(&"fd00::1".parse().unwrap()));
+    }
+}
