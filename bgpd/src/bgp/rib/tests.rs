@@ -327,6 +327,50 @@ fn no_export_and_no_advertise_are_honoured() {
 /// best of what is in the Adj-RIBs-In, and every Adj-RIB-Out equals a fresh export.
 #[test]
 fn tables_stay_consistent_under_random_churn() {
+    let peers = [
+        peer(2, 64512),
+        peer(3, 64512),
+        peer(4, 65000),
+        peer(5, 65001),
+    ];
+    check_churn(
+        rib(),
+        peers,
+        |n| Ipv4Prefix::new(Ipv4Addr::new(10, 40, n, 0), 24).unwrap(),
+        |path, lp| attrs(path, Some(lp)),
+    );
+}
+
+/// The same for IPv6, with peers that send global + link-local next hops.
+#[test]
+fn ipv6_tables_stay_consistent_under_random_churn() {
+    let peers = [
+        peer6(2, 64512),
+        peer6(3, 64512),
+        peer6(4, 65000),
+        peer6(5, 65001),
+    ];
+    check_churn(
+        Rib::<Ipv6Prefix>::new(LOCAL_AS, Ipv4Addr::new(10, 0, 0, 1)),
+        peers,
+        |n| Ipv6Prefix::new(v6(&format!("fd40:{n}::")), 64).unwrap(),
+        |path, lp| PathAttributes {
+            next_hop: None,
+            mp_next_hop: Some(NextHop::V6 {
+                global: v6("fd99::77"),
+                link_local: Some(v6("fe80::77")),
+            }),
+            ..attrs(path, Some(lp))
+        },
+    );
+}
+
+fn check_churn<P: RibPrefix>(
+    mut r: Rib<P>,
+    peers: [PeerInfo; 4],
+    prefix: impl Fn(u8) -> P,
+    attrs: impl Fn(&[u32], u32) -> PathAttributes,
+) {
     let mut seed = 0x1234_5678_9abc_def1u64;
     let mut next = move || {
         seed ^= seed << 13;
@@ -334,19 +378,12 @@ fn tables_stay_consistent_under_random_churn() {
         seed ^= seed << 17;
         seed
     };
-    let mut r = rib();
-    let peers = [
-        peer(2, 64512),
-        peer(3, 64512),
-        peer(4, 65000),
-        peer(5, 65001),
-    ];
     for p in peers {
         r.peer_up(p);
     }
     for _ in 0..2000 {
         let who = peers[(next() % 4) as usize].id;
-        let p = Ipv4Prefix::new(Ipv4Addr::new(10, 40, (next() % 16) as u8, 0), 24).unwrap();
+        let p = prefix((next() % 16) as u8);
         match next() % 5 {
             0 => {
                 r.update(who, None, &[], &[p]);
@@ -362,7 +399,7 @@ fn tables_stay_consistent_under_random_churn() {
                 let path: Vec<u32> = (0..len).map(|i| 65000 + i as u32).collect();
                 r.update(
                     who,
-                    Some(attrs(&path, Some(100 + (next() % 2) as u32))),
+                    Some(attrs(&path, 100 + (next() % 2) as u32)),
                     &[p],
                     &[],
                 );
@@ -379,7 +416,7 @@ fn tables_stay_consistent_under_random_churn() {
                     Source::Peer(q) => peers.iter().find(|x| x.id == q).copied(),
                     Source::Local => None,
                 };
-                export_attrs::<Ipv4Prefix>(
+                export_attrs::<P>(
                     LOCAL_AS,
                     None,
                     &p,
@@ -396,6 +433,22 @@ fn tables_stay_consistent_under_random_churn() {
             .map(|r| (r.prefix, (*r.attrs).clone()))
             .collect();
         assert_eq!(mine, fresh, "adj-out of {:?}", p.id);
+        // Every route out carries a next hop the session can use.
+        for (_, a) in &mine {
+            let nh = next_hop_of(a).expect("a next hop");
+            assert!(P::carries(&p, &nh), "{nh:?} to {:?}", p.id);
+            if let NextHop::V6 {
+                link_local: Some(_),
+                ..
+            } = nh
+            {
+                assert_eq!(
+                    Some(nh),
+                    P::self_next_hop(&p),
+                    "a foreign link-local next hop"
+                );
+            }
+        }
     }
     for route in r.loc_rib() {
         assert!(r.decide(&route.prefix).is_some());
