@@ -165,6 +165,29 @@ fn parse_prefix(s: &str) -> Result<Prefix, Status> {
         .ok_or_else(|| Status::invalid_argument(format!("prefix: {s:?} is not valid")))
 }
 
+/// `families` of a peer request; `None`: the session's own.
+fn families(names: &[String]) -> Result<Option<crate::bgp::speaker::Families>, Status> {
+    if names.is_empty() {
+        return Ok(None);
+    }
+    let mut f = crate::bgp::speaker::Families {
+        ipv4: false,
+        ipv6: false,
+    };
+    for n in names {
+        match n.trim() {
+            "ipv4" => f.ipv4 = true,
+            "ipv6" => f.ipv6 = true,
+            other => {
+                return Err(Status::invalid_argument(format!(
+                    "peer.families: {other:?} is not a family; use \"ipv4\" and/or \"ipv6\""
+                )));
+            }
+        }
+    }
+    Ok(Some(f))
+}
+
 /// `inner` is `outer` or inside it (same family).
 fn prefix_within(outer: &Prefix, inner: &Prefix) -> bool {
     match (outer, inner) {
@@ -235,6 +258,11 @@ fn peer_message(spec: &PeerSpec) -> BgpPeer {
         stale_path_time_s: spec.graceful_restart.map_or(0, |g| u32::from(g.stale_time)),
         max_prefixes_restart_s: spec.max_prefixes_restart.map_or(0, u32::from),
         multihop_ttl: spec.transport.multihop_ttl.map_or(0, u32::from),
+        families: [(spec.families.ipv4, "ipv4"), (spec.families.ipv6, "ipv6")]
+            .into_iter()
+            .filter(|(on, _)| *on)
+            .map(|(_, f)| f.to_owned())
+            .collect(),
         ..BgpPeer::default()
     }
 }
@@ -401,6 +429,11 @@ impl Bgp for BgpService {
             return Err(Status::invalid_argument("peer.as_number: AS 0 is reserved"));
         }
         if p.origin == i32::from(PeerOrigin::Resource) {
+            if !p.families.is_empty() {
+                return Err(Status::invalid_argument(
+                    "peer.families: BGPPeer resources carry their session's own family; add the peer to one node (no --resource) to choose families",
+                ));
+            }
             // A BGPPeer resource: stored; every bgpd it concerns adds the session.
             let u16_of = |field: &str, v: u32| {
                 u16::try_from(v)
@@ -433,6 +466,9 @@ impl Bgp for BgpService {
             return Ok(Response::new(echo));
         }
         let mut spec = PeerSpec::new(address, bgp_wire::Asn(p.as_number));
+        if let Some(f) = families(&p.families)? {
+            spec.families = f;
+        }
         spec.passive = p.passive;
         let hops = |field: &str, v: u32| -> Result<Option<u8>, Status> {
             match v {

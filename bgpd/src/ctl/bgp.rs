@@ -106,6 +106,9 @@ pub enum PeerCommand {
         /// Seconds before a session stopped by --max-prefixes restarts [default: stays down].
         #[arg(long, requires = "max_prefixes")]
         max_prefixes_restart: Option<u32>,
+        /// Address families, e.g. ipv6,ipv4 [default: the session's own].
+        #[arg(long, value_delimiter = ',')]
+        families: Vec<String>,
         #[arg(long)]
         json: bool,
     },
@@ -550,6 +553,7 @@ pub async fn peer(
             multihop,
             max_prefixes,
             max_prefixes_restart,
+            families,
             json,
         } => {
             let origin = if resource.is_some() {
@@ -572,6 +576,7 @@ pub async fn peer(
                         multihop_ttl: multihop.unwrap_or(0),
                         max_prefixes: max_prefixes.unwrap_or(0),
                         max_prefixes_restart_s: max_prefixes_restart.unwrap_or(0),
+                        families,
                         ..pb::BgpPeer::default()
                     }),
                 })
