@@ -152,9 +152,15 @@ impl Bgpd {
 
     /// Starts bgpd in `ns` with `extra` (sections after `[api]`, e.g. `[bgp]`).
     pub fn start_with(ns: &Netns, extra: &str) -> Bgpd {
+        Self::start_with_node(ns, "", extra)
+    }
+
+    /// As [`Bgpd::start_with`], with `node_extra` lines (e.g. `address6 = "fd99::1/64"\n`)
+    /// inside the `[node]` section.
+    pub fn start_with_node(ns: &Netns, node_extra: &str, extra: &str) -> Bgpd {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("bgpd.sock");
-        let config = super::bgpd::write_config(dir.path(), &socket, extra);
+        let config = super::bgpd::write_config_with_node(dir.path(), &socket, node_extra, extra);
         let log = std::fs::File::create(dir.path().join("bgpd.log")).unwrap();
         let mut cmd = ns.command(super::binary("bgpd"));
         cmd.arg("--config").arg(&config);

@@ -102,11 +102,17 @@ pub fn spawn(dir: &Path, socket: &Path, extra: &str) -> Child {
 /// Writes a minimal configuration into `dir`. `extra` is appended right after the `[api]`
 /// section's socket line: it may add keys to `[api]` and then sections.
 pub fn write_config(dir: &Path, socket: &Path, extra: &str) -> PathBuf {
+    write_config_with_node(dir, socket, "", extra)
+}
+
+/// As [`write_config`], with `node_extra` (keys, e.g. `address6 = "fd99::1/64"`) added to the
+/// `[node]` section, which `extra` cannot reopen (TOML forbids defining a table twice).
+pub fn write_config_with_node(dir: &Path, socket: &Path, node_extra: &str, extra: &str) -> PathBuf {
     let config = dir.join("bgpd.toml");
     std::fs::write(
         &config,
         format!(
-            "[node]\nname = \"test-node\"\naddress = \"10.0.0.5/24\"\n\
+            "[node]\nname = \"test-node\"\naddress = \"10.0.0.5/24\"\n{node_extra}\
              [datastore]\npath = \"{}\"\n\
              [api]\nsocket = \"{}\"\n{extra}",
             dir.join("store.db").display(),

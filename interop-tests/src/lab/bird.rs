@@ -106,8 +106,6 @@ impl Bird {
         asn: u32,
         extra: &str,
     ) -> Result<Bird, String> {
-        let (bird, birdc) = binaries(version)?;
-        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         let conf = match version {
             BirdVersion::V1 => format!(
                 "router id {PEER_ADDR};\n\
@@ -128,6 +126,15 @@ impl Bird {
                    connect delay time 1;\n  connect retry time 3;\n  error wait time 1,10;\n{extra}}}\n"
             ),
         };
+        Self::start_config(version, ns, &conf)
+    }
+
+    /// BIRD `version` in `ns` with a whole `bird.conf` of the caller's. Name its BGP protocol
+    /// `m` and the static protocol it exports `st` and the [`BgpPeer`] methods work as usual
+    /// (`established`, `route` of protocol `m`, `announce`/`withdraw` enable/disable `st`).
+    pub fn start_config(version: BirdVersion, ns: &Netns, conf: &str) -> Result<Bird, String> {
+        let (bird, birdc) = binaries(version)?;
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         std::fs::write(dir.path().join("bird.conf"), conf).map_err(|e| e.to_string())?;
         let mut b = Bird {
             version,

@@ -162,6 +162,23 @@ impl Frr {
         serde_json::from_str(&self.vtysh(&[cmd])).unwrap_or(serde_json::Value::Null)
     }
 
+    /// Runs `lines` in `configure terminal` (e.g. `router bgp 65000`,
+    /// `address-family ipv6 unicast`, `no network fd20:1::/122`); vtysh's output.
+    pub fn configure(&self, lines: &[&str]) -> String {
+        let mut cmds = vec!["configure terminal"];
+        cmds.extend_from_slice(lines);
+        self.vtysh(&cmds)
+    }
+
+    /// The state of the session with `neighbor` in `show bgp <afi> unicast summary json`
+    /// (`afi` "ipv4" or "ipv6"): "Established", "Active", ...; "" when FRR does not list it.
+    pub fn session_state(&self, afi: &str, neighbor: &str) -> String {
+        self.json(&format!("show bgp {afi} unicast summary json"))["peers"][neighbor]["state"]
+            .as_str()
+            .unwrap_or("")
+            .to_owned()
+    }
+
     fn network(&self, add: bool) {
         let router = format!("router bgp {}", self.asn);
         let net = format!("{}network {PEER_PREFIX}", if add { "" } else { "no " });

@@ -7,6 +7,7 @@ pub mod calico_bird;
 pub mod etcd;
 pub mod frr;
 pub mod gobgp;
+pub mod link6;
 pub mod mesh;
 pub mod netns;
 pub mod procstat;
