@@ -188,7 +188,7 @@ fn bird2_ipv6_session() {
     // The session runs over IPv6: bgpd names the peer by its IPv6 address.
     let sessions = b.ctl_json(&["show", "protocols", "--json"]);
     assert_eq!(
-        sessions[0]["peer_address"],
+        sessions[0]["address"],
         PEER_ADDR6,
         "{}",
         ctx("peer_address", &b, &peer())
@@ -309,7 +309,7 @@ fn frr_ipv6_session_with_extended_next_hop() {
     );
     let sessions = b.ctl_json(&["show", "protocols", "--json"]);
     assert_eq!(
-        sessions[0]["peer_address"],
+        sessions[0]["address"],
         PEER_ADDR6,
         "{}",
         ctx("peer_address", &b, &peer())
@@ -492,7 +492,7 @@ fn frr_ipv4_session_carries_ipv6() {
     );
     let sessions = b.ctl_json(&["show", "protocols", "--json"]);
     assert_eq!(
-        sessions[0]["peer_address"],
+        sessions[0]["address"],
         PEER_ADDR,
         "{}",
         ctx("peer_address", &b, &peer())

@@ -184,6 +184,7 @@ pub fn peer_json(p: &pb::PeerStatus) -> serde_json::Value {
         "name": peer.name,
         "address": peer.peer_address,
         "as": peer.as_number,
+        "families": peer.families,
         "passive": peer.passive,
         "state": state_name(p.state),
         "since_unix_ms": p.since_unix_ms,
