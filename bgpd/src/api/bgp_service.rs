@@ -150,9 +150,19 @@ fn status(e: SpeakerError) -> Status {
 }
 
 fn parse_addr(field: &str, s: &str) -> Result<IpAddr, Status> {
-    s.trim()
+    let a: IpAddr = s
+        .trim()
         .parse()
-        .map_err(|_| Status::invalid_argument(format!("{field}: {s:?} is not an IP address")))
+        .map_err(|_| Status::invalid_argument(format!("{field}: {s:?} is not an IP address")))?;
+    if let IpAddr::V6(v6) = a
+        && v6.is_unicast_link_local()
+    {
+        return Err(Status::invalid_argument(format!(
+            "{field}: {s:?} is link-local, which needs an interface; use a global address"
+        )));
+    }
+    // An IPv4-mapped address is the IPv4 address.
+    Ok(a.to_canonical())
 }
 
 fn parse_prefix(s: &str) -> Result<Prefix, Status> {
@@ -429,6 +439,11 @@ impl Bgp for BgpService {
             return Err(Status::invalid_argument("peer.as_number: AS 0 is reserved"));
         }
         if p.origin == i32::from(PeerOrigin::Resource) {
+            if address.is_ipv6() {
+                return Err(Status::invalid_argument(
+                    "peer.peer_address: BGPPeer resources are IPv4 for now (the cluster peers over IPv4); add an IPv6 peer to one node without --resource",
+                ));
+            }
             if !p.families.is_empty() {
                 return Err(Status::invalid_argument(
                     "peer.families: BGPPeer resources carry their session's own family; add the peer to one node (no --resource) to choose families",

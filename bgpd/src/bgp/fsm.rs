@@ -244,6 +244,10 @@ pub struct Negotiated {
     pub enhanced_refresh: bool,
     /// The peer takes IPv4 routes with IPv6 next hops (RFC 8950).
     pub peer_ext_next_hop: bool,
+    /// Families of the peer's graceful restart capability that we carry, with its
+    /// forwarding-preserved bit: only their routes are kept through its restart (RFC 4724
+    /// §4.2).
+    pub peer_gr_families: Vec<(Family, bool)>,
 }
 
 /// One peer's state machine.
@@ -459,9 +463,14 @@ impl Fsm {
             }
             (State::Established, Decoded::RouteRefresh(r)) => {
                 self.restart_hold(out);
-                // Only families we carry; unknown subtypes are ignored (RFC 7313 §5).
+                // Only families the session carries; unknown subtypes are ignored (RFC 7313 §5).
                 let family = r.family;
-                if self.config.families.contains(&family) {
+                let carried = self.negotiated.as_ref().is_some_and(|n| match family {
+                    Family::IPV4_UNICAST => n.params.ipv4_unicast,
+                    Family::IPV6_UNICAST => n.params.ipv6_unicast,
+                    _ => false,
+                });
+                if carried {
                     match r.subtype {
                         bgp_wire::RefreshSubtype::Normal => out.push(Action::Refresh(family)),
                         bgp_wire::RefreshSubtype::Begin => out.push(Action::RefreshMarker {
@@ -574,6 +583,17 @@ impl Fsm {
                 .capabilities
                 .iter()
                 .any(|c| matches!(c, Capability::EnhancedRouteRefresh)),
+            peer_gr_families: open
+                .graceful_restart()
+                .filter(|_| self.config.graceful_restart.is_some())
+                .map(|g| {
+                    g.families
+                        .iter()
+                        .filter(|f| self.config.families.contains(&f.family))
+                        .map(|f| (f.family, f.forwarding_preserved))
+                        .collect()
+                })
+                .unwrap_or_default(),
             peer_ext_next_hop: open.ext_next_hops().any(|t| {
                 t.nlri_afi == bgp_wire::Afi::IPV4
                     && t.nlri_safi == 1

@@ -66,6 +66,8 @@ pub enum Action {
 pub enum NetMatch {
     /// Any prefix.
     Any,
+    /// A default route of either family (0.0.0.0/0, ::/0).
+    Default,
     /// Exactly this prefix.
     Exactly(Ipv4Net),
     /// This prefix or one inside it, with a length in `min..=32` (BIRD's `net ~ p{min,32}`).
@@ -73,15 +75,17 @@ pub enum NetMatch {
 }
 
 impl NetMatch {
-    /// Rules are generated from IPv4 pools: an IPv6 prefix matches only `Any`.
+    /// Rules are generated from IPv4 pools: an IPv6 prefix matches only `Any` and
+    /// `Default`.
     fn matches(&self, p: Prefix) -> bool {
         let p = match (self, p) {
             (NetMatch::Any, _) => return true,
+            (NetMatch::Default, p) => return p.prefix_len() == 0,
             (_, Prefix::V6(_)) => return false,
             (_, Prefix::V4(p)) => p,
         };
         match *self {
-            NetMatch::Any => true,
+            NetMatch::Any | NetMatch::Default => true,
             NetMatch::Exactly(n) => n.network() == p.addr() && n.prefix_len() == p.prefix_len(),
             NetMatch::Within(n, min) => {
                 p.prefix_len() >= n.prefix_len().max(min) && n.contains(&p.addr())
@@ -131,6 +135,7 @@ impl Rule {
         let mut parts = Vec::new();
         match self.net {
             NetMatch::Any => {}
+            NetMatch::Default => parts.push("net = 0.0.0.0/0 || net = ::/0".into()),
             NetMatch::Exactly(n) => parts.push(format!("net = {n}")),
             NetMatch::Within(n, min) => {
                 parts.push(format!("net ~ {n}{{{},32}}", n.prefix_len().max(min)))
@@ -306,11 +311,7 @@ impl Policy {
         ));
 
         let mut export_external = vec![
-            Rule::new(
-                NetMatch::Exactly(Ipv4Net::default()),
-                Action::Reject,
-                "never a default route",
-            ),
+            Rule::new(NetMatch::Default, Action::Reject, "never a default route"),
             Rule::new(
                 NetMatch::Any,
                 Action::Reject,

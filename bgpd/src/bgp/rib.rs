@@ -203,6 +203,11 @@ pub fn next_hop_addr(a: &PathAttributes) -> Option<IpAddr> {
     })
 }
 
+/// An IPv6 next hop whose global address is link-local (unnumbered sessions).
+fn link_local_only(nh: &NextHop) -> bool {
+    matches!(nh, NextHop::V6 { global, .. } if global.is_unicast_link_local())
+}
+
 /// Put `nh` where it belongs: NEXT_HOP for an IPv4 next hop, `mp_next_hop` otherwise.
 fn set_next_hop(a: &mut PathAttributes, nh: NextHop) {
     match nh {
@@ -1197,7 +1202,7 @@ fn export_attrs<P: RibPrefix>(
     match next_hop_of(&e) {
         // Next-hop-self for what we originate unless the announcement named one, and for
         // what the peer could not use as it is.
-        Some(nh) if P::carries(to, &nh) => {
+        Some(nh) if P::carries(to, &nh) && !link_local_only(&nh) => {
             if let NextHop::V6 {
                 global,
                 link_local: Some(_),
@@ -1214,6 +1219,12 @@ fn export_attrs<P: RibPrefix>(
                 );
             }
         }
+        // An IPv4 route via an IPv6 next hop, to an iBGP peer that takes no IPv6 next hops:
+        // we would attract traffic we cannot forward (the kernel table is IPv4-via-IPv4), so
+        // it is not advertised, as BIRD and FRR drop next hops they cannot resolve.
+        Some(nh) if src != Source::Local && !link_local_only(&nh) => return None,
+        // A link-local next hop alone (an unnumbered peer) means nothing off its link: ours,
+        // as FRR does.
         _ => set_next_hop(&mut e, own),
     }
     Some(e)

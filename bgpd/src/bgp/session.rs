@@ -94,6 +94,9 @@ pub enum FromSession {
         peer_ext_next_hop: bool,
         /// The peer's restart time, when both sides offered graceful restart.
         peer_restart_time: Option<u16>,
+        /// The families whose routes are kept through the peer's restart, with its
+        /// forwarding-preserved bit.
+        peer_gr_families: Vec<(Family, bool)>,
     },
     /// Left Established; with `graceful`, the peer's routes are kept stale that long.
     Down {
@@ -598,6 +601,7 @@ impl Session {
                         ipv6: n.params.ipv6_unicast,
                         peer_ext_next_hop: n.peer_ext_next_hop,
                         peer_restart_time: n.peer_restart_time,
+                        peer_gr_families: n.peer_gr_families,
                     })
                     .await;
             }

@@ -180,7 +180,8 @@ const PREFIX_WARN_PERCENT: u64 = 75;
 
 impl PeerSpec {
     pub fn new(address: impl Into<IpAddr>, asn: Asn) -> Self {
-        let address = address.into();
+        // An IPv4-mapped IPv6 address is the IPv4 peer (its connections arrive as IPv4).
+        let address = address.into().to_canonical();
         PeerSpec {
             address,
             families: Families::of(address),
@@ -445,6 +446,8 @@ struct PeerEntry {
     epoch: Option<u64>,
     /// The families negotiated in that period.
     up: Families,
+    /// Families the peer's graceful restart covers (routes kept through its restart).
+    gr_families: Families,
     /// The peer passed its prefix limit: its session is stopped (restarted later if
     /// configured).
     limit_hit: bool,
@@ -698,7 +701,8 @@ impl Speaker {
                             tracing::info!(%from, ttl, min, "connection refused by TTL security");
                             return;
                         }
-                        if let Err(e) = p.spec.transport.apply_ttls(stream.as_fd(), false) {
+                        if let Err(e) = p.spec.transport.apply_ttls(stream.as_fd(), from.is_ipv6())
+                        {
                             tracing::warn!(%from, error = %e, "cannot set TTLs on an accepted connection; refused");
                             return;
                         }
@@ -861,6 +865,10 @@ impl Speaker {
                 remote_id: None,
                 epoch: None,
                 up: Families {
+                    ipv4: false,
+                    ipv6: false,
+                },
+                gr_families: Families {
                     ipv4: false,
                     ipv6: false,
                 },
@@ -1075,6 +1083,11 @@ impl Speaker {
         };
         let Source::Peer(q) = src else { return None };
         let next_hop = next_hop_addr(attrs)?;
+        // routewriter programs IPv4 routes via IPv4 gateways only: IPv6 routes (and IPv4
+        // via IPv6) stay out of the kernel table rather than be refused there one by one.
+        if !(p.addr().is_ipv4() && next_hop.is_ipv4()) {
+            return None;
+        }
         let (via, reason) =
             self.rib
                 .policy()
@@ -1177,11 +1190,26 @@ impl Speaker {
                 ipv6,
                 peer_ext_next_hop,
                 peer_restart_time,
+                peer_gr_families,
             } => {
                 let ipv6_next_hop = self.config.ipv6_next_hop;
                 let Some(p) = self.entry(id) else { return };
                 p.epoch = Some(epoch);
                 p.up = Families { ipv4, ipv6 };
+                // Families whose stale routes may wait for End-of-RIB: in the restarted
+                // peer's capability with forwarding preserved (RFC 4724 §4.2).
+                let preserved = |f: Family| {
+                    peer_restart_time.is_some() && peer_gr_families.contains(&(f, true))
+                };
+                let wait = Families {
+                    ipv4: ipv4 && preserved(Family::IPV4_UNICAST),
+                    ipv6: ipv6 && preserved(Family::IPV6_UNICAST),
+                };
+                let gr = |f: Family| peer_gr_families.iter().any(|(g, _)| *g == f);
+                p.gr_families = Families {
+                    ipv4: gr(Family::IPV4_UNICAST),
+                    ipv6: gr(Family::IPV6_UNICAST),
+                };
                 p.remote_id = Some(remote_id);
                 p.gr_token = p.gr_token.wrapping_add(1);
                 let (token, addr) = (p.gr_token, p.spec.address);
@@ -1192,6 +1220,12 @@ impl Speaker {
                     peer_ext_next_hop,
                     ipv6_next_hop,
                 );
+                if ipv4 && next_hop_v4.is_none() {
+                    tracing::warn!(peer = %addr, "IPv4 negotiated on an IPv6 session, but the peer did not offer the extended next hop capability: no IPv4 routes are sent to it");
+                }
+                if ipv6 && local_address.is_ipv4() && ipv6_next_hop.is_none() {
+                    tracing::warn!(peer = %addr, "IPv6 routes on an IPv4 session get the IPv4-mapped next hop, which most peers refuse: set node.address6");
+                }
                 let info = PeerInfo {
                     id,
                     address: p.spec.address,
@@ -1212,14 +1246,16 @@ impl Speaker {
                     let _ = tx.send(ToSession::Routes { epoch, update });
                 }
                 let _ = tx.send(ToSession::EndOfRib { epoch });
+                // Back from its restart: stale routes of the families it preserved stay until
+                // its End-of-RIB, at most the stale-path time; the others go now.
+                if self.rib.has_stale(id) && !wait.ipv4 {
+                    self.sweep_stale(id, Some(Family::IPV4_UNICAST));
+                }
+                if self.rib6.has_stale(id) && !wait.ipv6 {
+                    self.sweep_stale(id, Some(Family::IPV6_UNICAST));
+                }
                 if self.has_stale(id) {
-                    if peer_restart_time.is_some() {
-                        // Back from its restart: its routes stay until its End-of-RIB, at
-                        // most the stale-path time.
-                        self.gr_timer(addr, id, token, stale_time);
-                    } else {
-                        self.sweep_stale(id, None);
-                    }
+                    self.gr_timer(addr, id, token, stale_time);
                 }
             }
             FromSession::Down {
@@ -1236,8 +1272,21 @@ impl Speaker {
                 let (token, addr) = (p.gr_token, p.spec.address);
                 match graceful.filter(|_| p.spec.graceful_restart.is_some()) {
                     Some(restart_time) => {
-                        let kept =
-                            self.rib.peer_down_graceful(id) + self.rib6.peer_down_graceful(id);
+                        // Only the families its capability names are kept (RFC 4724 §4.2).
+                        let keep = p.gr_families;
+                        let mut kept = 0;
+                        if keep.ipv4 {
+                            kept += self.rib.peer_down_graceful(id);
+                        } else {
+                            let out = self.rib.peer_down(id);
+                            self.distribute(out);
+                        }
+                        if keep.ipv6 {
+                            kept += self.rib6.peer_down_graceful(id);
+                        } else {
+                            let out = self.rib6.peer_down(id);
+                            self.distribute(out);
+                        }
                         tracing::info!(peer = %addr, kept, restart_time, "peer restarting gracefully: its routes are kept stale");
                         self.gr_timer(addr, id, token, restart_time);
                     }
@@ -1289,10 +1338,14 @@ impl Speaker {
                 if p.epoch != Some(epoch) {
                     return;
                 }
-                let u = update.update;
-                let (mut withdrawn, mut withdrawn6) = split_families(u.withdrawn_routes());
-                let (mut announced, mut announced6) = split_families(u.announced());
-                let mut attrs = Some(u.attributes);
+                let (mut withdrawn, mut withdrawn6) =
+                    split_families(update.update.withdrawn_routes());
+                let bgp_wire::Update {
+                    attributes,
+                    nlri,
+                    mp_reach,
+                    ..
+                } = update.update;
                 p.malformed.attribute_discard = p
                     .malformed
                     .attribute_discard
@@ -1300,21 +1353,29 @@ impl Speaker {
                 if !update.discarded.is_empty() {
                     tracing::info!(peer = %p.spec.address, discarded = ?update.discarded, "attributes discarded (RFC 7606)");
                 }
+                let mut routes = Announced::of(attributes, nlri, mp_reach);
                 if let Disposition::TreatAsWithdraw(problems) = &update.disposition {
                     p.malformed.treat_as_withdraw = p.malformed.treat_as_withdraw.saturating_add(1);
                     tracing::warn!(peer = %p.spec.address, ?problems, "UPDATE treated as withdraw (RFC 7606)");
-                    withdrawn.append(&mut announced);
-                    withdrawn6.append(&mut announced6);
-                    attrs = None;
+                    withdrawn.append(&mut routes.v4);
+                    withdrawn.append(&mut routes.mp_v4);
+                    withdrawn6.append(&mut routes.v6);
+                    routes = Announced::default();
                 }
-                let (attrs, attrs6) =
-                    route_attrs(attrs, u.mp_reach.as_ref(), !announced6.is_empty());
-                if !announced.is_empty() || !withdrawn.is_empty() {
-                    let out = self.rib.update(id, attrs, &announced, &withdrawn);
+                if !routes.v4.is_empty() || !withdrawn.is_empty() {
+                    let out = self.rib.update(id, routes.attrs, &routes.v4, &withdrawn);
                     self.distribute(out);
                 }
-                if !announced6.is_empty() || !withdrawn6.is_empty() {
-                    let out = self.rib6.update(id, attrs6, &announced6, &withdrawn6);
+                if !routes.mp_v4.is_empty() {
+                    let out = self
+                        .rib
+                        .update(id, routes.mp_attrs.clone(), &routes.mp_v4, &[]);
+                    self.distribute(out);
+                }
+                if !routes.v6.is_empty() || !withdrawn6.is_empty() {
+                    let out = self
+                        .rib6
+                        .update(id, routes.mp_attrs, &routes.v6, &withdrawn6);
                     self.distribute(out);
                 }
                 self.check_prefix_limit(id);
@@ -1364,36 +1425,57 @@ fn split_families(prefixes: impl Iterator<Item = Prefix>) -> (Vec<Ipv4Prefix>, V
     (v4, v6)
 }
 
-/// The attributes to store with an UPDATE's IPv4 and IPv6 routes: routes in MP_REACH_NLRI
-/// carry their next hop there, and the table keeps it with the attributes.
-fn route_attrs(
+/// The routes an UPDATE announces, with the attributes to store them with: NEXT_HOP applies
+/// to the classic NLRI field only, MP_REACH_NLRI's next hop to its own routes (RFC 4760
+/// §3), so each part gets its own copy of the next hop.
+#[derive(Debug, Default, PartialEq)]
+struct Announced {
     attrs: Option<PathAttributes>,
-    reach: Option<&bgp_wire::MpReach>,
-    has_v6: bool,
-) -> (Option<PathAttributes>, Option<PathAttributes>) {
-    let Some(mut a) = attrs else {
-        return (None, None);
-    };
-    let Some(r) = reach else {
-        return (Some(a), None);
-    };
-    match (&r.nlri, r.next_hop) {
-        (bgp_wire::MpNlri::Ipv6(_), nh) if has_v6 => {
-            let mut a6 = a.clone();
-            a6.next_hop = None;
-            a6.mp_next_hop = Some(nh);
-            (Some(a), Some(a6))
+    /// The classic NLRI field.
+    v4: Vec<Ipv4Prefix>,
+    /// Attributes of the MP_REACH_NLRI routes, with its next hop.
+    mp_attrs: Option<PathAttributes>,
+    /// IPv4 routes in MP_REACH_NLRI (an IPv4 next hop, or IPv6 per RFC 8950).
+    mp_v4: Vec<Ipv4Prefix>,
+    v6: Vec<Ipv6Prefix>,
+}
+
+impl Announced {
+    fn of(attrs: PathAttributes, nlri: Vec<Ipv4Prefix>, reach: Option<bgp_wire::MpReach>) -> Self {
+        let Some(reach) = reach else {
+            return Announced {
+                attrs: Some(attrs),
+                v4: nlri,
+                ..Announced::default()
+            };
+        };
+        // A copy only when the UPDATE carries both kinds (rare).
+        let (classic, mut mp) = if nlri.is_empty() {
+            (None, attrs)
+        } else {
+            (Some(attrs.clone()), attrs)
+        };
+        let mut a = Announced {
+            attrs: classic,
+            v4: nlri,
+            ..Announced::default()
+        };
+        match reach.next_hop {
+            NextHop::V4(nh) => {
+                mp.next_hop = Some(nh);
+                mp.mp_next_hop = None;
+            }
+            v6 => {
+                mp.next_hop = None;
+                mp.mp_next_hop = Some(v6);
+            }
         }
-        (bgp_wire::MpNlri::Ipv4(_), NextHop::V4(nh)) if a.next_hop.is_none() => {
-            a.next_hop = Some(nh);
-            (Some(a), None)
+        match reach.nlri {
+            bgp_wire::MpNlri::Ipv4(v) => a.mp_v4 = v,
+            bgp_wire::MpNlri::Ipv6(v) => a.v6 = v,
         }
-        // IPv4 routes with an IPv6 next hop (RFC 8950).
-        (bgp_wire::MpNlri::Ipv4(_), nh @ NextHop::V6 { .. }) if a.next_hop.is_none() => {
-            a.mp_next_hop = Some(nh);
-            (Some(a), None)
-        }
-        _ => (Some(a), None),
+        a.mp_attrs = Some(mp);
+        a
     }
 }
 
@@ -1470,29 +1552,40 @@ mod tests {
             global: v6("fd99::2"),
             link_local: Some(v6("fe80::2")),
         };
+        let classic: Vec<Ipv4Prefix> = vec!["10.1.0.0/24".parse().unwrap()];
         // IPv6 routes beside classic IPv4 ones: each family its own next hop.
         let reach = MpReach {
             next_hop: nh6,
             nlri: MpNlri::Ipv6(vec!["fd20::/122".parse().unwrap()]),
         };
-        let (a4, a6) = route_attrs(Some(base.clone()), Some(&reach), true);
-        assert_eq!(a4.unwrap().next_hop, Some(Ipv4Addr::new(10, 0, 0, 2)));
-        let a6 = a6.unwrap();
-        assert_eq!((a6.next_hop, a6.mp_next_hop), (None, Some(nh6)));
-        // IPv4 routes with an IPv6 next hop (RFC 8950).
+        let a = Announced::of(base.clone(), classic.clone(), Some(reach));
+        assert_eq!(a.attrs.unwrap().next_hop, Some(Ipv4Addr::new(10, 0, 0, 2)));
+        assert_eq!(a.v4, classic);
+        let mp = a.mp_attrs.unwrap();
+        assert_eq!((mp.next_hop, mp.mp_next_hop), (None, Some(nh6)));
+        assert_eq!(a.v6.len(), 1);
+        // IPv4 routes with an IPv6 next hop (RFC 8950), even beside a classic NEXT_HOP:
+        // that applies to the NLRI field only (RFC 4760 §3).
         let reach = MpReach {
             next_hop: nh6,
             nlri: MpNlri::Ipv4(vec!["10.20.1.0/24".parse().unwrap()]),
         };
-        let no_nh = PathAttributes {
-            next_hop: None,
-            ..base.clone()
+        let a = Announced::of(base.clone(), classic.clone(), Some(reach));
+        assert_eq!(a.mp_v4.len(), 1);
+        let mp = a.mp_attrs.unwrap();
+        assert_eq!((mp.next_hop, mp.mp_next_hop), (None, Some(nh6)));
+        assert_eq!(a.attrs.unwrap().next_hop, base.next_hop);
+        // Only MP routes: the classic part is empty and the attributes are not copied.
+        let reach = MpReach {
+            next_hop: NextHop::V4(Ipv4Addr::new(10, 0, 0, 9)),
+            nlri: MpNlri::Ipv4(vec!["10.30.0.0/24".parse().unwrap()]),
         };
-        let (a4, a6) = route_attrs(Some(no_nh), Some(&reach), false);
-        assert_eq!(a4.unwrap().mp_next_hop, Some(nh6));
-        assert!(a6.is_none());
-        // Treated as withdraw: nothing to store.
-        assert_eq!(route_attrs(None, Some(&reach), true), (None, None));
+        let a = Announced::of(base, vec![], Some(reach));
+        assert!(a.attrs.is_none() && a.v4.is_empty());
+        assert_eq!(
+            a.mp_attrs.unwrap().next_hop,
+            Some(Ipv4Addr::new(10, 0, 0, 9))
+        );
     }
 
     #[test]

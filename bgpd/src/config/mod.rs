@@ -422,6 +422,17 @@ impl Config {
             }
             crate::bgp::sockopt::Password::new(&p.password)
                 .map_err(|e| field("bgp.peers", format!("peer {}: password: {e}", p.address)))?;
+            if let IpAddr::V6(a) = p.address
+                && a.is_unicast_link_local()
+            {
+                return Err(field(
+                    "bgp.peers",
+                    format!(
+                        "peer {}: a link-local address needs an interface, which peers cannot name yet; use the peer's global address",
+                        p.address
+                    ),
+                ));
+            }
             if p.families.as_ref().is_some_and(Vec::is_empty) {
                 return Err(field(
                     "bgp.peers",

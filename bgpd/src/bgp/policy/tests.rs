@@ -133,6 +133,13 @@ fn external_export_honours_disable_bgp_export_and_never_sends_default() {
     assert!(pol.export(PeerClass::External, pfx("172.20.1.0/26"), local));
     assert!(!pol.export(PeerClass::External, pfx("10.60.0.0/26"), local));
     assert!(!pol.export(PeerClass::External, pfx("0.0.0.0/0"), local));
+    let v6_default = Prefix::V6("::/0".parse().unwrap());
+    assert!(!pol.export(PeerClass::External, v6_default, local));
+    assert!(pol.export(
+        PeerClass::External,
+        Prefix::V6("fd00::/64".parse().unwrap()),
+        local
+    ));
     // Mesh peers still get blocks of a pool hidden from external peers.
     assert!(pol.export(PeerClass::Cluster, pfx("10.60.0.0/26"), local));
     // Another node's block is announced by that node, not relayed to the ToR.

@@ -745,7 +745,7 @@ fn ipv6_routes_we_originate_carry_our_global_and_link_local_next_hop() {
 }
 
 #[test]
-fn a_reflected_ipv6_route_keeps_its_global_next_hop_but_not_a_foreign_link_local() {
+fn an_ebgp_learned_ipv6_route_keeps_its_global_next_hop_toward_ibgp_but_not_a_foreign_link_local() {
     let mut r: Rib<Ipv6Prefix> = Rib::new(LOCAL_AS, Ipv4Addr::new(10, 0, 0, 1));
     r.peer_up(peer6(2, 65000));
     r.peer_up(peer6(3, 64512));
@@ -779,6 +779,25 @@ fn a_reflected_ipv6_route_keeps_its_global_next_hop_but_not_a_foreign_link_local
 }
 
 #[test]
+fn a_link_local_only_next_hop_becomes_ours_toward_ibgp_peers() {
+    let mut r: Rib<Ipv6Prefix> = Rib::new(LOCAL_AS, Ipv4Addr::new(10, 0, 0, 1));
+    r.peer_up(peer6(2, 65000));
+    r.peer_up(peer6(3, 64512));
+    // An unnumbered peer: its only next hop is link-local.
+    let theirs = PathAttributes {
+        origin: Some(Origin::Igp),
+        as_path: Some(AsPath::from_sequence([Asn(65000)])),
+        mp_next_hop: Some(NextHop::V6 {
+            global: v6("fe80::2"),
+            link_local: None,
+        }),
+        ..PathAttributes::default()
+    };
+    let out = r.update(PeerId(2), Some(theirs), &[pfx6("fd20::/122")], &[]);
+    assert_eq!(announced_nh(&out, 3), peer6(3, 64512).next_hop_v6);
+}
+
+#[test]
 fn a_session_without_a_next_hop_of_the_family_is_sent_nothing() {
     let mut r: Rib<Ipv6Prefix> = Rib::new(LOCAL_AS, Ipv4Addr::new(10, 0, 0, 1));
     r.peer_up(peer(2, 65000)); // next_hop_v6: None
@@ -790,14 +809,23 @@ fn a_session_without_a_next_hop_of_the_family_is_sent_nothing() {
 #[test]
 fn ipv4_routes_over_extended_next_hop_use_ipv6_next_hops_only_where_the_peer_takes_them() {
     let mut r = rib();
-    // Peer 2: an IPv6 session whose peer takes IPv6 next hops for IPv4 (RFC 8950).
+    // Peer 2: an IPv6 session whose peer takes IPv6 next hops for IPv4 (RFC 8950); our
+    // next hop there is the global address alone (as the speaker makes it).
     let enh = PeerInfo {
-        next_hop_v4: peer6(2, 65000).next_hop_v6,
+        next_hop_v4: Some(NextHop::V6 {
+            global: v6("fd99::1"),
+            link_local: None,
+        }),
         ..peer6(2, 65000)
     };
     r.peer_up(enh);
-    // Peer 3: a plain IPv4 iBGP session.
+    // Peer 3: a plain IPv4 iBGP session; peer 4: an IPv4 iBGP session that takes IPv6 next
+    // hops.
     r.peer_up(peer(3, 64512));
+    r.peer_up(PeerInfo {
+        next_hop_v4: enh.next_hop_v4,
+        ..peer(4, 64512)
+    });
     let out = r.announce(pfx("10.10.1.0/24"), PathAttributes::default());
     assert_eq!(announced_nh(&out, 2), enh.next_hop_v4);
     assert_eq!(
@@ -805,7 +833,7 @@ fn ipv4_routes_over_extended_next_hop_use_ipv6_next_hops_only_where_the_peer_tak
         Some(NextHop::V4(Ipv4Addr::new(10, 0, 0, 1)))
     );
     // A route learned from peer 2 with an IPv6 next hop: peer 3 cannot use that next hop,
-    // so it gets ours.
+    // and we cannot forward IPv4 via IPv6 ourselves: it is not told; peer 4 gets it as is.
     let theirs = PathAttributes {
         origin: Some(Origin::Igp),
         as_path: Some(AsPath::from_sequence([Asn(65000)])),
@@ -816,9 +844,18 @@ fn ipv4_routes_over_extended_next_hop_use_ipv6_next_hops_only_where_the_peer_tak
         ..PathAttributes::default()
     };
     let out = r.update(PeerId(2), Some(theirs), &[pfx("10.20.1.0/24")], &[]);
+    assert!(!out.contains_key(&PeerId(3)), "{out:?}");
+    assert!(
+        r.adj_out(PeerId(3))
+            .iter()
+            .all(|x| x.prefix != pfx("10.20.1.0/24"))
+    );
     assert_eq!(
-        announced_nh(&out, 3),
-        Some(NextHop::V4(Ipv4Addr::new(10, 0, 0, 1)))
+        announced_nh(&out, 4),
+        Some(NextHop::V6 {
+            global: v6("fd99::2"),
+            link_local: None
+        })
     );
     let best = r.best(&pfx("10.20.1.0/24")).unwrap().1;
     assert_eq!(
