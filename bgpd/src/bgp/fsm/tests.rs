@@ -574,3 +574,75 @@ fn enhanced_route_refresh_is_offered_and_its_markers_reach_the_rib() {
     let (f, _) = established(cfg(), 9);
     assert!(!f.negotiated().unwrap().enhanced_refresh);
 }
+
+#[test]
+fn graceful_restart_families_are_those_of_the_peer_we_carry_with_their_forwarding_bit() {
+    let mut c = cfg();
+    c.graceful_restart = Some(120);
+    c.families = vec![Family::IPV4_UNICAST, Family::IPV6_UNICAST];
+    let v6_not_preserved = bgp_wire::GrFamily {
+        family: Family::IPV6_UNICAST,
+        forwarding_preserved: false,
+    };
+    let other = bgp_wire::GrFamily {
+        family: Family::new(bgp_wire::Afi::IPV4, bgp_wire::Safi(128)),
+        forwarding_preserved: true,
+    };
+    let mut f = Fsm::new(c.clone());
+    f.handle(Event::Start);
+    f.handle(Event::Connected);
+    f.handle(Event::Message(Decoded::Open(gr_open(
+        90,
+        vec![V4, v6_not_preserved, other],
+    ))));
+    f.handle(Event::Message(Decoded::Keepalive));
+    let n = f.negotiated().unwrap();
+    assert_eq!(
+        n.peer_gr_families,
+        vec![(Family::IPV4_UNICAST, true), (Family::IPV6_UNICAST, false)]
+    );
+    assert_eq!(n.peer_restart_time, Some(90));
+    // Without graceful restart on our side, nothing is kept.
+    c.graceful_restart = None;
+    let f = gr_established(None, gr_open(90, vec![V4]));
+    assert!(f.negotiated().unwrap().peer_gr_families.is_empty());
+}
+
+#[test]
+fn route_refresh_is_answered_only_for_negotiated_families() {
+    let mut c = cfg();
+    c.families = vec![Family::IPV4_UNICAST, Family::IPV6_UNICAST];
+    // The peer offers no multiprotocol capability: IPv4 unicast only (RFC 4760 §8).
+    let (mut f, _) = established(c, 9);
+    let rr = |family| {
+        Event::Message(Decoded::RouteRefresh(RouteRefresh::new(
+            family,
+            RefreshSubtype::Normal,
+        )))
+    };
+    assert!(
+        f.handle(rr(Family::IPV4_UNICAST))
+            .contains(&Action::Refresh(Family::IPV4_UNICAST))
+    );
+    assert!(
+        !f.handle(rr(Family::IPV6_UNICAST))
+            .iter()
+            .any(|a| matches!(a, Action::Refresh(_)))
+    );
+}
+
+#[test]
+fn the_open_offers_our_families_and_extended_next_hop() {
+    let mut c = cfg();
+    c.families = vec![Family::IPV4_UNICAST, Family::IPV6_UNICAST];
+    c.ext_next_hop = true;
+    let open = c.open();
+    let fams: Vec<Family> = open.families().collect();
+    assert_eq!(fams, vec![Family::IPV4_UNICAST, Family::IPV6_UNICAST]);
+    assert!(
+        open.ext_next_hops()
+            .any(|t| t.nlri_afi == bgp_wire::Afi::IPV4 && t.next_hop_afi == bgp_wire::Afi::IPV6)
+    );
+    c.ext_next_hop = false;
+    assert_eq!(c.open().ext_next_hops().count(), 0);
+}
