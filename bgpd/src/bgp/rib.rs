@@ -530,6 +530,20 @@ impl<P: RibPrefix> Rib<P> {
         }
     }
 
+    /// Whether a route from `code` may not go to iBGP peer `to` (RFC 4271 §9.2: iBGP-learned
+    /// routes are not passed to iBGP peers, unless reflected, RFC 4456 §6).
+    fn split_horizon(&self, to: &PeerInfo, code: BestCode) -> bool {
+        let Source::Peer(q) = code.source() else {
+            return false;
+        };
+        let Some(from) = self.peers.get(&q).map(|s| &s.info) else {
+            return false;
+        };
+        to.asn == self.local_as
+            && from.asn == self.local_as
+            && !(self.cluster_id.is_some() && (from.rr_client || to.rr_client))
+    }
+
     /// Peers with an Adj-RIB-Out (established sessions).
     fn established(&self) -> Vec<PeerId> {
         self.peers
@@ -992,6 +1006,10 @@ impl<P: RibPrefix> Rib<P> {
                 // Never back to where it came from (export_attrs says so too; checked here
                 // first because it is every prefix of a peer that is sending us a table).
                 Some(code) if code == to => None,
+                // iBGP-learned to iBGP, not reflected: export_attrs would say no too; said
+                // here before policy is evaluated, because in a full mesh it is what almost
+                // every (peer, prefix) pair comes to.
+                Some(code) if self.split_horizon(&info, code) => None,
                 Some(code) => match self.attrs_of(p, code).map(Arc::as_ptr) {
                     None => None,
                     Some(ptr) => {
