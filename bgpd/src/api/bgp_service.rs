@@ -724,3 +724,49 @@ impl BgpService {
         Ok(Response::new(route_stream(req, routes, Clone::clone)))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn peers_are_named_by_address_or_session_name_of_either_family() {
+        let v4: IpAddr = "10.0.0.2".parse().unwrap();
+        let v6: IpAddr = "fd99::2".parse().unwrap();
+        for s in [
+            "10.0.0.2",
+            "peer_10_0_0_2",
+            "Mesh_10_0_0_2",
+            "Node_10_0_0_2_port_1790",
+        ] {
+            assert_eq!(peer_ref(s).unwrap(), v4, "{s}");
+        }
+        for s in ["fd99::2", "peer_fd99__2", "Global_fd99__2"] {
+            assert_eq!(peer_ref(s).unwrap(), v6, "{s}");
+        }
+        // Mapped addresses are the IPv4 peer; link-local ones cannot be used.
+        assert_eq!(peer_ref("::ffff:10.0.0.2").unwrap(), v4);
+        assert!(peer_ref("fe80::1").is_err());
+        assert!(peer_ref("peer_nonsense").is_err());
+    }
+
+    #[test]
+    fn families_are_checked() {
+        assert_eq!(families(&[]).unwrap(), None);
+        let f = families(&["ipv6".into(), " ipv4".into()]).unwrap().unwrap();
+        assert!(f.ipv4 && f.ipv6);
+        let e = families(&["ipx".into()]).unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+        assert!(e.message().contains("ipx"));
+    }
+
+    #[test]
+    fn prefixes_of_either_family_filter_listings() {
+        let p = |s: &str| parse_prefix(s).unwrap();
+        assert!(prefix_within(&p("10.0.0.0/8"), &p("10.1.0.0/16")));
+        assert!(prefix_within(&p("fd00::/8"), &p("fd10:1::/122")));
+        assert!(!prefix_within(&p("fd00::/8"), &p("10.1.0.0/16")));
+        assert!(!prefix_within(&p("10.1.0.0/16"), &p("10.0.0.0/8")));
+        assert!(parse_prefix("10.0.0.1/33").is_err());
+    }
+}
