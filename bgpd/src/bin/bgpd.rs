@@ -27,7 +27,7 @@ fn main() -> ExitCode {
         }
     };
     bgpd::logging::init(config.log.level);
-    let runtime = match tokio::runtime::Runtime::new() {
+    let runtime = match runtime() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("bgpd: cannot start the runtime: {e}");
@@ -39,6 +39,39 @@ fn main() -> ExitCode {
         Err(e) => {
             eprintln!("bgpd: {e}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// Worker threads of the runtime; `BGPD_WORKER_THREADS` overrides (0: one per core).
+const WORKER_THREADS_ENV: &str = "BGPD_WORKER_THREADS";
+
+/// The runtime: one thread by default. A node runs one bgpd beside its pods, and a lab runs a
+/// hundred on one host: every extra worker is memory (its stack, its malloc arena) and wake-ups
+/// of an idle process, for parallelism bgpd's work (one RIB task, sessions that mostly wait)
+/// seldom has. A bgpd fed a full table by a fast peer may take more with the variable.
+fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    // glibc gives each thread that allocates an arena of its own (up to 8 per core), and
+    // each arena keeps its own freed memory; SQLite's blocking calls run on threads of their
+    // own. Two arenas are enough for bgpd's few busy threads.
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt is called before any other thread exists; it only sets a limit.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 2);
+    }
+    let workers = std::env::var(WORKER_THREADS_ENV)
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok());
+    match workers {
+        None | Some(1) => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build(),
+        Some(n) => {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            if n > 0 {
+                b.worker_threads(n);
+            }
+            b.enable_all().build()
         }
     }
 }
