@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use bgpd::config::Config;
 use clap::Parser;
@@ -43,6 +44,9 @@ fn main() -> ExitCode {
     }
 }
 
+/// Threads for blocking calls (the SQLite datastore's); more calls wait for one.
+const BLOCKING_THREADS: usize = 8;
+
 /// Worker threads of the runtime; `BGPD_WORKER_THREADS` overrides (0: one per core).
 const WORKER_THREADS_ENV: &str = "BGPD_WORKER_THREADS";
 
@@ -62,16 +66,21 @@ fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
     let workers = std::env::var(WORKER_THREADS_ENV)
         .ok()
         .and_then(|v| v.parse::<usize>().ok());
-    match workers {
-        None | Some(1) => tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build(),
+    let mut b = match workers {
+        None | Some(1) => tokio::runtime::Builder::new_current_thread(),
         Some(n) => {
             let mut b = tokio::runtime::Builder::new_multi_thread();
             if n > 0 {
                 b.worker_threads(n);
             }
-            b.enable_all().build()
+            b
         }
-    }
+    };
+    // The blocking pool runs the SQLite calls, serialised per connection (a writer, a
+    // reader, one per watch): a few threads, kept. Tokio's default ends a thread idle for
+    // 10 s, so an idle bgpd started a new one for every probe and fallback poll.
+    b.max_blocking_threads(BLOCKING_THREADS)
+        .thread_keep_alive(Duration::from_secs(3600))
+        .enable_all()
+        .build()
 }
