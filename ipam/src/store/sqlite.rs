@@ -174,6 +174,32 @@ fn follow_file(path: &Path) -> Option<(watch::Receiver<u64>, FileFollower)> {
     Some((rx, FileFollower { stop }))
 }
 
+/// inotify reports another process's commit when it writes the WAL, which is before the
+/// commit is synced and published in the WAL index (shared memory, which inotify does not
+/// see): a look right after the report may find nothing new yet. So a look that found
+/// nothing after a report looks again after each of these delays, until something new is
+/// seen; without it a commit was seen only at the fallback poll.
+const SETTLE: [Duration; 6] = [
+    Duration::from_millis(1),
+    Duration::from_millis(4),
+    Duration::from_millis(16),
+    Duration::from_millis(64),
+    Duration::from_millis(256),
+    Duration::from_millis(1000),
+];
+
+/// The next step of re-looking (see [`SETTLE`]) after a look that followed a report
+/// (`reported`) or a settle delay, and found something new (`advanced`) or not.
+fn next_settle(settle: Option<usize>, reported: bool, advanced: bool) -> Option<usize> {
+    if advanced {
+        None
+    } else if reported {
+        Some(0)
+    } else {
+        settle.map(|i| i + 1).filter(|i| *i < SETTLE.len())
+    }
+}
+
 /// Ends the inotify thread when dropped.
 struct FileFollower {
     stop: Arc<std::os::fd::OwnedFd>,
@@ -683,12 +709,15 @@ impl Datastore for SqliteStore {
         };
         let task = tokio::spawn(async move {
             let (mut events, mut last) = first;
+            // While re-looking after an inotify report: the index into SETTLE.
+            let mut settle: Option<usize> = None;
             loop {
                 for e in events.drain(..) {
                     if tx.send(Ok(e)).await.is_err() {
                         return;
                     }
                 }
+                let mut reported = false;
                 tokio::select! {
                     _ = local.changed() => {}
                     Ok(()) = async {
@@ -696,10 +725,11 @@ impl Datastore for SqliteStore {
                             Some(e) => e.changed().await,
                             None => std::future::pending().await,
                         }
-                    } => {}
-                    _ = tokio::time::sleep(poll) => {}
+                    } => reported = true,
+                    _ = tokio::time::sleep(settle.map_or(poll, |i| SETTLE[i])) => {}
                     _ = tx.closed() => return,
                 }
+                let before = last;
                 let (conn, prefix, end) = (conn.clone(), prefix.clone(), end.clone());
                 let next = blocking(move || {
                     let mut c = conn.lock().unwrap_or_else(|p| p.into_inner());
@@ -713,6 +743,7 @@ impl Datastore for SqliteStore {
                         return;
                     }
                 }
+                settle = next_settle(settle, reported, last > before);
             }
         });
         Ok(Watch::new(rx, task))
@@ -738,5 +769,29 @@ impl Datastore for SqliteStore {
 
     fn describe(&self) -> String {
         format!("sqlite:{}", self.inner.path.display())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_report_that_found_nothing_is_looked_at_again_until_something_shows() {
+        // A report that found the commit: nothing more to do.
+        assert_eq!(next_settle(None, true, true), None);
+        // A report that found nothing: look again soon, then later, then give up.
+        let mut s = next_settle(None, true, false);
+        assert_eq!(s, Some(0));
+        for i in 1..SETTLE.len() {
+            s = next_settle(s, false, false);
+            assert_eq!(s, Some(i));
+        }
+        assert_eq!(next_settle(s, false, false), None);
+        // A new report starts over; something new ends it.
+        assert_eq!(next_settle(Some(3), true, false), Some(0));
+        assert_eq!(next_settle(Some(3), false, true), None);
+        // The fallback poll that found nothing stays the fallback poll.
+        assert_eq!(next_settle(None, false, false), None);
     }
 }
