@@ -13,8 +13,11 @@ use tokio::sync::watch;
 
 use crate::config::{DatastoreConfig, DatastoreKind};
 
-/// How often a connected datastore is probed.
+/// How often a connected etcd is probed: a network service, which goes away on its own.
 const PROBE_EVERY: Duration = Duration::from_secs(2);
+/// How often a SQLite file is probed: a local file does not go away by itself, and every
+/// probe wakes an idle bgpd (and a thread for the blocking read) on every node.
+const PROBE_EVERY_SQLITE: Duration = Duration::from_secs(30);
 /// How long a probe may take before the datastore counts as unavailable.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 const BACKOFF_MIN: Duration = Duration::from_millis(250);
@@ -162,7 +165,11 @@ async fn supervise(tx: watch::Sender<Snapshot>, mut store: Option<Store>, config
             }
             continue;
         };
-        tokio::time::sleep(PROBE_EVERY).await;
+        tokio::time::sleep(match config.kind {
+            DatastoreKind::Sqlite => PROBE_EVERY_SQLITE,
+            DatastoreKind::Etcd => PROBE_EVERY,
+        })
+        .await;
         match tokio::time::timeout(PROBE_TIMEOUT, current.revision()).await {
             Ok(Ok(_)) => publish(DatastoreState::Connected, Some(current)),
             Ok(Err(e)) => publish(DatastoreState::Unavailable(e.to_string()), Some(current)),

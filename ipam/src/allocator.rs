@@ -763,6 +763,13 @@ impl<D: Datastore> Ipam<D> {
             {
                 return Err(IpamError::Stale(format!("node {}", node.name)));
             }
+            // Unchanged (a restart re-registers the same node): no write, so that the nodes
+            // watching the cluster are not all woken to recompute nothing.
+            if let Some((stored, r)) = &current
+                && stored == node
+            {
+                return Ok(*r);
+            }
             match self
                 .store
                 .txn(vec![Self::put(key.clone(), node, current.map(|(_, r)| r))])

@@ -609,3 +609,20 @@ async fn concurrent_requests_on_one_node_share_transactions_and_never_collide() 
     assert!(report.problems.is_empty(), "{:?}", report.problems);
     assert_eq!(report.allocations, 481);
 }
+
+#[tokio::test]
+async fn registering_an_unchanged_node_writes_nothing() {
+    let (ipam, _d) = ipam().await;
+    let mut node = Node::new("node-r");
+    node.ipv4 = Some("10.77.0.9/16".parse().unwrap());
+    let first = ipam.register_node(&node, None).await.unwrap();
+    let store_rev = ipam.store().revision().await.unwrap();
+    // A restart registers the same node again: nothing is written, nobody is woken.
+    assert_eq!(ipam.register_node(&node, None).await.unwrap(), first);
+    assert_eq!(ipam.store().revision().await.unwrap(), store_rev);
+    // A change is written.
+    node.labels.insert("zone".into(), "a".into());
+    let second = ipam.register_node(&node, None).await.unwrap();
+    assert!(second > first);
+    assert_eq!(ipam.get_node("node-r").await.unwrap(), (node, second));
+}

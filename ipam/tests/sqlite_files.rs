@@ -122,3 +122,35 @@ fn many_processes_opening_a_fresh_file_at_once_all_succeed() {
         }
     }
 }
+
+/// Another process's write (here: another store on the same file, which shares nothing with
+/// this one but the file) reaches a watch through inotify, long before the fallback poll.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_by_another_store_is_seen_at_once() {
+    use ipam::store::Datastore;
+    use ipam::store::sqlite::{FALLBACK_POLL, SqliteOptions, SqliteStore};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.db");
+    let watcher = SqliteStore::open(&path, SqliteOptions::default())
+        .await
+        .unwrap();
+    let writer = SqliteStore::open(&path, SqliteOptions::default())
+        .await
+        .unwrap();
+    let from = watcher.revision().await.unwrap();
+    let mut watch = watcher.watch("/x/", from).await.unwrap();
+    for i in 0..3 {
+        let start = std::time::Instant::now();
+        writer
+            .create(&format!("/x/{i}"), b"v".to_vec())
+            .await
+            .unwrap();
+        let e = tokio::time::timeout(FALLBACK_POLL / 10, watch.next())
+            .await
+            .expect("the write was not seen through inotify")
+            .unwrap()
+            .unwrap();
+        assert_eq!(e.key, format!("/x/{i}"));
+        assert!(start.elapsed() < std::time::Duration::from_secs(2));
+    }
+}

@@ -2,6 +2,7 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use bgpd::config::Config;
 use clap::Parser;
@@ -27,7 +28,7 @@ fn main() -> ExitCode {
         }
     };
     bgpd::logging::init(config.log.level);
-    let runtime = match tokio::runtime::Runtime::new() {
+    let runtime = match runtime() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("bgpd: cannot start the runtime: {e}");
@@ -41,4 +42,45 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Threads for blocking calls (the SQLite datastore's); more calls wait for one.
+const BLOCKING_THREADS: usize = 8;
+
+/// Worker threads of the runtime; `BGPD_WORKER_THREADS` overrides (0: one per core).
+const WORKER_THREADS_ENV: &str = "BGPD_WORKER_THREADS";
+
+/// The runtime: one thread by default. A node runs one bgpd beside its pods, and a lab runs a
+/// hundred on one host: every extra worker is memory (its stack, its malloc arena) and wake-ups
+/// of an idle process, for parallelism bgpd's work (one RIB task, sessions that mostly wait)
+/// seldom has. A bgpd fed a full table by a fast peer may take more with the variable.
+fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    // glibc gives each thread that allocates an arena of its own (up to 8 per core), and
+    // each arena keeps its own freed memory; SQLite's blocking calls run on threads of their
+    // own. Two arenas are enough for bgpd's few busy threads.
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt is called before any other thread exists; it only sets a limit.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 2);
+    }
+    let workers = std::env::var(WORKER_THREADS_ENV)
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok());
+    let mut b = match workers {
+        None | Some(1) => tokio::runtime::Builder::new_current_thread(),
+        Some(n) => {
+            let mut b = tokio::runtime::Builder::new_multi_thread();
+            if n > 0 {
+                b.worker_threads(n);
+            }
+            b
+        }
+    };
+    // The blocking pool runs the SQLite calls, serialised per connection (a writer, a
+    // reader, one per watch): a few threads, kept. Tokio's default ends a thread idle for
+    // 10 s, so an idle bgpd started a new one for every probe and fallback poll.
+    b.max_blocking_threads(BLOCKING_THREADS)
+        .thread_keep_alive(Duration::from_secs(3600))
+        .enable_all()
+        .build()
 }

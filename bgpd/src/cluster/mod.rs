@@ -119,9 +119,9 @@ impl StateCache {
 }
 
 impl ClusterState {
-    /// The node a block is affine to, if that affinity is confirmed.
-    pub fn confirmed_owner<'a>(&self, b: &'a Block) -> Option<&'a str> {
-        desired::confirmed_owner(b, &self.affinities)
+    /// The confirmed affinities, indexed (build once, ask for every block).
+    pub fn confirmed(&self) -> desired::ConfirmedAffinities<'_> {
+        desired::ConfirmedAffinities::new(&self.affinities)
     }
 
     pub fn node(&self, name: &str) -> Option<&Node> {

@@ -16,9 +16,10 @@ fn prefix(n: Ipv4Net) -> Option<Ipv4Prefix> {
 
 /// This node's confirmed IPv4 blocks.
 pub fn own_blocks(me: &str, c: &ClusterState) -> Vec<Ipv4Net> {
+    let confirmed = c.confirmed();
     c.blocks
         .iter()
-        .filter(|b| c.confirmed_owner(b) == Some(me))
+        .filter(|b| confirmed.owner(b) == Some(me))
         .filter_map(|b| match b.cidr {
             IpNet::V4(n) => Some(n),
             IpNet::V6(_) => None,

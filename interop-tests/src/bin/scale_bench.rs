@@ -12,7 +12,8 @@
 //! - CPU s: user + system seconds of all the daemons at convergence (start-up included).
 //! - RSS MiB/node: mean VmRSS of the daemons at convergence.
 //! - idle CPU %/node: CPU used over `--idle-secs` after convergence with every session up,
-//!   per node, in percent of one core. A node that lost a block meanwhile fails the run.
+//!   per node, in percent of one core, counted per thread (`procstat::ThreadTimes`). A node
+//!   that lost a block meanwhile fails the run.
 //!
 //! BIRD 1.6 runs in the foreground (`bird -f`) with `lab::calico_bird`'s configuration, no
 //! kernel protocol, logging off unless `--bird-log` (Calico's default: everything, sessions'
@@ -581,10 +582,16 @@ fn run_one(rt: &tokio::runtime::Runtime, args: &Args, n: usize, imp: Impl) -> Re
     };
     let pids = daemons.pids();
     let cpu_at = pids.iter().map(|&p| procstat::cpu_seconds(p)).sum::<f64>();
+    let threads_at: Vec<_> = pids.iter().map(|&p| procstat::ThreadTimes::of(p)).collect();
     let rss = pids.iter().map(|&p| procstat::rss_mib(p)).sum::<f64>() / n as f64;
     let idle = Duration::from_secs(args.idle_secs);
     sleep_interruptible(idle)?;
-    let cpu_idle = pids.iter().map(|&p| procstat::cpu_seconds(p)).sum::<f64>() - cpu_at;
+    // Per thread: a daemon's runtime may end idle threads meanwhile (see ThreadTimes).
+    let cpu_idle: f64 = pids
+        .iter()
+        .zip(&threads_at)
+        .map(|(&p, at)| procstat::ThreadTimes::of(p).seconds_since(at))
+        .sum();
     // Still all there: a mesh that converged and then flapped has not converged.
     converge(rt, &mut probes, want, Instant::now(), args, imp)
         .map_err(|e| format!("N={n}: after {} s idle: {e}", args.idle_secs))?;

@@ -35,6 +35,42 @@ fn schedstat_cpu_seconds(pid: i32) -> f64 {
     ns as f64 / 1e9
 }
 
+/// The CPU time of each live thread of a process, by thread id, for measuring a span.
+/// Summing the live threads at both ends is wrong when threads come and go (a runtime ends
+/// its idle blocking threads): the sum can even go down. Per thread, a span counts what each
+/// thread used in it, all of it for a thread born in it; what a thread used between the
+/// start and its exit is not seen, so the figure is a lower bound that never goes negative.
+#[derive(Debug, Clone, Default)]
+pub struct ThreadTimes(std::collections::BTreeMap<u32, u64>);
+
+impl ThreadTimes {
+    pub fn of(pid: i32) -> Self {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            return Self::default();
+        };
+        ThreadTimes(
+            tasks
+                .flatten()
+                .filter_map(|t| {
+                    let tid = t.file_name().to_str()?.parse::<u32>().ok()?;
+                    let s = std::fs::read_to_string(t.path().join("schedstat")).ok()?;
+                    Some((tid, s.split_whitespace().next()?.parse::<u64>().ok()?))
+                })
+                .collect(),
+        )
+    }
+
+    /// CPU seconds the threads used since `earlier` (of the same process).
+    pub fn seconds_since(&self, earlier: &ThreadTimes) -> f64 {
+        let ns: u64 = self
+            .0
+            .iter()
+            .map(|(tid, ns)| ns.saturating_sub(earlier.0.get(tid).copied().unwrap_or(0)))
+            .sum();
+        ns as f64 / 1e9
+    }
+}
+
 /// Resident memory now (`VmRSS`), MiB.
 pub fn rss_mib(pid: i32) -> f64 {
     status_kib(pid, "VmRSS:") / 1024.0
@@ -89,6 +125,22 @@ mod tests {
             x = std::hint::black_box(x.wrapping_add(1));
         }
         assert!(cpu_seconds(me) > before, "{before}");
+        let threads = ThreadTimes::of(me);
+        let span_start = std::time::Instant::now();
+        // A thread born and busy within the span counts whole.
+        std::thread::spawn(|| {
+            let start = std::time::Instant::now();
+            let mut x = 0u64;
+            while start.elapsed() < std::time::Duration::from_millis(30) {
+                x = std::hint::black_box(x.wrapping_add(1));
+            }
+            // Alive until measured.
+            std::thread::sleep(std::time::Duration::from_millis(200));
+        });
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let used = ThreadTimes::of(me).seconds_since(&threads);
+        assert!(used >= 0.02, "{used}");
+        assert!(used <= span_start.elapsed().as_secs_f64() * 2.0, "{used}");
         assert_eq!(rss_mib(-1), 0.0);
         assert!(!alive(-1));
     }

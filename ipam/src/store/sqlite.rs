@@ -25,6 +25,10 @@ use super::{
 const APPLICATION_ID: i64 = 0x4d52_4759;
 /// Layout version of the tables; bumped with a migration when they change.
 const LAYOUT_VERSION: i64 = 1;
+/// Page cache of each connection, KiB (SQLite's default is 2000). The file is small and
+/// the kernel's page cache holds it for every process anyway, where each connection's own
+/// cache is private memory of every process (three connections per bgpd, N bgpd per host).
+const CACHE_KIB: u32 = 256;
 /// Above every printable-ASCII key: the upper bound of an unbounded prefix range.
 const KEY_MAX: &str = "\u{7f}";
 
@@ -81,8 +85,9 @@ struct Inner {
 }
 
 /// With inotify, watchers still look this often (a change inotify did not report, e.g. on
-/// a network file system, is seen this late at worst).
-pub const FALLBACK_POLL: Duration = Duration::from_secs(5);
+/// a network file system, is seen this late at worst). Every look wakes an idle process and
+/// reads the file, so it is rare: inotify is what makes changes seen at once.
+pub const FALLBACK_POLL: Duration = Duration::from_secs(30);
 
 /// Follows writes to the database file and its WAL through inotify on their directory (the
 /// WAL is created and removed as processes come and go). Idle watchers then cost nothing,
@@ -109,22 +114,40 @@ fn follow_file(path: &Path) -> Option<(watch::Receiver<u64>, FileFollower)> {
     if unsafe { libc::inotify_add_watch(fd.as_raw_fd(), cdir.as_ptr(), mask) } < 0 {
         return None;
     }
-    let (tx, rx) = watch::channel(0u64);
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Dropping the store writes to this eventfd to end the thread, which otherwise sleeps in
+    // poll(2) without a timeout: an idle process is not woken until the file changes.
+    // SAFETY: a plain syscall; the descriptor is owned right away.
+    let stop = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    if stop < 0 {
+        return None;
+    }
+    // SAFETY: `stop` is a fresh descriptor nobody else owns.
+    let stop = Arc::new(unsafe { OwnedFd::from_raw_fd(stop) });
     let stopping = stop.clone();
+    let (tx, rx) = watch::channel(0u64);
     std::thread::Builder::new()
         .name("sqlite-inotify".into())
         .spawn(move || {
             let mut buf = vec![0u8; 4096];
-            while !stopping.load(std::sync::atomic::Ordering::Relaxed) {
-                let mut pfd = libc::pollfd {
-                    fd: fd.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                };
-                // SAFETY: one valid pollfd; a timeout so that a dropped store ends the thread.
-                if unsafe { libc::poll(&raw mut pfd, 1, 1000) } <= 0 {
+            loop {
+                let mut pfds = [
+                    libc::pollfd {
+                        fd: fd.as_raw_fd(),
+                        events: libc::POLLIN,
+                        revents: 0,
+                    },
+                    libc::pollfd {
+                        fd: stopping.as_raw_fd(),
+                        events: libc::POLLIN,
+                        revents: 0,
+                    },
+                ];
+                // SAFETY: two valid pollfds, for the call's duration.
+                if unsafe { libc::poll(pfds.as_mut_ptr(), 2, -1) } <= 0 {
                     continue;
+                }
+                if pfds[1].revents != 0 {
+                    return;
                 }
                 // SAFETY: reads into our buffer, at most its length.
                 let n = unsafe { libc::read(fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
@@ -151,14 +174,44 @@ fn follow_file(path: &Path) -> Option<(watch::Receiver<u64>, FileFollower)> {
     Some((rx, FileFollower { stop }))
 }
 
+/// inotify reports another process's commit when it writes the WAL, which is before the
+/// commit is synced and published in the WAL index (shared memory, which inotify does not
+/// see): a look right after the report may find nothing new yet. So a look that found
+/// nothing after a report looks again after each of these delays, until something new is
+/// seen; without it a commit was seen only at the fallback poll.
+const SETTLE: [Duration; 6] = [
+    Duration::from_millis(1),
+    Duration::from_millis(4),
+    Duration::from_millis(16),
+    Duration::from_millis(64),
+    Duration::from_millis(256),
+    Duration::from_millis(1000),
+];
+
+/// The next step of re-looking (see [`SETTLE`]) after a look that followed a report
+/// (`reported`) or a settle delay, and found something new (`advanced`) or not.
+fn next_settle(settle: Option<usize>, reported: bool, advanced: bool) -> Option<usize> {
+    if advanced {
+        None
+    } else if reported {
+        Some(0)
+    } else {
+        settle.map(|i| i + 1).filter(|i| *i < SETTLE.len())
+    }
+}
+
 /// Ends the inotify thread when dropped.
 struct FileFollower {
-    stop: Arc<std::sync::atomic::AtomicBool>,
+    stop: Arc<std::os::fd::OwnedFd>,
 }
 
 impl Drop for FileFollower {
     fn drop(&mut self) {
-        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        use std::os::fd::AsRawFd;
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: writes 8 bytes from a live buffer to our eventfd. If it fails (it cannot
+        // overflow with one write), the thread lives on with the process; nothing else.
+        unsafe { libc::write(self.stop.as_raw_fd(), one.as_ptr().cast(), one.len()) };
     }
 }
 
@@ -271,7 +324,10 @@ fn open_connection(path: &Path, options: &SqliteOptions, init: bool) -> Result<C
             "an SQLite database of another application (application_id {app_id:#x}, {tables} tables)"
         )));
     }
-    if !fresh {
+    // The integrity check reads the whole file: once per process, on the writer connection
+    // (opened first); the reader and every watch's connection open a file already checked.
+    // A hundred nodes sharing one file each checking it three times was most of their start.
+    if !fresh && init {
         let check: String = retry_busy(deadline, || {
             conn.query_row("PRAGMA quick_check", [], |r| r.get(0))
         })
@@ -295,7 +351,7 @@ fn open_connection(path: &Path, options: &SqliteOptions, init: bool) -> Result<C
     };
     retry_busy(deadline, || {
         conn.execute_batch(&format!(
-            "PRAGMA synchronous={sync}; PRAGMA foreign_keys=OFF;"
+            "PRAGMA synchronous={sync}; PRAGMA foreign_keys=OFF; PRAGMA cache_size=-{CACHE_KIB};"
         ))
     })
     .map_err(backend)?;
@@ -653,12 +709,15 @@ impl Datastore for SqliteStore {
         };
         let task = tokio::spawn(async move {
             let (mut events, mut last) = first;
+            // While re-looking after an inotify report: the index into SETTLE.
+            let mut settle: Option<usize> = None;
             loop {
                 for e in events.drain(..) {
                     if tx.send(Ok(e)).await.is_err() {
                         return;
                     }
                 }
+                let mut reported = false;
                 tokio::select! {
                     _ = local.changed() => {}
                     Ok(()) = async {
@@ -666,10 +725,11 @@ impl Datastore for SqliteStore {
                             Some(e) => e.changed().await,
                             None => std::future::pending().await,
                         }
-                    } => {}
-                    _ = tokio::time::sleep(poll) => {}
+                    } => reported = true,
+                    _ = tokio::time::sleep(settle.map_or(poll, |i| SETTLE[i])) => {}
                     _ = tx.closed() => return,
                 }
+                let before = last;
                 let (conn, prefix, end) = (conn.clone(), prefix.clone(), end.clone());
                 let next = blocking(move || {
                     let mut c = conn.lock().unwrap_or_else(|p| p.into_inner());
@@ -683,6 +743,7 @@ impl Datastore for SqliteStore {
                         return;
                     }
                 }
+                settle = next_settle(settle, reported, last > before);
             }
         });
         Ok(Watch::new(rx, task))
@@ -708,5 +769,29 @@ impl Datastore for SqliteStore {
 
     fn describe(&self) -> String {
         format!("sqlite:{}", self.inner.path.display())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_report_that_found_nothing_is_looked_at_again_until_something_shows() {
+        // A report that found the commit: nothing more to do.
+        assert_eq!(next_settle(None, true, true), None);
+        // A report that found nothing: look again soon, then later, then give up.
+        let mut s = next_settle(None, true, false);
+        assert_eq!(s, Some(0));
+        for i in 1..SETTLE.len() {
+            s = next_settle(s, false, false);
+            assert_eq!(s, Some(i));
+        }
+        assert_eq!(next_settle(s, false, false), None);
+        // A new report starts over; something new ends it.
+        assert_eq!(next_settle(Some(3), true, false), Some(0));
+        assert_eq!(next_settle(Some(3), false, true), None);
+        // The fallback poll that found nothing stays the fallback poll.
+        assert_eq!(next_settle(None, false, false), None);
     }
 }
