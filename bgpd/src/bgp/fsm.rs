@@ -79,6 +79,10 @@ pub struct FsmConfig {
     /// First ConnectRetry interval; doubled after each failed attempt up to `connect_retry_max`.
     pub connect_retry: Duration,
     pub connect_retry_max: Duration,
+    /// ConnectRetry timer starts (a failed attempt and the retry after it are two) that stay at
+    /// `connect_retry` before the doubling starts: peers that start together refuse
+    /// connections until they listen, and a refusal costs nothing.
+    pub connect_retry_fast: u32,
     /// First idle hold after a session error; doubled per consecutive error up to the max.
     pub idle_hold: Duration,
     pub idle_hold_max: Duration,
@@ -104,6 +108,7 @@ impl FsmConfig {
             passive: false,
             connect_retry: Duration::from_secs(5),
             connect_retry_max: Duration::from_secs(120),
+            connect_retry_fast: 0,
             idle_hold: Duration::from_secs(1),
             idle_hold_max: Duration::from_secs(60),
             jitter_seed: 0x9e37_79b9_7f4a_7c15,
@@ -703,7 +708,9 @@ impl Fsm {
         let base = backoff(
             self.config.connect_retry,
             self.config.connect_retry_max,
-            self.attempts.saturating_add(1),
+            self.attempts
+                .saturating_add(1)
+                .saturating_sub(self.config.connect_retry_fast),
         );
         self.attempts = self.attempts.saturating_add(1);
         self.jitter(base)

@@ -39,6 +39,10 @@ use super::sockopt::Transport;
 
 /// Largest message plus a read's worth: the receive buffer never needs more.
 const RX_BUF: usize = 2 * bgp_wire::MAX_EXTENDED_MESSAGE_LEN;
+/// What a session starts with: two standard messages. A mesh node has a session per node, and
+/// most of them only ever see keepalives; the buffer grows to [`RX_BUF`] the first time a read
+/// fills it (a table arriving, or an extended message).
+const RX_START: usize = 2 * bgp_wire::MAX_MESSAGE_LEN;
 /// How long a colliding connection gets to send its OPEN.
 const COLLISION_OPEN_WAIT: Duration = Duration::from_secs(10);
 /// Queued output above which the task takes no more route changes from the speaker.
@@ -181,7 +185,7 @@ impl Session {
             to_speaker,
             stream: None,
             inbound: false,
-            rx: vec![0; RX_BUF],
+            rx: vec![0; RX_START],
             filled: 0,
             out: Vec::new(),
             out_at: 0,
@@ -327,7 +331,11 @@ impl Session {
                     }
                     Ok(n) => {
                         self.filled = self.filled.saturating_add(n);
+                        let full = self.filled >= self.rx.len();
                         self.drain_messages().await;
+                        if full && self.rx.len() < RX_BUF {
+                            self.rx.resize(RX_BUF, 0);
+                        }
                     }
                 },
                 w = async {

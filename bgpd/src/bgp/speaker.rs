@@ -290,6 +290,8 @@ enum Command {
     AddPeer(PeerSpec, oneshot::Sender<Result<(), SpeakerError>>),
     DeletePeer(IpAddr, oneshot::Sender<Result<(), SpeakerError>>),
     ListPeers(oneshot::Sender<Vec<PeerStatus>>),
+    /// How many prefixes the Loc-RIBs hold.
+    LocCount(oneshot::Sender<usize>),
     Routes {
         table: Table,
         peer: Option<IpAddr>,
@@ -349,6 +351,11 @@ impl SpeakerHandle {
 
     pub async fn peers(&self) -> Result<Vec<PeerStatus>, SpeakerError> {
         self.ask(Command::ListPeers).await
+    }
+
+    /// How many prefixes the Loc-RIBs hold, in O(1) (a listing copies every route).
+    pub async fn loc_count(&self) -> Result<usize, SpeakerError> {
+        self.ask(Command::LocCount).await
     }
 
     pub async fn routes(
@@ -582,6 +589,9 @@ impl Speaker {
                     })
                     .collect();
                 let _ = reply.send(v);
+            }
+            Command::LocCount(reply) => {
+                let _ = reply.send(self.rib.loc_len() + self.rib6.loc_len());
             }
             Command::Routes { table, peer, reply } => {
                 let _ = reply.send(self.list(table, peer));
@@ -892,6 +902,10 @@ impl Speaker {
         // converges in about a second and a peer that comes late is found within 5 s.
         fc.connect_retry = std::time::Duration::from_millis(500);
         fc.connect_retry_max = std::time::Duration::from_secs(5);
+        // The first 5 s every 0.5 s: a mesh whose nodes start together is up as soon as
+        // each listens (doubling at once left a node waiting up to 5 s for a peer that was
+        // ready after one).
+        fc.connect_retry_fast = 20;
         fc.graceful_restart = spec.graceful_restart.map(|g| g.restart_time);
         fc.families = spec.families.list();
         fc.ext_next_hop = spec.address.is_ipv6() && spec.families.ipv4;

@@ -646,3 +646,30 @@ fn the_open_offers_our_families_and_extended_next_hop() {
     c.ext_next_hop = false;
     assert_eq!(c.open().ext_next_hops().count(), 0);
 }
+
+#[test]
+fn the_first_retries_stay_at_the_base_interval_then_back_off() {
+    let mut c = cfg();
+    c.connect_retry = Duration::from_millis(500);
+    c.connect_retry_max = Duration::from_secs(5);
+    c.connect_retry_fast = 8;
+    let mut f = Fsm::new(c);
+    let a = f.handle(Event::Start);
+    let mut ds = vec![timer(&a, Timer::ConnectRetry).unwrap()];
+    for _ in 0..8 {
+        let a = f.handle(Event::ConnectionFailed);
+        ds.push(timer(&a, Timer::ConnectRetry).unwrap());
+        f.handle(Event::TimerExpired(Timer::ConnectRetry));
+    }
+    // 75-100 % of 0.5 s while fast (the start and each failure and retry count), then
+    // growing to the cap.
+    for d in &ds[..5] {
+        assert!(
+            *d >= Duration::from_millis(375) && *d <= Duration::from_millis(500),
+            "{ds:?}"
+        );
+    }
+    assert!(ds[5] >= Duration::from_millis(750), "{ds:?}");
+    assert!(ds[8] >= Duration::from_millis(3750), "{ds:?}");
+    assert!(ds.iter().all(|d| *d <= Duration::from_secs(5)));
+}
