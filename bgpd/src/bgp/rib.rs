@@ -208,6 +208,29 @@ fn link_local_only(nh: &NextHop) -> bool {
     matches!(nh, NextHop::V6 { global, .. } if global.is_unicast_link_local())
 }
 
+/// Every verdict policy can give a prefix: (import from each class, export to each class
+/// of a route from each source).
+fn verdicts(pol: &Policy, p: Prefix) -> ([bool; 2], [bool; 6]) {
+    use PeerClass::{Cluster, External};
+    let import = [pol.import(Cluster, p), pol.import(External, p)];
+    let mut export = [false; 6];
+    let sources = [
+        RouteSource::Local,
+        RouteSource::Peer(Cluster),
+        RouteSource::Peer(External),
+    ];
+    for (i, (to, src)) in [Cluster, External]
+        .into_iter()
+        .flat_map(|t| sources.into_iter().map(move |s| (t, s)))
+        .enumerate()
+    {
+        if let Some(v) = export.get_mut(i) {
+            *v = pol.export(to, p, src);
+        }
+    }
+    (import, export)
+}
+
 /// Put `nh` where it belongs: NEXT_HOP for an IPv4 next hop, `mp_next_hop` otherwise.
 fn set_next_hop(a: &mut PathAttributes, nh: NextHop) {
     match nh {
@@ -469,9 +492,9 @@ impl<P: RibPrefix> Rib<P> {
         if *policy == *self.policy && cluster_id == self.cluster_id {
             return HashMap::new();
         }
-        self.policy = policy;
+        let old = std::mem::replace(&mut self.policy, policy);
+        let reflector_changed = cluster_id != self.cluster_id;
         self.cluster_id = cluster_id;
-        self.recount_accepted(None);
         let mut all: Vec<P> = self.loc.keys().copied().collect();
         all.extend(self.local.keys().copied());
         for st in self.peers.values() {
@@ -479,9 +502,21 @@ impl<P: RibPrefix> Rib<P> {
         }
         all.sort_unstable();
         all.dedup();
-        self.recompute(&all, None);
+        // Only prefixes whose verdicts changed are decided and exported again: a node's
+        // policy changes with each block it claims, and a mesh node holds every block.
+        let mut import_changed = reflector_changed;
+        if !reflector_changed {
+            all.retain(|p| {
+                let (was, now) = (verdicts(&old, p.any()), verdicts(&self.policy, p.any()));
+                import_changed |= was.0 != now.0;
+                was != now
+            });
+        }
+        if import_changed {
+            self.recount_accepted(None);
+        }
+        let mut out = self.recompute(&all, None);
         // Export decisions may change for routes whose best did not.
-        let mut out = HashMap::new();
         let ids = self.established();
         for id in ids {
             self.export_to(id, &all, &mut out);

@@ -620,6 +620,41 @@ fn a_new_policy_applies_to_routes_already_held_without_asking_the_peer() {
 }
 
 #[test]
+fn a_policy_change_tells_peers_what_it_changed_and_only_that() {
+    let mut r = rib();
+    r.peer_up(cluster_peer(2, false));
+    r.peer_up(peer(4, 65000));
+    r.update(
+        PeerId(2),
+        Some(attrs(&[], Some(100))),
+        &[pfx("172.20.1.0/26"), pfx("172.20.2.0/26")],
+        &[],
+    );
+    assert_eq!(r.adj_out(PeerId(4)).len(), 2, "accept_all: relayed to eBGP");
+    // Our own block coming back is no longer imported, and cluster routes no longer go
+    // to external peers: both withdrawn from peer 4, whose table was derived from them.
+    let out = r.set_policy(pool_policy(&["172.20.1.0/26"]), None);
+    let mut gone = out
+        .get(&PeerId(4))
+        .map(|u| u.withdraw.clone())
+        .unwrap_or_default();
+    gone.sort();
+    assert_eq!(
+        gone,
+        vec![pfx("172.20.1.0/26"), pfx("172.20.2.0/26")],
+        "{out:?}"
+    );
+    assert!(r.adj_out(PeerId(4)).is_empty());
+    // The same policy again, or one whose verdicts are the same: nothing to tell.
+    assert!(
+        r.set_policy(pool_policy(&["172.20.1.0/26"]), None)
+            .is_empty()
+    );
+    let more_blocks = pool_policy(&["172.20.1.0/26", "172.20.9.0/26"]);
+    assert!(r.set_policy(more_blocks, None).is_empty());
+}
+
+#[test]
 fn export_policy_keeps_cluster_routes_from_external_peers() {
     let mut r = rib();
     let _ = r.set_policy(pool_policy(&["172.20.1.0/26"]), None);
