@@ -154,6 +154,27 @@ fn bgpd_route(b: &Bgpd, prefix: &str, peer: &dyn Fn() -> String) -> serde_json::
     got.unwrap()
 }
 
+/// FRR's entry for our `prefix` in `afi`, waited for until it has a next hop.
+fn frr_route_of_ours(
+    frr: &Frr,
+    afi: &str,
+    prefix: &str,
+    b: &Bgpd,
+    what: &str,
+    peer: &dyn Fn() -> String,
+) -> serde_json::Value {
+    let mut v = serde_json::Value::Null;
+    assert!(
+        wait_until(WAIT, || {
+            v = frr_route(frr, afi, prefix);
+            !frr_nexthops(&v).is_empty()
+        }),
+        "{}",
+        ctx(&format!("{what} did not reach FRR"), b, &peer())
+    );
+    v
+}
+
 fn as_path(r: &serde_json::Value) -> serde_json::Value {
     r["as_path"].clone()
 }
@@ -375,15 +396,7 @@ fn frr_ipv6_session_with_extended_next_hop() {
     eprintln!("FRR IPv6: their IPv4 prefix arrived with an IPv6 next hop: {r}");
 
     // Our IPv4 prefix at FRR with our IPv6 address as next hop: RFC 8950 from our side.
-    let mut v = serde_json::Value::Null;
-    assert!(
-        wait_until(WAIT, || {
-            v = frr_route(&frr, "ipv4", OUR4);
-            !frr_nexthops(&v).is_empty()
-        }),
-        "{}",
-        ctx("our IPv4 prefix did not reach FRR", &b, &peer())
-    );
+    let v = frr_route_of_ours(&frr, "ipv4", OUR4, &b, "our IPv4 prefix", &peer);
     let nhs = frr_nexthops(&v);
     assert_eq!(
         (nhs[0].ip.as_str(), nhs[0].afi.as_str()),
@@ -410,14 +423,7 @@ fn frr_ipv6_session_with_extended_next_hop() {
     );
 
     // Our /122 at FRR with both next hops: the global fd99::1 and our link-local (RFC 2545).
-    assert!(
-        wait_until(WAIT, || {
-            v = frr_route(&frr, "ipv6", OUR6);
-            !frr_nexthops(&v).is_empty()
-        }),
-        "{}",
-        ctx("our block did not reach FRR", &b, &peer())
-    );
+    let v = frr_route_of_ours(&frr, "ipv6", OUR6, &b, "our block", &peer);
     let got: Vec<(String, String)> = frr_nexthops(&v)
         .into_iter()
         .map(|n| (n.ip, n.scope))
@@ -517,15 +523,7 @@ fn frr_ipv4_session_carries_ipv6() {
 
     // Our /122 at FRR: the node's IPv6 address as next hop (the session's own address is
     // IPv4 and cannot be one), and FRR can use it.
-    let mut v = serde_json::Value::Null;
-    assert!(
-        wait_until(WAIT, || {
-            v = frr_route(&frr, "ipv6", OUR6);
-            !frr_nexthops(&v).is_empty()
-        }),
-        "{}",
-        ctx("our block did not reach FRR", &b, &peer())
-    );
+    let v = frr_route_of_ours(&frr, "ipv6", OUR6, &b, "our block", &peer);
     let nhs = frr_nexthops(&v);
     assert_eq!(
         (nhs[0].ip.as_str(), nhs[0].scope.as_str()),

@@ -180,10 +180,7 @@ fn families(names: &[String]) -> Result<Option<crate::bgp::speaker::Families>, S
     if names.is_empty() {
         return Ok(None);
     }
-    let mut f = crate::bgp::speaker::Families {
-        ipv4: false,
-        ipv6: false,
-    };
+    let mut f = crate::bgp::speaker::Families::NONE;
     for n in names {
         match n.trim() {
             "ipv4" => f.ipv4 = true,
@@ -355,6 +352,15 @@ fn prefix_filter(s: &str) -> Result<Option<Prefix>, Status> {
     }
 }
 
+/// The answer to a `count_only` listing.
+fn count_reply(count: usize) -> RouteStream {
+    let reply = ListRoutesResponse {
+        routes: vec![],
+        count: count as u64,
+    };
+    Box::pin(tokio_stream::iter(vec![Ok(reply)]))
+}
+
 /// A listing's answer: the count alone (`count_only`), or the routes (at most `limit`) in
 /// batches, each converted by `to_message`.
 fn route_stream<T>(
@@ -363,11 +369,7 @@ fn route_stream<T>(
     to_message: impl Fn(&T) -> proto::v1::Route,
 ) -> RouteStream {
     if req.count_only {
-        let reply = ListRoutesResponse {
-            routes: vec![],
-            count: routes.len() as u64,
-        };
-        return Box::pin(tokio_stream::iter(vec![Ok(reply)]));
+        return count_reply(routes.len());
     }
     if req.limit > 0 {
         routes.truncate(usize::try_from(req.limit).unwrap_or(usize::MAX));
@@ -622,12 +624,8 @@ impl Bgp for BgpService {
         let filter = prefix_filter(&req.prefix)?;
         if req.count_only && table == Table::Loc && filter.is_none() {
             // Polled in loops (scale_bench, operators' watch): no copy of the table.
-            let count = self.speaker.loc_count().await.map_err(status)? as u64;
-            let reply = ListRoutesResponse {
-                routes: vec![],
-                count,
-            };
-            return Ok(Response::new(Box::pin(tokio_stream::iter(vec![Ok(reply)]))));
+            let count = self.speaker.loc_count().await.map_err(status)?;
+            return Ok(Response::new(count_reply(count)));
         }
         let mut routes = self.speaker.routes(table, peer).await.map_err(status)?;
         if let Some(f) = filter {

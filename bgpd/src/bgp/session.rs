@@ -52,6 +52,48 @@ const FLUSH_ON_CLOSE: Duration = Duration::from_secs(1);
 /// Write-stall limit when no hold time applies (hold time 0 negotiated).
 const DEFAULT_STALL: Duration = Duration::from_secs(240);
 
+/// The address families a session carries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Families {
+    pub ipv4: bool,
+    pub ipv6: bool,
+}
+
+impl Families {
+    pub const NONE: Families = Families {
+        ipv4: false,
+        ipv6: false,
+    };
+
+    /// What a session negotiated.
+    pub fn negotiated(p: &SessionParams) -> Self {
+        Families {
+            ipv4: p.ipv4_unicast,
+            ipv6: p.ipv6_unicast,
+        }
+    }
+
+    /// The session's own family only (BIRD's and FRR's default: a channel per session
+    /// family).
+    pub fn of(address: IpAddr) -> Self {
+        Families {
+            ipv4: address.is_ipv4(),
+            ipv6: address.is_ipv6(),
+        }
+    }
+
+    pub fn list(self) -> Vec<Family> {
+        let mut v = Vec::with_capacity(2);
+        if self.ipv4 {
+            v.push(Family::IPV4_UNICAST);
+        }
+        if self.ipv6 {
+            v.push(Family::IPV6_UNICAST);
+        }
+        v
+    }
+}
+
 /// What the speaker tells a session.
 #[derive(Debug)]
 pub enum ToSession {
@@ -92,8 +134,7 @@ pub enum FromSession {
         /// Our address on the connection.
         local_address: IpAddr,
         /// Families both sides offered.
-        ipv4: bool,
-        ipv6: bool,
+        families: Families,
         /// The peer takes IPv4 routes with IPv6 next hops (RFC 8950).
         peer_ext_next_hop: bool,
         /// The peer's restart time, when both sides offered graceful restart.
@@ -605,8 +646,7 @@ impl Session {
                         epoch: self.epoch,
                         remote_id: n.remote_id,
                         local_address,
-                        ipv4: n.params.ipv4_unicast,
-                        ipv6: n.params.ipv6_unicast,
+                        families: Families::negotiated(&n.params),
                         peer_ext_next_hop: n.peer_ext_next_hop,
                         peer_restart_time: n.peer_restart_time,
                         peer_gr_families: n.peer_gr_families,
@@ -717,15 +757,7 @@ impl Session {
 
     /// The families negotiated on the current session.
     fn families(&self) -> Vec<Family> {
-        let p = &self.params;
-        let mut v = Vec::with_capacity(2);
-        if p.ipv4_unicast {
-            v.push(Family::IPV4_UNICAST);
-        }
-        if p.ipv6_unicast {
-            v.push(Family::IPV6_UNICAST);
-        }
-        v
+        Families::negotiated(&self.params).list()
     }
 
     fn routes(&mut self, epoch: u64, update: FamilyUpdate) {

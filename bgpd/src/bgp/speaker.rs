@@ -37,6 +37,7 @@ use super::policy::{KernelVia, PeerClass, Policy};
 use super::rib::{
     OutUpdate, PeerId, PeerInfo, PrefixHasher, Rib, RibPrefix, Route, Source, next_hop_addr,
 };
+pub use super::session::Families;
 use super::session::{FromSession, Session, ToSession};
 use super::sockopt::{self, Transport};
 
@@ -91,35 +92,6 @@ impl PeerOrigin {
             self,
             PeerOrigin::Mesh | PeerOrigin::RouteReflector | PeerOrigin::Resource
         )
-    }
-}
-
-/// The address families a session carries.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Families {
-    pub ipv4: bool,
-    pub ipv6: bool,
-}
-
-impl Families {
-    /// The session's own family only (BIRD's and FRR's default: a channel per session
-    /// family).
-    pub fn of(address: IpAddr) -> Self {
-        Families {
-            ipv4: address.is_ipv4(),
-            ipv6: address.is_ipv6(),
-        }
-    }
-
-    fn list(self) -> Vec<Family> {
-        let mut v = Vec::with_capacity(2);
-        if self.ipv4 {
-            v.push(Family::IPV4_UNICAST);
-        }
-        if self.ipv6 {
-            v.push(Family::IPV6_UNICAST);
-        }
-        v
     }
 }
 
@@ -874,14 +846,8 @@ impl Speaker {
                 last_error: None,
                 remote_id: None,
                 epoch: None,
-                up: Families {
-                    ipv4: false,
-                    ipv6: false,
-                },
-                gr_families: Families {
-                    ipv4: false,
-                    ipv6: false,
-                },
+                up: Families::NONE,
+                gr_families: Families::NONE,
                 limit_hit: false,
                 limit_warned: false,
                 gr_token: 0,
@@ -971,7 +937,7 @@ impl Speaker {
                     let _ = tx.send(Command::RestartAfterLimit(addr, id)).await;
                 });
             }
-            self.peer_down(id);
+            self.peer_down(id, Families::NONE);
         } else if !p.limit_warned && held * 100 >= max * PREFIX_WARN_PERCENT {
             p.limit_warned = true;
             tracing::warn!(peer = %addr, held, max, "peer is at {PREFIX_WARN_PERCENT}% of its prefix limit");
@@ -1145,12 +1111,23 @@ impl Speaker {
         }
     }
 
-    /// The peer's routes leave every table.
-    fn peer_down(&mut self, id: PeerId) {
-        let out = self.rib.peer_down(id);
-        self.distribute(out);
-        let out = self.rib6.peer_down(id);
-        self.distribute(out);
+    /// The peer's session ended: its routes of the families in `keep` stay, marked stale
+    /// (graceful restart), the others leave every table. Returns how many are kept.
+    fn peer_down(&mut self, id: PeerId, keep: Families) -> usize {
+        let mut kept = 0;
+        if keep.ipv4 {
+            kept += self.rib.peer_down_graceful(id);
+        } else {
+            let out = self.rib.peer_down(id);
+            self.distribute(out);
+        }
+        if keep.ipv6 {
+            kept += self.rib6.peer_down_graceful(id);
+        } else {
+            let out = self.rib6.peer_down(id);
+            self.distribute(out);
+        }
+        kept
     }
 
     /// Send a peer its Adj-RIB-Out of `family` again.
@@ -1174,7 +1151,7 @@ impl Speaker {
             subcode: cease::PEER_DECONFIGURED,
             reason: "peer deleted".into(),
         });
-        self.peer_down(p.id);
+        self.peer_down(p.id, Families::NONE);
         tracing::info!(peer = %addr, "BGP peer deleted");
         Ok(())
     }
@@ -1200,8 +1177,7 @@ impl Speaker {
                 epoch,
                 remote_id,
                 local_address,
-                ipv4,
-                ipv6,
+                families,
                 peer_ext_next_hop,
                 peer_restart_time,
                 peer_gr_families,
@@ -1209,7 +1185,8 @@ impl Speaker {
                 let ipv6_next_hop = self.config.ipv6_next_hop;
                 let Some(p) = self.entry(id) else { return };
                 p.epoch = Some(epoch);
-                p.up = Families { ipv4, ipv6 };
+                p.up = families;
+                let Families { ipv4, ipv6 } = families;
                 // Families whose stale routes may wait for End-of-RIB: in the restarted
                 // peer's capability with forwarding preserved (RFC 4724 §4.2).
                 let preserved = |f: Family| {
@@ -1288,23 +1265,13 @@ impl Speaker {
                     Some(restart_time) => {
                         // Only the families its capability names are kept (RFC 4724 §4.2).
                         let keep = p.gr_families;
-                        let mut kept = 0;
-                        if keep.ipv4 {
-                            kept += self.rib.peer_down_graceful(id);
-                        } else {
-                            let out = self.rib.peer_down(id);
-                            self.distribute(out);
-                        }
-                        if keep.ipv6 {
-                            kept += self.rib6.peer_down_graceful(id);
-                        } else {
-                            let out = self.rib6.peer_down(id);
-                            self.distribute(out);
-                        }
+                        let kept = self.peer_down(id, keep);
                         tracing::info!(peer = %addr, kept, restart_time, "peer restarting gracefully: its routes are kept stale");
                         self.gr_timer(addr, id, token, restart_time);
                     }
-                    None => self.peer_down(id),
+                    None => {
+                        self.peer_down(id, Families::NONE);
+                    }
                 }
             }
             FromSession::RefreshMarker {
