@@ -111,6 +111,14 @@ impl Prefix {
             Prefix::V6(_) => Afi::IPV6,
         }
     }
+    /// Whether `other` lies within this prefix (never across families).
+    pub fn contains(&self, other: &Prefix) -> bool {
+        match (self, other) {
+            (Prefix::V4(o), Prefix::V4(i)) => o.contains(i),
+            (Prefix::V6(o), Prefix::V6(i)) => o.contains(i),
+            _ => false,
+        }
+    }
 }
 
 impl From<Ipv4Prefix> for Prefix {

@@ -14,7 +14,16 @@ const IMPLS: [(&str, &str); 2] = [("bird16", "BIRD1.6"), ("bgpd", "bgpd")];
 fn scale_bench_smoke_converges_with_every_implementation() {
     let impls: Vec<&str> = IMPLS.iter().map(|(arg, _)| *arg).collect();
     let out = Command::new(lab::binary("scale_bench"))
-        .args(["--n", "3", "--idle-secs", "2", "--timeout-s", "30"])
+        .args([
+            "--n",
+            "3",
+            "--idle-secs",
+            "2",
+            "--settle-secs",
+            "1",
+            "--timeout-s",
+            "30",
+        ])
         .args(["--impl", &impls.join(",")])
         .output()
         .unwrap();

@@ -154,3 +154,32 @@ async fn a_write_by_another_store_is_seen_at_once() {
         assert!(start.elapsed() < std::time::Duration::from_secs(2));
     }
 }
+
+/// Opening a store that is already ours writes nothing to it: every process sharing the file
+/// is woken by a write (inotify), so a commit per start costs a big lab quadratically.
+#[tokio::test]
+async fn opening_an_initialised_store_writes_nothing() {
+    use ipam::store::Datastore;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store.db");
+    let wal = dir.path().join("store.db-wal");
+    // The first store stays open, so its WAL is not checkpointed away meanwhile.
+    let first = SqliteStore::open(&path, SqliteOptions::default())
+        .await
+        .unwrap();
+    first.create("/k/a", b"1".to_vec()).await.unwrap();
+    let before = (std::fs::read(&path).unwrap(), std::fs::read(&wal).unwrap());
+    let second = SqliteStore::open(&path, SqliteOptions::default())
+        .await
+        .unwrap();
+    assert_eq!(second.get("/k/a").await.unwrap().unwrap().value, b"1");
+    let after = (std::fs::read(&path).unwrap(), std::fs::read(&wal).unwrap());
+    assert!(before.0 == after.0, "the database file was written");
+    assert!(
+        before.1 == after.1,
+        "the WAL was written ({} -> {} bytes)",
+        before.1.len(),
+        after.1.len()
+    );
+    drop((first, second));
+}

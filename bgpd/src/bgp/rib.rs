@@ -881,6 +881,14 @@ impl<P: RibPrefix> Rib<P> {
         self.loc.len()
     }
 
+    /// Loc-RIB routes within `within` (all of them without), counted in place.
+    pub fn loc_count(&self, within: Option<Prefix>) -> usize {
+        match within {
+            None => self.loc.len(),
+            Some(w) => self.loc.keys().filter(|p| w.contains(&p.any())).count(),
+        }
+    }
+
     /// The best route for a prefix.
     pub fn best(&self, prefix: &P) -> Option<(Source, &Attrs)> {
         let code = *self.loc.get(prefix)?;
@@ -1021,9 +1029,18 @@ impl<P: RibPrefix> Rib<P> {
 
     /// Bring `id`'s Adj-RIB-Out in line with the Loc-RIB for `prefixes`.
     fn export_to(&mut self, id: PeerId, prefixes: &[P], out: &mut HashMap<PeerId, OutUpdate<P>>) {
-        let Some(info) = self.peers.get(&id).map(|s| s.info) else {
+        // The table is taken out for the pass (one lookup, not one per prefix: this runs for
+        // every established peer on every change) and put back at the end.
+        let Some((info, mut adj)) = self
+            .peers
+            .get_mut(&id)
+            .and_then(|s| Some((s.info, s.adj_out.take()?)))
+        else {
             return;
         };
+        // The split-horizon verdict of the last source seen: a change usually comes from one
+        // peer's UPDATE, so every prefix of it has the same source.
+        let mut last_split: Option<(BestCode, bool)> = None;
         // Grouped by attributes as they are found (no list of changes in between: a full
         // table to a fresh peer is the largest transient of the speaker).
         let mut update = OutUpdate::default();
@@ -1036,15 +1053,30 @@ impl<P: RibPrefix> Rib<P> {
             FastMap::default();
         let to = BestCode::of(Source::Peer(id));
         for p in prefixes {
-            let want = match self.loc.get(p).copied() {
+            let mut best = self.loc.get(p).copied();
+            // Never back to where it came from (export_attrs says so too; checked here first
+            // because it is every prefix of a peer that is sending us a table).
+            if best == Some(to) {
+                best = None;
+            }
+            // iBGP-learned to iBGP, not reflected: export_attrs would say no too; said here
+            // before policy is evaluated, because in a full mesh it is what almost every
+            // (peer, prefix) pair comes to.
+            if let Some(code) = best {
+                let split = match last_split {
+                    Some((seen, split)) if seen == code => split,
+                    _ => {
+                        let split = self.split_horizon(&info, code);
+                        last_split = Some((code, split));
+                        split
+                    }
+                };
+                if split {
+                    best = None;
+                }
+            }
+            let want = match best {
                 None => None,
-                // Never back to where it came from (export_attrs says so too; checked here
-                // first because it is every prefix of a peer that is sending us a table).
-                Some(code) if code == to => None,
-                // iBGP-learned to iBGP, not reflected: export_attrs would say no too; said
-                // here before policy is evaluated, because in a full mesh it is what almost
-                // every (peer, prefix) pair comes to.
-                Some(code) if self.split_horizon(&info, code) => None,
                 Some(code) => match self.attrs_of(p, code).map(Arc::as_ptr) {
                     None => None,
                     Some(ptr) => {
@@ -1077,9 +1109,6 @@ impl<P: RibPrefix> Rib<P> {
                         }
                     }
                 },
-            };
-            let Some(adj) = self.peers.get_mut(&id).and_then(|s| s.adj_out.as_mut()) else {
-                return;
             };
             if want.is_none() && adj.is_empty() {
                 // Nothing to withdraw from an empty table (a peer sending us its table).
@@ -1116,6 +1145,9 @@ impl<P: RibPrefix> Rib<P> {
                     update.announce.push((announce, vec![*p]));
                 }
             }
+        }
+        if let Some(st) = self.peers.get_mut(&id) {
+            st.adj_out = Some(adj);
         }
         if !update.is_empty() {
             let slot = out.entry(id).or_default();

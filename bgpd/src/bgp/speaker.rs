@@ -263,7 +263,8 @@ enum Command {
     DeletePeer(IpAddr, oneshot::Sender<Result<(), SpeakerError>>),
     ListPeers(oneshot::Sender<Vec<PeerStatus>>),
     /// How many prefixes the Loc-RIBs hold.
-    LocCount(oneshot::Sender<usize>),
+    /// Loc-RIB routes (within a prefix, if given).
+    LocCount(Option<Prefix>, oneshot::Sender<usize>),
     Routes {
         table: Table,
         peer: Option<IpAddr>,
@@ -326,8 +327,8 @@ impl SpeakerHandle {
     }
 
     /// How many prefixes the Loc-RIBs hold, in O(1) (a listing copies every route).
-    pub async fn loc_count(&self) -> Result<usize, SpeakerError> {
-        self.ask(Command::LocCount).await
+    pub async fn loc_count(&self, within: Option<Prefix>) -> Result<usize, SpeakerError> {
+        self.ask(|reply| Command::LocCount(within, reply)).await
     }
 
     pub async fn routes(
@@ -562,8 +563,8 @@ impl Speaker {
                     .collect();
                 let _ = reply.send(v);
             }
-            Command::LocCount(reply) => {
-                let _ = reply.send(self.rib.loc_len() + self.rib6.loc_len());
+            Command::LocCount(within, reply) => {
+                let _ = reply.send(self.rib.loc_count(within) + self.rib6.loc_count(within));
             }
             Command::Routes { table, peer, reply } => {
                 let _ = reply.send(self.list(table, peer));

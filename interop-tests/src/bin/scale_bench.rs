@@ -11,9 +11,10 @@
 //!   interval, the resolution of the figure.
 //! - CPU s: user + system seconds of all the daemons at convergence (start-up included).
 //! - RSS MiB/node: mean VmRSS of the daemons at convergence.
-//! - idle CPU %/node: CPU used over `--idle-secs` after convergence with every session up,
-//!   per node, in percent of one core, counted per thread (`procstat::ThreadTimes`). A node
-//!   that lost a block meanwhile fails the run.
+//! - idle CPU %/node: CPU used over `--idle-secs` with every session up, from `--settle-secs`
+//!   after convergence (what ends a convergence is not idle), per node, in percent of one
+//!   core, counted per thread (`procstat::ThreadTimes`). A node that lost a block meanwhile
+//!   fails the run.
 //!
 //! BIRD 1.6 runs in the foreground (`bird -f`) with `lab::calico_bird`'s configuration, no
 //! kernel protocol, logging off unless `--bird-log` (Calico's default: everything, sessions'
@@ -55,6 +56,10 @@ struct Args {
     /// Seconds to measure idle CPU after convergence.
     #[arg(long, default_value_t = 60)]
     idle_secs: u64,
+    /// Seconds between convergence and the idle measurement: the work that ends a
+    /// convergence (the last UPDATEs, collided connections closing) is not idle.
+    #[arg(long, default_value_t = 5)]
+    settle_secs: u64,
     /// Implementations to run, in this order for each N.
     #[arg(long = "impl", value_enum, value_delimiter = ',', default_values_t = [Impl::Bird16, Impl::Bgpd])]
     impls: Vec<Impl>,
@@ -582,8 +587,9 @@ fn run_one(rt: &tokio::runtime::Runtime, args: &Args, n: usize, imp: Impl) -> Re
     };
     let pids = daemons.pids();
     let cpu_at = pids.iter().map(|&p| procstat::cpu_seconds(p)).sum::<f64>();
-    let threads_at: Vec<_> = pids.iter().map(|&p| procstat::ThreadTimes::of(p)).collect();
     let rss = pids.iter().map(|&p| procstat::rss_mib(p)).sum::<f64>() / n as f64;
+    sleep_interruptible(Duration::from_secs(args.settle_secs))?;
+    let threads_at: Vec<_> = pids.iter().map(|&p| procstat::ThreadTimes::of(p)).collect();
     let idle = Duration::from_secs(args.idle_secs);
     sleep_interruptible(idle)?;
     // Per thread: a daemon's runtime may end idle threads meanwhile (see ThreadTimes).
@@ -705,9 +711,10 @@ fn main() -> ExitCode {
         "debug"
     };
     println!(
-        "# scale_bench: full iBGP mesh, {} blocks/node; idle {} s; poll {} ms; bgpd ({profile} build) on {:?}; BIRD 1.6 logging {}",
+        "# scale_bench: full iBGP mesh, {} blocks/node; idle {} s from {} s after convergence; poll {} ms; bgpd ({profile} build) on {:?}; BIRD 1.6 logging {}",
         mesh::BLOCKS_PER_NODE,
         args.idle_secs,
+        args.settle_secs,
         args.poll_ms,
         args.store,
         if args.bird_log {

@@ -355,7 +355,11 @@ fn open_connection(path: &Path, options: &SqliteOptions, init: bool) -> Result<C
         ))
     })
     .map_err(backend)?;
-    if init {
+    // A file already ours is not written to: the tables and the application id are set in
+    // one transaction, so the id says the tables are there. Writing them again (the id
+    // rewrites page 1 even when unchanged) was a commit per process start, and every other
+    // process sharing the file looked at it again for each one: quadratic in a big lab.
+    if init && app_id != APPLICATION_ID {
         retry_busy(deadline, || {
             initialise(&conn).inspect_err(|_| {
                 // A statement after BEGIN failed: end that transaction before trying again.

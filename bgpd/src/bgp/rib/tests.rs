@@ -899,3 +899,18 @@ fn ipv4_routes_over_extended_next_hop_use_ipv6_next_hops_only_where_the_peer_tak
         "the Loc-RIB keeps the received IPv6 next hop"
     );
 }
+
+#[test]
+fn loc_rib_counts_within_a_prefix_without_listing() {
+    let mut r = rib();
+    r.peer_up(peer(2, 64512));
+    let ps = [pfx("10.1.0.0/26"), pfx("10.1.0.64/26"), pfx("10.2.0.0/26")];
+    r.update(PeerId(2), Some(attrs(&[], Some(100))), &ps, &[]);
+    let within = |s: &str| Some(Prefix::V4(pfx(s)));
+    assert_eq!(r.loc_count(None), 3);
+    assert_eq!(r.loc_count(within("10.1.0.0/16")), 2);
+    assert_eq!(r.loc_count(within("10.2.0.0/26")), 1);
+    assert_eq!(r.loc_count(within("10.3.0.0/16")), 0);
+    let v6: Ipv6Prefix = "fd00::/8".parse().unwrap();
+    assert_eq!(r.loc_count(Some(Prefix::V6(v6))), 0);
+}
