@@ -443,6 +443,10 @@ pub struct Rib<P = Ipv4Prefix> {
     cluster_id: Option<Ipv4Addr>,
     /// Prefixes whose best route changed, when someone drains them (`track_loc_changes`).
     loc_changes: Option<Vec<P>>,
+    /// The established peers and whether each is an iBGP peer, in id order: read on every
+    /// change, so kept (rebuilt when a session comes or goes) rather than gathered from
+    /// every peer's state each time.
+    established: Option<Arc<[(PeerId, bool)]>>,
 }
 
 impl<P: RibPrefix> Rib<P> {
@@ -458,6 +462,7 @@ impl<P: RibPrefix> Rib<P> {
             policy: Arc::new(Policy::accept_all()),
             cluster_id: None,
             loc_changes: None,
+            established: None,
         }
     }
 
@@ -517,8 +522,7 @@ impl<P: RibPrefix> Rib<P> {
         }
         let mut out = self.recompute(&all, None);
         // Export decisions may change for routes whose best did not.
-        let ids = self.established();
-        for id in ids {
+        for &(id, _) in self.established().iter() {
             self.export_to(id, &all, &mut out);
         }
         out.retain(|_, u: &mut OutUpdate<P>| !u.is_empty());
@@ -579,13 +583,18 @@ impl<P: RibPrefix> Rib<P> {
             && !(self.cluster_id.is_some() && (from.rr_client || to.rr_client))
     }
 
-    /// Peers with an Adj-RIB-Out (established sessions).
-    fn established(&self) -> Vec<PeerId> {
-        self.peers
-            .iter()
-            .filter(|(_, s)| s.adj_out.is_some())
-            .map(|(id, _)| *id)
-            .collect()
+    /// Peers with an Adj-RIB-Out (established sessions), with whether each is an iBGP peer.
+    fn established(&mut self) -> Arc<[(PeerId, bool)]> {
+        let local_as = self.local_as;
+        self.established
+            .get_or_insert_with(|| {
+                self.peers
+                    .iter()
+                    .filter(|(_, s)| s.adj_out.is_some())
+                    .map(|(id, s)| (*id, s.info.asn == local_as))
+                    .collect()
+            })
+            .clone()
     }
 
     /// The source of a Loc-RIB route as policy sees it.
@@ -641,11 +650,26 @@ impl<P: RibPrefix> Rib<P> {
         let class_changed = st.info != info;
         st.info = info;
         st.adj_out = Some(FastMap::default());
+        self.established = None;
         if class_changed {
             self.recount_accepted(Some(info.id));
         }
-        // In prefix order: what the peer receives first does not depend on hashing.
-        let mut prefixes: Vec<P> = self.loc.keys().copied().collect();
+        // In prefix order: what the peer receives first does not depend on hashing. An iBGP
+        // peer of a RIB that does not reflect is sent no iBGP-learned route (in a full mesh,
+        // nearly the whole table): those are left out before sorting.
+        let ibgp = self.cluster_id.is_none() && info.asn == self.local_as;
+        let mut learned: FastMap<BestCode, bool> = FastMap::default();
+        let mut prefixes: Vec<P> = self
+            .loc
+            .iter()
+            .filter(|(_, code)| {
+                !(ibgp
+                    && *learned
+                        .entry(**code)
+                        .or_insert_with(|| self.ibgp_learned(Some(**code))))
+            })
+            .map(|(p, _)| *p)
+            .collect();
         prefixes.sort_unstable();
         let mut out = HashMap::new();
         self.export_to(info.id, &prefixes, &mut out);
@@ -657,6 +681,7 @@ impl<P: RibPrefix> Rib<P> {
         let Some(st) = self.peers.remove(&id) else {
             return HashMap::new();
         };
+        self.established = None;
         let mut prefixes = Vec::with_capacity(st.adj_in.len());
         for (p, a) in st.adj_in {
             self.interner.release(a);
@@ -678,6 +703,7 @@ impl<P: RibPrefix> Rib<P> {
         let stale: HashSet<P> = st.adj_in.keys().copied().collect();
         let n = stale.len();
         st.stale = Some(stale);
+        self.established = None;
         n
     }
 
@@ -968,17 +994,29 @@ impl<P: RibPrefix> Rib<P> {
         changed_by: Option<BestCode>,
     ) -> HashMap<PeerId, OutUpdate<P>> {
         let mut changed = Vec::with_capacity(prefixes.len());
+        // Whether every change is between routes no iBGP peer is sent (see below).
+        let mut ibgp_only = self.cluster_id.is_none();
         for p in prefixes {
-            let best = self.decide(p).map(BestCode::of);
+            let old = self.loc.get(p).copied();
+            // With no best route before, the one candidate that changed is the only one that
+            // can be best now: the others, unchanged, were absent or ineligible (the Loc-RIB
+            // follows them). A mesh node learns every prefix this way, and looking at every
+            // peer for each was most of its decision process.
+            let best = match (old, changed_by.map(BestCode::source)) {
+                (None, Some(Source::Peer(from))) => self.sole_candidate(p, from),
+                _ => self.decide(p),
+            };
+            debug_assert_eq!(best, self.decide(p), "the Loc-RIB was out of date for {p}");
+            let best = best.map(BestCode::of);
             // The same source staying best is a change when that source's route is the one
             // that changed (`changed_by`): the Loc-RIB holds no copy to compare with.
-            let old = self.loc.get(p).copied();
             if best.is_none() && old.is_none() {
                 continue;
             }
             if best == old && best != changed_by {
                 continue;
             }
+            ibgp_only = ibgp_only && self.ibgp_learned(old) && self.ibgp_learned(best);
             match best {
                 Some(b) => self.loc.insert(*p, b),
                 None => self.loc.remove(p),
@@ -992,12 +1030,40 @@ impl<P: RibPrefix> Rib<P> {
         if changed.is_empty() {
             return out;
         }
-        let ids = self.established();
-        for id in ids {
+        for &(id, ibgp) in self.established().iter() {
+            // An iBGP peer's Adj-RIB-Out follows the Loc-RIB, and iBGP-learned routes are
+            // not passed to iBGP peers unless reflected (RFC 4271 §9.2): when only such
+            // routes changed, before and after, it holds none of them and gains none. In a
+            // full mesh that is every change, and visiting each peer for it was most of the
+            // mesh's CPU time.
+            if ibgp_only && ibgp {
+                continue;
+            }
             self.export_to(id, &changed, &mut out);
         }
         out.retain(|_, u| !u.is_empty());
         out
+    }
+
+    /// Whether a Loc-RIB entry (`None`: no route) is one no iBGP peer is sent when this RIB
+    /// does not reflect: none, or learned from an iBGP peer. A source no longer known (a
+    /// peer just deleted) is not assumed to be.
+    fn ibgp_learned(&self, code: Option<BestCode>) -> bool {
+        match code.map(BestCode::source) {
+            None => true,
+            Some(Source::Local) => false,
+            Some(Source::Peer(q)) => self
+                .peers
+                .get(&q)
+                .is_some_and(|s| s.info.asn == self.local_as),
+        }
+    }
+
+    /// `from`'s route for `p`, if it has one that may be used.
+    fn sole_candidate(&self, p: &P, from: PeerId) -> Option<Source> {
+        let st = self.peers.get(&from)?;
+        let a = self.interner.get(*st.adj_in.get(p)?)?;
+        self.eligible(&st.info, p, a).then_some(Source::Peer(from))
     }
 
     /// The best candidate for a prefix (RFC 4271 §9.1.2).

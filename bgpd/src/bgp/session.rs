@@ -39,10 +39,11 @@ use super::sockopt::Transport;
 
 /// Largest message plus a read's worth: the receive buffer never needs more.
 const RX_BUF: usize = 2 * bgp_wire::MAX_EXTENDED_MESSAGE_LEN;
-/// What a session starts with: two standard messages. A mesh node has a session per node, and
-/// most of them only ever see keepalives; the buffer grows to [`RX_BUF`] the first time a read
-/// fills it (a table arriving, or an extended message).
-const RX_START: usize = 2 * bgp_wire::MAX_MESSAGE_LEN;
+/// What a session starts with: one standard message (a partial message is moved to the front
+/// after each read, so one always fits). A mesh node has a session per node, and most of them
+/// only ever see keepalives; the buffer grows to [`RX_BUF`] the first time a read fills it (a
+/// table arriving, or an extended message).
+const RX_START: usize = bgp_wire::MAX_MESSAGE_LEN;
 /// How long a colliding connection gets to send its OPEN.
 const COLLISION_OPEN_WAIT: Duration = Duration::from_secs(10);
 /// Queued output above which the task takes no more route changes from the speaker.

@@ -321,9 +321,13 @@ pub async fn run(
 /// changes is computed and applied once. Returns (to list again) when the watch ends.
 async fn follow(brain: &mut Brain, store: &Store, hub: &Hub) -> Result<(), FollowError> {
     let ipam = Ipam::new(store.clone());
-    let listing = store.list("/margay/v1/").await?;
-    let mut cache = StateCache::from_listing(&listing)?;
-    let mut watch = store.watch("/margay/v1/", listing.revision).await?;
+    // The listing's bytes (every value, handles included) are dropped once decoded, and so
+    // is each pass's copy of the state before the wait: neither is kept while idle.
+    let (mut cache, revision) = {
+        let listing = store.list("/margay/v1/").await?;
+        (StateCache::from_listing(&listing)?, listing.revision)
+    };
+    let mut watch = store.watch("/margay/v1/", revision).await?;
     loop {
         let c = cache.state();
         // When this writes (the node's tunnel address), its own event brings the next pass.
@@ -337,6 +341,7 @@ async fn follow(brain: &mut Brain, store: &Store, hub: &Hub) -> Result<(), Follo
             }));
             brain.apply(&c).await?;
         }
+        drop(c);
         match watch.next().await {
             Some(Ok(e)) => cache.apply(&e.key, e.value.as_deref())?,
             Some(Err(e)) => return Err(e.into()),

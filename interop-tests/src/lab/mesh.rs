@@ -10,8 +10,9 @@
 //! Everything is this run's (namespaces `mgy<pid>-…`, see [`super::netns`]) and goes away
 //! when the [`Mesh`] is dropped, also on a panic: each namespace kills the processes still
 //! inside it by PID and deletes itself, which deletes its veth end and so the pair. The
-//! kernel's neighbour-table limits, shared by every namespace, are raised for the run (a mesh
-//! of 50+ nodes overflows the defaults) and put back when the [`NeighLimits`] guard drops.
+//! kernel's neighbour-table limits, shared by every namespace, and the inotify instances per
+//! user are raised for the run (a mesh of 50+ nodes overflows the neighbour defaults, one of
+//! 128+ bgpds the inotify one) and put back when the [`KernelLimits`] guard drops.
 
 use std::net::Ipv4Addr;
 use std::path::PathBuf;
@@ -69,7 +70,7 @@ pub struct Mesh {
     // Nodes first: dropping them kills their daemons before the hub (and its bridge) goes.
     pub nodes: Vec<MeshNode>,
     pub hub: Netns,
-    _limits: NeighLimits,
+    _limits: KernelLimits,
 }
 
 impl Mesh {
@@ -81,14 +82,23 @@ impl Mesh {
                 pool(MAX_NODES)
             ));
         }
-        // About n² entries in all; small meshes stay within the defaults (128/512/1024), and
-        // leaving them alone keeps concurrent small runs from restoring under a large one.
-        let limits = if n * n > 256 {
+        let mut limits = KernelLimits::default();
+        // About n² neighbour entries in all; small meshes stay within the defaults
+        // (128/512/1024), and leaving them alone keeps concurrent small runs from restoring
+        // under a large one.
+        if n * n > 256 {
             let e = (n * n) as u64;
-            NeighLimits::raise([e.max(32768), (2 * e).max(65536), (4 * e).max(131072)])?
-        } else {
-            NeighLimits { old: Vec::new() }
-        };
+            let mins = [e.max(32768), (2 * e).max(65536), (4 * e).max(131072)];
+            for (k, min) in mins.into_iter().enumerate() {
+                limits.raise(
+                    &format!("/proc/sys/net/ipv4/neigh/default/gc_thresh{}", k + 1),
+                    min,
+                )?;
+            }
+        }
+        // One inotify instance per bgpd, beside the machine's own users: past the default 128
+        // a bgpd finds none and polls the datastore file instead (idle CPU, slower changes).
+        limits.raise("/proc/sys/fs/inotify/max_user_instances", n as u64 + 128)?;
         // The segment's bridge; its members are attached below in batches rather than by
         // `Segment::attach`, which takes several `ip` processes a member.
         let Segment { hub } = Segment::new("hub").map_err(|e| e.to_string())?;
@@ -152,42 +162,32 @@ fn batch(ns: &Netns, commands: &str) -> Result<(), CmdError> {
     .map(|_| ())
 }
 
-/// The kernel's neighbour (ARP) table limits, raised for a run and restored on drop. They
-/// are shared by every namespace and can only be set in the initial one.
-pub struct NeighLimits {
+/// Kernel limits (sysctl files) raised for a run and restored on drop: the neighbour (ARP)
+/// table's, shared by every namespace and settable only in the initial one, and the number
+/// of inotify instances per user (every bgpd follows its datastore file with one).
+#[derive(Default)]
+pub struct KernelLimits {
     old: Vec<(PathBuf, String)>,
 }
 
-impl NeighLimits {
-    /// Raises gc_thresh1/2/3 to at least `min` (values already higher are left alone).
-    pub fn raise(min: [u64; 3]) -> Result<NeighLimits, String> {
-        let mut guard = NeighLimits { old: Vec::new() };
-        for (k, want) in min.iter().enumerate() {
-            let path = PathBuf::from(format!(
-                "/proc/sys/net/ipv4/neigh/default/gc_thresh{}",
-                k + 1
-            ));
-            let old =
-                std::fs::read_to_string(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-            let current: u64 = old.trim().parse().unwrap_or(0);
-            if current >= *want {
-                continue;
-            }
-            std::fs::write(&path, want.to_string()).map_err(|e| {
-                format!(
-                    "{}: {e} (raising the neighbour table for a large mesh needs root)",
-                    path.display()
-                )
-            })?;
-            guard.old.push((path, old));
+impl KernelLimits {
+    /// Raises the file to at least `min` (a value already higher is left alone).
+    pub fn raise(&mut self, path: &str, min: u64) -> Result<(), String> {
+        let old = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
+        if old.trim().parse::<u64>().unwrap_or(0) >= min {
+            return Ok(());
         }
-        Ok(guard)
+        std::fs::write(path, min.to_string()).map_err(|e| {
+            format!("{path}: {e} (raising kernel limits for a large mesh needs root)")
+        })?;
+        self.old.push((PathBuf::from(path), old));
+        Ok(())
     }
 }
 
-impl Drop for NeighLimits {
+impl Drop for KernelLimits {
     fn drop(&mut self) {
-        // In reverse, so thresh1 <= thresh2 <= thresh3 holds at every step.
+        // In reverse, so gc_thresh1 <= gc_thresh2 <= gc_thresh3 holds at every step.
         for (path, old) in self.old.iter().rev() {
             let _ = std::fs::write(path, old.trim());
         }

@@ -50,6 +50,7 @@ pub struct SqliteOptions {
     pub history: u64,
     /// How often watchers look for other processes' writes where inotify cannot tell them
     /// (with inotify they look when the file changes, and every [`FALLBACK_POLL`] anyway).
+    /// Each look is a query: at 5 ms an idle process used about 1 % of a core per watch.
     pub poll_interval: Duration,
     /// How long a writer waits for another process's write lock before giving up.
     pub busy_timeout: Duration,
@@ -60,7 +61,7 @@ impl Default for SqliteOptions {
         Self {
             sync: Sync::Full,
             history: 10_000,
-            poll_interval: Duration::from_millis(5),
+            poll_interval: Duration::from_millis(50),
             busy_timeout: Duration::from_secs(10),
         }
     }
@@ -93,33 +94,39 @@ pub const FALLBACK_POLL: Duration = Duration::from_secs(30);
 /// WAL is created and removed as processes come and go). Idle watchers then cost nothing,
 /// where polling every few milliseconds costs every process CPU all the time. A thread of
 /// its own (any runtime, even one without I/O, can open a store), ended when the store is.
-fn follow_file(path: &Path) -> Option<(watch::Receiver<u64>, FileFollower)> {
+fn follow_file(path: &Path) -> std::io::Result<(watch::Receiver<u64>, FileFollower)> {
     use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
     use std::os::unix::ffi::OsStrExt;
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
         _ => PathBuf::from("."),
     };
-    let name = path.file_name()?.as_bytes().to_vec();
-    let cdir = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+    let invalid = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidInput, what);
+    let name = path
+        .file_name()
+        .ok_or_else(|| invalid("no file name"))?
+        .as_bytes()
+        .to_vec();
+    let cdir = std::ffi::CString::new(dir.as_os_str().as_bytes())
+        .map_err(|_| invalid("a NUL in the path"))?;
     // SAFETY: a plain syscall; the descriptor is owned right away.
     let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
     if fd < 0 {
-        return None;
+        return Err(std::io::Error::last_os_error());
     }
     // SAFETY: `fd` is a fresh descriptor nobody else owns.
     let fd = unsafe { OwnedFd::from_raw_fd(fd) };
     let mask = libc::IN_MODIFY | libc::IN_CREATE | libc::IN_MOVED_TO | libc::IN_CLOSE_WRITE;
     // SAFETY: `cdir` is a valid NUL-terminated path for the call's duration.
     if unsafe { libc::inotify_add_watch(fd.as_raw_fd(), cdir.as_ptr(), mask) } < 0 {
-        return None;
+        return Err(std::io::Error::last_os_error());
     }
     // Dropping the store writes to this eventfd to end the thread, which otherwise sleeps in
     // poll(2) without a timeout: an idle process is not woken until the file changes.
     // SAFETY: a plain syscall; the descriptor is owned right away.
     let stop = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
     if stop < 0 {
-        return None;
+        return Err(std::io::Error::last_os_error());
     }
     // SAFETY: `stop` is a fresh descriptor nobody else owns.
     let stop = Arc::new(unsafe { OwnedFd::from_raw_fd(stop) });
@@ -169,9 +176,8 @@ fn follow_file(path: &Path) -> Option<(watch::Receiver<u64>, FileFollower)> {
                     tx.send_modify(|v| *v = v.wrapping_add(1));
                 }
             }
-        })
-        .ok()?;
-    Some((rx, FileFollower { stop }))
+        })?;
+    Ok((rx, FileFollower { stop }))
 }
 
 /// inotify reports another process's commit when it writes the WAL, which is before the
@@ -248,9 +254,17 @@ impl SqliteStore {
         let current = read_revision(&reader).map_err(backend)?;
         let (written, _) = watch::channel(current);
         let (external, follower) = match follow_file(&path) {
-            Some((rx, f)) => (Some(rx), Some(f)),
-            None => {
-                tracing::debug!(path = %path.display(), "no inotify: watchers poll the file");
+            Ok((rx, f)) => (Some(rx), Some(f)),
+            Err(e) => {
+                // Too many processes of this user following files (fs.inotify.max_user_instances,
+                // 128 by default) is the usual reason on a host running many daemons.
+                tracing::warn!(
+                    path = %path.display(),
+                    error = %e,
+                    every = ?options.poll_interval,
+                    "cannot follow the datastore file with inotify; polling it instead \
+                     (raise fs.inotify.max_user_instances if the limit was reached)"
+                );
                 (None, None)
             }
         };

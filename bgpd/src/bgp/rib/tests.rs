@@ -382,16 +382,22 @@ fn check_churn<P: RibPrefix>(
         r.peer_up(p);
     }
     for _ in 0..2000 {
-        let who = peers[(next() % 4) as usize].id;
+        let info = peers[(next() % 4) as usize];
+        let who = info.id;
         let p = prefix((next() % 16) as u8);
-        match next() % 5 {
+        match next() % 12 {
             0 => {
                 r.update(who, None, &[], &[p]);
             }
-            1 => {
+            // A session resets: its routes leave every table, then it is back, empty.
+            11 => {
+                r.peer_down(who);
+                r.peer_up(info);
+            }
+            1 | 2 => {
                 r.announce(p, PathAttributes::default());
             }
-            2 => {
+            3 | 4 => {
                 r.withdraw(p);
             }
             _ => {
