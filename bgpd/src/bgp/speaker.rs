@@ -259,7 +259,12 @@ pub struct ListedRoute {
 }
 
 enum Command {
-    AddPeer(PeerSpec, oneshot::Sender<Result<(), SpeakerError>>),
+    /// Peers added in one command: no connection is taken between two of them (a mesh
+    /// node's peers connecting while it added them one by one were refused as unknown).
+    AddPeers(
+        Vec<PeerSpec>,
+        oneshot::Sender<Vec<Result<(), SpeakerError>>>,
+    ),
     DeletePeer(IpAddr, oneshot::Sender<Result<(), SpeakerError>>),
     ListPeers(oneshot::Sender<Vec<PeerStatus>>),
     /// How many prefixes the Loc-RIBs hold.
@@ -315,7 +320,19 @@ impl SpeakerHandle {
     }
 
     pub async fn add_peer(&self, spec: PeerSpec) -> Result<(), SpeakerError> {
-        self.ask(|r| Command::AddPeer(spec, r)).await?
+        let address = spec.address;
+        self.add_peers(vec![spec])
+            .await?
+            .pop()
+            .unwrap_or(Err(SpeakerError::NoPeer(address.to_string())))
+    }
+
+    /// Add several peers at once; one result per peer, in order.
+    pub async fn add_peers(
+        &self,
+        specs: Vec<PeerSpec>,
+    ) -> Result<Vec<Result<(), SpeakerError>>, SpeakerError> {
+        self.ask(|r| Command::AddPeers(specs, r)).await
     }
 
     pub async fn delete_peer(&self, address: IpAddr) -> Result<(), SpeakerError> {
@@ -534,8 +551,12 @@ impl Speaker {
 
     async fn command(&mut self, c: Command) {
         match c {
-            Command::AddPeer(spec, reply) => {
-                let _ = reply.send(self.add_peer(spec).await);
+            Command::AddPeers(specs, reply) => {
+                let mut results = Vec::with_capacity(specs.len());
+                for spec in specs {
+                    results.push(self.add_peer(spec).await);
+                }
+                let _ = reply.send(results);
             }
             Command::DeletePeer(addr, reply) => {
                 let _ = reply.send(self.delete_peer(addr));

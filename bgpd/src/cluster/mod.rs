@@ -199,14 +199,6 @@ impl Brain {
             self.applied.policy = Some((policy, role));
         }
 
-        self.apply_peers(peers::desired_peers(
-            &self.me,
-            &settings,
-            &c.nodes,
-            &c.bgp_peers,
-        ))
-        .await?;
-
         let next_hop = me.ipv4.map(|a| a.addr());
         let want = if next_hop.is_some() {
             origin::originated(&self.me, c, settings.aggregate_pools_to_external)
@@ -235,7 +227,16 @@ impl Brain {
             }
             self.applied.announced.remove(p);
         }
-        Ok(())
+
+        // Peers last: a session that comes up finds this node's routes already there, and
+        // gets them in its first UPDATEs rather than in more after them.
+        self.apply_peers(peers::desired_peers(
+            &self.me,
+            &settings,
+            &c.nodes,
+            &c.bgp_peers,
+        ))
+        .await
     }
 
     /// Add, replace or remove the cluster-derived peers; peers from the configuration file
@@ -262,12 +263,17 @@ impl Brain {
                 }
             }
         }
+        let mut added = Vec::new();
         for (a, spec) in want {
             if keep.contains(&a) {
                 continue;
             }
             tracing::info!(peer = %spec.name(), asn = %spec.asn, "cluster peer added");
-            match self.speaker.add_peer(spec).await {
+            added.push(spec);
+        }
+        // All at once: a peer that connects meanwhile is never one not added yet.
+        for result in self.speaker.add_peers(added).await? {
+            match result {
                 Ok(()) | Err(SpeakerError::PeerExists(_)) => {}
                 Err(e) => return Err(e),
             }
