@@ -136,6 +136,17 @@ fn ctx(what: &str, b: &Bgpd, peer: &str) -> String {
     )
 }
 
+/// bgpd names its one session by the peer's address (of the session's family).
+fn assert_session_address(b: &Bgpd, address: &str, peer: &dyn Fn() -> String) {
+    let sessions = b.ctl_json(&["show", "protocols", "--json"]);
+    assert_eq!(
+        sessions[0]["address"],
+        address,
+        "{}",
+        ctx("peer_address", b, &peer())
+    );
+}
+
 /// bgpd's route for `prefix`, waited for.
 fn bgpd_route(b: &Bgpd, prefix: &str, peer: &dyn Fn() -> String) -> serde_json::Value {
     let mut got = None;
@@ -207,13 +218,7 @@ fn bird2_ipv6_session() {
         ctx("the IPv6 session did not come up", &b, &peer())
     );
     // The session runs over IPv6: bgpd names the peer by its IPv6 address.
-    let sessions = b.ctl_json(&["show", "protocols", "--json"]);
-    assert_eq!(
-        sessions[0]["address"],
-        PEER_ADDR6,
-        "{}",
-        ctx("peer_address", &b, &peer())
-    );
+    assert_session_address(&b, PEER_ADDR6, &peer);
     eprintln!("BIRD 2 IPv6: session up");
 
     // Their /122 at bgpd: next hop BIRD's global address, its link-local one beside it (BIRD
@@ -328,13 +333,7 @@ fn frr_ipv6_session_with_extended_next_hop() {
         "{}",
         ctx("the IPv6 session did not come up", &b, &peer())
     );
-    let sessions = b.ctl_json(&["show", "protocols", "--json"]);
-    assert_eq!(
-        sessions[0]["address"],
-        PEER_ADDR6,
-        "{}",
-        ctx("peer_address", &b, &peer())
-    );
+    assert_session_address(&b, PEER_ADDR6, &peer);
     // The extended next hop capability
     // (RFC 8950) both ways: without it FRR would neither send nor accept IPv4 routes with
     // IPv6 next hops.
@@ -496,13 +495,7 @@ fn frr_ipv4_session_carries_ipv6() {
         "{}",
         ctx("the IPv4 session with IPv6 did not come up", &b, &peer())
     );
-    let sessions = b.ctl_json(&["show", "protocols", "--json"]);
-    assert_eq!(
-        sessions[0]["address"],
-        PEER_ADDR,
-        "{}",
-        ctx("peer_address", &b, &peer())
-    );
+    assert_session_address(&b, PEER_ADDR, &peer);
     eprintln!("FRR MP-BGP: session up");
 
     // Their /122 at bgpd: FRR puts its interface's global IPv6 address in MP_REACH.

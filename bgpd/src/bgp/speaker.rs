@@ -267,8 +267,7 @@ enum Command {
     ),
     DeletePeer(IpAddr, oneshot::Sender<Result<(), SpeakerError>>),
     ListPeers(oneshot::Sender<Vec<PeerStatus>>),
-    /// How many prefixes the Loc-RIBs hold.
-    /// Loc-RIB routes (within a prefix, if given).
+    /// How many routes the Loc-RIBs hold (within a prefix, if given).
     LocCount(Option<Prefix>, oneshot::Sender<usize>),
     Routes {
         table: Table,
@@ -343,7 +342,8 @@ impl SpeakerHandle {
         self.ask(Command::ListPeers).await
     }
 
-    /// How many prefixes the Loc-RIBs hold, in O(1) (a listing copies every route).
+    /// How many routes the Loc-RIBs hold (within a prefix, if given), counted in place: a
+    /// listing copies every route.
     pub async fn loc_count(&self, within: Option<Prefix>) -> Result<usize, SpeakerError> {
         self.ask(|reply| Command::LocCount(within, reply)).await
     }
@@ -591,10 +591,12 @@ impl Speaker {
                 let _ = reply.send(self.list(table, peer));
             }
             Command::SetPolicy(policy, cluster_id, reply) => {
+                // The kernel is told everything once, after both families: the policy may
+                // change what is programmed even where no best route changed.
                 let out = self.rib.set_policy(policy.clone(), cluster_id);
-                self.distribute(out);
+                self.send_updates(out);
                 let out = self.rib6.set_policy(policy, cluster_id);
-                self.distribute(out);
+                self.send_updates(out);
                 self.publish_kernel(true);
                 let _ = reply.send(());
             }
@@ -1399,8 +1401,14 @@ impl Speaker {
         self.peers.get_mut(addr)
     }
 
+    /// Tell the kernel sink and the peers what a RIB operation changed.
     fn distribute<P: RibPrefix>(&mut self, out: std::collections::HashMap<PeerId, OutUpdate<P>>) {
         self.publish_kernel(false);
+        self.send_updates(out);
+    }
+
+    /// Hand each peer's changes to its session.
+    fn send_updates<P: RibPrefix>(&self, out: std::collections::HashMap<PeerId, OutUpdate<P>>) {
         for (id, update) in out {
             let update = P::family_update(update);
             let Some(addr) = self.by_id.get(&id) else {

@@ -35,7 +35,7 @@ fn attrs(path: &[u32], lp: Option<u32>) -> PathAttributes {
     }
 }
 
-fn rib() -> Rib {
+fn rib<P: RibPrefix>() -> Rib<P> {
     Rib::new(LOCAL_AS, Ipv4Addr::new(10, 0, 0, 1))
 }
 
@@ -769,7 +769,7 @@ fn announced_nh<P: RibPrefix>(out: &HashMap<PeerId, OutUpdate<P>>, to: u8) -> Op
 
 #[test]
 fn ipv6_routes_we_originate_carry_our_global_and_link_local_next_hop() {
-    let mut r: Rib<Ipv6Prefix> = Rib::new(LOCAL_AS, Ipv4Addr::new(10, 0, 0, 1));
+    let mut r: Rib<Ipv6Prefix> = rib();
     let up = r.peer_up(peer6(2, 65000));
     assert!(up.is_empty());
     let out = r.announce(pfx6("fd10:1::/122"), PathAttributes::default());
@@ -787,7 +787,7 @@ fn ipv6_routes_we_originate_carry_our_global_and_link_local_next_hop() {
 
 #[test]
 fn an_ebgp_learned_ipv6_route_keeps_its_global_next_hop_toward_ibgp_but_not_a_foreign_link_local() {
-    let mut r: Rib<Ipv6Prefix> = Rib::new(LOCAL_AS, Ipv4Addr::new(10, 0, 0, 1));
+    let mut r: Rib<Ipv6Prefix> = rib();
     r.peer_up(peer6(2, 65000));
     r.peer_up(peer6(3, 64512));
     r.peer_up(peer6(4, 65100));
@@ -821,7 +821,7 @@ fn an_ebgp_learned_ipv6_route_keeps_its_global_next_hop_toward_ibgp_but_not_a_fo
 
 #[test]
 fn a_link_local_only_next_hop_becomes_ours_toward_ibgp_peers() {
-    let mut r: Rib<Ipv6Prefix> = Rib::new(LOCAL_AS, Ipv4Addr::new(10, 0, 0, 1));
+    let mut r: Rib<Ipv6Prefix> = rib();
     r.peer_up(peer6(2, 65000));
     r.peer_up(peer6(3, 64512));
     // An unnumbered peer: its only next hop is link-local.
@@ -840,7 +840,7 @@ fn a_link_local_only_next_hop_becomes_ours_toward_ibgp_peers() {
 
 #[test]
 fn a_session_without_a_next_hop_of_the_family_is_sent_nothing() {
-    let mut r: Rib<Ipv6Prefix> = Rib::new(LOCAL_AS, Ipv4Addr::new(10, 0, 0, 1));
+    let mut r: Rib<Ipv6Prefix> = rib();
     r.peer_up(peer(2, 65000)); // next_hop_v6: None
     let out = r.announce(pfx6("fd10:1::/122"), PathAttributes::default());
     assert!(out.is_empty(), "{out:?}");
