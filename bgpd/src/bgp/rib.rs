@@ -671,6 +671,16 @@ impl<P: RibPrefix> Rib<P> {
             .map(|(p, _)| *p)
             .collect();
         prefixes.sort_unstable();
+        // Sized for the table at once: growing it route by route kept the old and the new
+        // table both allocated at each doubling (a full table to a fresh peer is the
+        // speaker's largest transient).
+        if let Some(adj) = self
+            .peers
+            .get_mut(&info.id)
+            .and_then(|s| s.adj_out.as_mut())
+        {
+            adj.reserve(prefixes.len());
+        }
         let mut out = HashMap::new();
         self.export_to(info.id, &prefixes, &mut out);
         out.remove(&info.id).unwrap_or_default()
