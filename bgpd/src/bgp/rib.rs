@@ -683,6 +683,16 @@ impl<P: RibPrefix> Rib<P> {
         }
         let mut out = HashMap::new();
         self.export_to(info.id, &prefixes, &mut out);
+        // Export policy may have taken far fewer (an eBGP peer of a node holding a full
+        // table): the room reserved for the rest is given back.
+        if let Some(adj) = self
+            .peers
+            .get_mut(&info.id)
+            .and_then(|s| s.adj_out.as_mut())
+            && adj.capacity() > 2 * adj.len().max(16)
+        {
+            adj.shrink_to_fit();
+        }
         out.remove(&info.id).unwrap_or_default()
     }
 

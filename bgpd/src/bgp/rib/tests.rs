@@ -920,3 +920,37 @@ fn loc_rib_counts_within_a_prefix_without_listing() {
     let v6: Ipv6Prefix = "fd00::/8".parse().unwrap();
     assert_eq!(r.loc_count(Some(Prefix::V6(v6))), 0);
 }
+
+/// A fresh peer's Adj-RIB-Out is sized for the whole Loc-RIB before export; when export takes
+/// almost nothing (here: every route came from that peer itself, back after a graceful
+/// restart), the room is given back.
+#[test]
+fn adj_rib_out_keeps_no_room_for_routes_not_exported() {
+    let mut r = rib();
+    r.peer_up(peer(2, 65000));
+    let routes: Vec<Ipv4Prefix> = (0..4096u32)
+        .map(|i| Ipv4Prefix::new(Ipv4Addr::from(0x0B00_0000 + (i << 6)), 26).unwrap())
+        .collect();
+    r.update(PeerId(2), Some(attrs(&[65000], None)), &routes, &[]);
+    assert_eq!(r.loc_len(), 4096);
+    r.peer_down_graceful(PeerId(2));
+    let sent = r.peer_up(peer(2, 65000));
+    assert!(
+        sent.is_empty(),
+        "routes went back to the peer they came from"
+    );
+    let adj = r.peers[&PeerId(2)].adj_out.as_ref().unwrap();
+    assert!(adj.is_empty());
+    assert!(
+        adj.capacity() < 64,
+        "room for {} routes kept",
+        adj.capacity()
+    );
+    // A peer that takes them all gets its table in one piece.
+    let sent = r.peer_up(peer(3, 65001));
+    assert_eq!(
+        sent.announce.iter().map(|(_, p)| p.len()).sum::<usize>(),
+        4096
+    );
+    assert_eq!(r.counts(PeerId(3)).2, 4096);
+}
