@@ -4,7 +4,7 @@
 //!
 //! **Job.** Take routes learned from peers and routes we originate; choose one best route
 //! per prefix; compute, per peer, what it must be told (iBGP/eBGP rules, next-hop-self,
-//! AS prepend, no LOCAL_PREF to eBGP) and return only the differences.
+//! AS prepend, no LOCAL_PREF to eBGP) and return what changed.
 //!
 //! **Boundaries.** Sans-IO and single-owner: one task (the speaker) owns a [`Rib`] and calls
 //! it; nothing here locks or awaits. Packing the returned [`OutUpdate`]s into messages is
@@ -17,7 +17,7 @@
 //!
 //! **Policy.** Adj-RIB-In keeps what peers sent, before policy, so a new [`Policy`] (pools
 //! changed) is applied without asking peers again: import rules are evaluated when the
-//! decision process looks at a candidate, export rules when Adj-RIB-Out is computed.
+//! decision process looks at a candidate, export rules when a route is exported.
 //!
 //! **Route reflection (RFC 4456).** With a cluster id this RIB reflects: routes from clients
 //! go to every iBGP peer, routes from non-clients to clients only; ORIGINATOR_ID and
@@ -27,15 +27,19 @@
 //! by every route that carries them (BIRD's attribute cache). Routes hold only the `Arc`,
 //! so equality of attributes is pointer equality; the Adj-RIB-In holds a 4-byte [`AttrId`]
 //! per route and the interner counts those references. The Loc-RIB holds only *which* candidate
-//! is best (a 4-byte source code per prefix), not a copy of its attributes: they are read
-//! from the Adj-RIB-In (or the originated routes) it points to. Prefix-keyed tables are hash
+//! is best (a 4-byte source code per prefix, beside its 4-byte slot), not a copy of its
+//! attributes: they are read from the Adj-RIB-In (or the originated routes) it points to. An
+//! Adj-RIB-Out is one bit per
+//! Loc-RIB prefix ([`AdjOut`], BIRD's export map): what a peer was sent is what export gives
+//! the best route, since each change of a best route is exported when it happens; so a full
+//! table sent to a peer costs 1 bit per route, not a map entry (a few duplicate announcements
+//! when a best route changes but exports the same, as with BIRD). Prefix-keyed tables are hash
 //! maps with a multiplicative hasher ([`PrefixHasher`]); sorted output is made on request
 //! (listings), not maintained on every insert. Measured with `bgp_bench`: these cut ingest
 //! time and bytes per route (a B-tree Loc-RIB with attribute copies and SipHash maps cost
 //! about 85 B per route).
 
 use std::cmp::Ordering;
-use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -123,6 +127,78 @@ impl BestCode {
             Source::Peer(PeerId(self.0))
         }
     }
+}
+
+/// A Loc-RIB prefix's bit in every peer's [`AdjOut`], held while the prefix has a best route
+/// and reused after.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct LocSlot(u32);
+
+/// A Loc-RIB entry: which candidate is best, and the prefix's [`LocSlot`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct LocEntry {
+    best: BestCode,
+    slot: LocSlot,
+}
+
+/// What an established peer has been sent: one bit per Loc-RIB [`LocSlot`] (BIRD's export map),
+/// and how many are set. The attributes it was sent are what export gives the prefix's best
+/// route now, because every change of a best route is exported as it happens: no copy is
+/// kept (a copy per peer and route was most of the memory of a speaker sending a full table).
+#[derive(Debug, Default)]
+struct AdjOut {
+    bits: Vec<u64>,
+    count: usize,
+}
+
+impl AdjOut {
+    fn has(&self, s: LocSlot) -> bool {
+        self.bits
+            .get((s.0 / 64) as usize)
+            .is_some_and(|w| w & (1 << (s.0 % 64)) != 0)
+    }
+
+    /// Set or clear a slot's bit; whether it was set.
+    fn mark(&mut self, s: LocSlot, on: bool) -> bool {
+        let i = (s.0 / 64) as usize;
+        if self.bits.len() <= i {
+            if !on {
+                return false;
+            }
+            self.bits.resize(i + 1, 0);
+        }
+        let bit = 1u64 << (s.0 % 64);
+        let Some(w) = self.bits.get_mut(i) else {
+            return false;
+        };
+        let was = *w & bit != 0;
+        if on {
+            *w |= bit;
+        } else {
+            *w &= !bit;
+        }
+        match (was, on) {
+            (false, true) => self.count += 1,
+            (true, false) => self.count -= 1,
+            _ => {}
+        }
+        was
+    }
+
+    fn len(&self) -> usize {
+        self.count
+    }
+}
+
+/// What a peer is sent for a best route depends on its attributes and source, not on the
+/// prefix: computed once per pair in a pass over many prefixes (a full table with a few
+/// attribute sets costs a few export computations, not one per route).
+#[derive(Default)]
+struct ExportMemo {
+    attrs: FastMap<(*const PathAttributes, BestCode), Option<Attrs>>,
+    /// The split-horizon verdict of the last source seen: a change usually comes from one
+    /// peer's UPDATE, so every prefix of it has the same source.
+    last_split: Option<(BestCode, bool)>,
 }
 
 /// LOCAL_PREF assumed when a route has none (RFC 4271 leaves it to the operator; all of
@@ -416,7 +492,7 @@ struct PeerState<P> {
     info: PeerInfo,
     adj_in: FastMap<P, AttrId>,
     /// Present only while the session is established.
-    adj_out: Option<FastMap<P, Attrs>>,
+    adj_out: Option<AdjOut>,
     /// Routes received but rejected by import rules (AS loop).
     rejected: u64,
     /// Graceful restart: routes kept from before the peer restarted, not yet refreshed.
@@ -435,7 +511,10 @@ pub struct Rib<P = Ipv4Prefix> {
     local: FastMap<P, Attrs>,
     peers: BTreeMap<PeerId, PeerState<P>>,
     /// The Loc-RIB: which candidate is best; its attributes stay where they are stored.
-    loc: FastMap<P, BestCode>,
+    loc: FastMap<P, LocEntry>,
+    /// Slots of prefixes that left the Loc-RIB, for the next ones; `next_slot` past the last.
+    free_slots: Vec<LocSlot>,
+    next_slot: u32,
     /// Changes since the last sweep; the interner is swept after many.
     churn: usize,
     policy: Arc<Policy>,
@@ -458,6 +537,8 @@ impl<P: RibPrefix> Rib<P> {
             local: FastMap::default(),
             peers: BTreeMap::new(),
             loc: FastMap::default(),
+            free_slots: Vec::new(),
+            next_slot: 0,
             churn: 0,
             policy: Arc::new(Policy::accept_all()),
             cluster_id: None,
@@ -520,13 +601,8 @@ impl<P: RibPrefix> Rib<P> {
         if import_changed {
             self.recount_accepted(None);
         }
-        let mut out = self.recompute(&all, None);
-        // Export decisions may change for routes whose best did not.
-        for &(id, _) in self.established().iter() {
-            self.export_to(id, &all, &mut out);
-        }
-        out.retain(|_, u: &mut OutUpdate<P>| !u.is_empty());
-        out
+        // Export decisions may change for routes whose best did not: all are exported.
+        self.decide_and_export(&all, None, true)
     }
 
     /// Whether a stored route (by id) passes import policy and the loop checks.
@@ -649,7 +725,7 @@ impl<P: RibPrefix> Rib<P> {
         });
         let class_changed = st.info != info;
         st.info = info;
-        st.adj_out = Some(FastMap::default());
+        st.adj_out = Some(AdjOut::default());
         self.established = None;
         if class_changed {
             self.recount_accepted(Some(info.id));
@@ -659,40 +735,20 @@ impl<P: RibPrefix> Rib<P> {
         // nearly the whole table): those are left out before sorting.
         let ibgp = self.cluster_id.is_none() && info.asn == self.local_as;
         let mut learned: FastMap<BestCode, bool> = FastMap::default();
-        let mut prefixes: Vec<P> = self
+        let mut prefixes: Vec<(P, Option<LocSlot>)> = self
             .loc
             .iter()
-            .filter(|(_, code)| {
+            .filter(|(_, e)| {
                 !(ibgp
                     && *learned
-                        .entry(**code)
-                        .or_insert_with(|| self.ibgp_learned(Some(**code))))
+                        .entry(e.best)
+                        .or_insert_with(|| self.ibgp_learned(Some(e.best))))
             })
-            .map(|(p, _)| *p)
+            .map(|(p, e)| (*p, Some(e.slot)))
             .collect();
-        prefixes.sort_unstable();
-        // Sized for the table at once: growing it route by route kept the old and the new
-        // table both allocated at each doubling (a full table to a fresh peer is the
-        // speaker's largest transient).
-        if let Some(adj) = self
-            .peers
-            .get_mut(&info.id)
-            .and_then(|s| s.adj_out.as_mut())
-        {
-            adj.reserve(prefixes.len());
-        }
+        prefixes.sort_unstable_by_key(|(p, _)| *p);
         let mut out = HashMap::new();
         self.export_to(info.id, &prefixes, &mut out);
-        // Export policy may have taken far fewer (an eBGP peer of a node holding a full
-        // table): the room reserved for the rest is given back.
-        if let Some(adj) = self
-            .peers
-            .get_mut(&info.id)
-            .and_then(|s| s.adj_out.as_mut())
-            && adj.capacity() > 2 * adj.len().max(16)
-        {
-            adj.shrink_to_fit();
-        }
         out.remove(&info.id).unwrap_or_default()
     }
 
@@ -874,6 +930,10 @@ impl<P: RibPrefix> Rib<P> {
 
     /// Originate `prefix` with `attrs` (next hop and AS path are set per peer on export).
     pub fn announce(&mut self, prefix: P, attrs: PathAttributes) -> HashMap<PeerId, OutUpdate<P>> {
+        // The same again changes nothing (and peers are not sent it again).
+        if self.local.get(&prefix).is_some_and(|a| **a == attrs) {
+            return HashMap::new();
+        }
         let a = self.interner.intern(attrs);
         self.local.insert(prefix, a);
         self.recompute(&[prefix], Some(BestCode::LOCAL))
@@ -889,13 +949,35 @@ impl<P: RibPrefix> Rib<P> {
 
     /// Everything advertised to a peer, again (ROUTE-REFRESH from it).
     pub fn refresh(&self, id: PeerId) -> OutUpdate<P> {
-        let Some(out) = self.peers.get(&id).and_then(|s| s.adj_out.as_ref()) else {
-            return OutUpdate::default();
+        let routes = self.sent(id).into_iter().map(|r| (r.prefix, Some(r.attrs)));
+        group(routes)
+    }
+
+    /// What `id` has been sent, in prefix order: the routes its bits mark, with the
+    /// attributes export gives them.
+    fn sent(&self, id: PeerId) -> Vec<Route<P>> {
+        let Some((info, adj)) = self
+            .peers
+            .get(&id)
+            .and_then(|s| Some((s.info, s.adj_out.as_ref()?)))
+        else {
+            return Vec::new();
         };
-        let mut routes: Vec<(P, Option<Attrs>)> =
-            out.iter().map(|(p, a)| (*p, Some(a.clone()))).collect();
-        routes.sort_unstable_by_key(|(p, _)| *p);
-        group(routes.into_iter())
+        let mut memo = ExportMemo::default();
+        let mut v: Vec<Route<P>> = self
+            .loc
+            .iter()
+            .filter(|(_, e)| adj.has(e.slot))
+            .filter_map(|(p, e)| {
+                Some(Route {
+                    prefix: *p,
+                    source: Source::Peer(id),
+                    attrs: self.exported(&info, p, e.best, &mut memo)?,
+                })
+            })
+            .collect();
+        v.sort_unstable_by_key(|r| r.prefix);
+        v
     }
 
     /// The Loc-RIB in prefix order (sorted here: the table itself is a hash map).
@@ -903,11 +985,11 @@ impl<P: RibPrefix> Rib<P> {
         let mut v: Vec<Route<P>> = self
             .loc
             .iter()
-            .filter_map(|(p, code)| {
+            .filter_map(|(p, e)| {
                 Some(Route {
                     prefix: *p,
-                    source: code.source(),
-                    attrs: self.attrs_of(p, *code)?.clone(),
+                    source: e.best.source(),
+                    attrs: self.attrs_of(p, e.best)?.clone(),
                 })
             })
             .collect();
@@ -937,7 +1019,7 @@ impl<P: RibPrefix> Rib<P> {
 
     /// The best route for a prefix.
     pub fn best(&self, prefix: &P) -> Option<(Source, &Attrs)> {
-        let code = *self.loc.get(prefix)?;
+        let code = self.loc.get(prefix)?.best;
         Some((code.source(), self.attrs_of(prefix, code)?))
     }
 
@@ -960,28 +1042,7 @@ impl<P: RibPrefix> Rib<P> {
     }
 
     pub fn adj_out(&self, id: PeerId) -> Vec<Route<P>> {
-        self.table(id, |s| s.adj_out.as_ref())
-    }
-
-    fn table(
-        &self,
-        id: PeerId,
-        pick: impl Fn(&PeerState<P>) -> Option<&FastMap<P, Attrs>>,
-    ) -> Vec<Route<P>> {
-        let mut v: Vec<Route<P>> = self
-            .peers
-            .get(&id)
-            .and_then(pick)
-            .into_iter()
-            .flatten()
-            .map(|(p, a)| Route {
-                prefix: *p,
-                source: Source::Peer(id),
-                attrs: a.clone(),
-            })
-            .collect();
-        v.sort_by_key(|r| r.prefix);
-        v
+        self.sent(id)
     }
 
     /// How many prefixes a peer has sent us (before policy), in O(1).
@@ -1013,16 +1074,30 @@ impl<P: RibPrefix> Rib<P> {
         prefixes: &[P],
         changed_by: Option<BestCode>,
     ) -> HashMap<PeerId, OutUpdate<P>> {
-        let mut changed = Vec::with_capacity(prefixes.len());
+        self.decide_and_export(prefixes, changed_by, false)
+    }
+
+    /// [`Rib::recompute`]; with `export_all`, every prefix given is exported again, changed
+    /// or not (policy changed).
+    fn decide_and_export(
+        &mut self,
+        prefixes: &[P],
+        changed_by: Option<BestCode>,
+        export_all: bool,
+    ) -> HashMap<PeerId, OutUpdate<P>> {
+        let mut changed: Vec<(P, Option<LocSlot>)> = Vec::with_capacity(prefixes.len());
+        // Slots of prefixes that leave the Loc-RIB: free once every peer's bit is cleared.
+        let mut freed = Vec::new();
         // Whether every change is between routes no iBGP peer is sent (see below).
-        let mut ibgp_only = self.cluster_id.is_none();
+        let mut ibgp_only = self.cluster_id.is_none() && !export_all;
         for p in prefixes {
             let old = self.loc.get(p).copied();
+            let old_best = old.map(|e| e.best);
             // With no best route before, the one candidate that changed is the only one that
             // can be best now: the others, unchanged, were absent or ineligible (the Loc-RIB
             // follows them). A mesh node learns every prefix this way, and looking at every
             // peer for each was most of its decision process.
-            let best = match (old, changed_by.map(BestCode::source)) {
+            let best = match (old_best, changed_by.map(BestCode::source)) {
                 (None, Some(Source::Peer(from))) => self.sole_candidate(p, from),
                 _ => self.decide(p),
             };
@@ -1030,36 +1105,60 @@ impl<P: RibPrefix> Rib<P> {
             let best = best.map(BestCode::of);
             // The same source staying best is a change when that source's route is the one
             // that changed (`changed_by`): the Loc-RIB holds no copy to compare with.
-            if best.is_none() && old.is_none() {
+            if best == old_best && (best.is_none() || best != changed_by) {
+                if export_all {
+                    changed.push((*p, old.map(|e| e.slot)));
+                }
                 continue;
             }
-            if best == old && best != changed_by {
-                continue;
-            }
-            ibgp_only = ibgp_only && self.ibgp_learned(old) && self.ibgp_learned(best);
-            match best {
-                Some(b) => self.loc.insert(*p, b),
-                None => self.loc.remove(p),
+            ibgp_only = ibgp_only && self.ibgp_learned(old_best) && self.ibgp_learned(best);
+            let slot = match (best, old) {
+                (Some(best), Some(e)) => {
+                    self.loc.insert(*p, LocEntry { best, slot: e.slot });
+                    Some(e.slot)
+                }
+                (Some(best), None) => {
+                    let slot = self.free_slots.pop().unwrap_or_else(|| {
+                        self.next_slot += 1;
+                        LocSlot(self.next_slot - 1)
+                    });
+                    self.loc.insert(*p, LocEntry { best, slot });
+                    Some(slot)
+                }
+                (None, Some(e)) => {
+                    self.loc.remove(p);
+                    freed.push(e.slot);
+                    Some(e.slot)
+                }
+                (None, None) => None,
             };
             if let Some(track) = self.loc_changes.as_mut() {
                 track.push(*p);
             }
-            changed.push(*p);
+            changed.push((*p, slot));
         }
         let mut out = HashMap::new();
-        if changed.is_empty() {
-            return out;
-        }
-        for &(id, ibgp) in self.established().iter() {
-            // An iBGP peer's Adj-RIB-Out follows the Loc-RIB, and iBGP-learned routes are
-            // not passed to iBGP peers unless reflected (RFC 4271 §9.2): when only such
-            // routes changed, before and after, it holds none of them and gains none. In a
-            // full mesh that is every change, and visiting each peer for it was most of the
-            // mesh's CPU time.
-            if ibgp_only && ibgp {
-                continue;
+        if !changed.is_empty() {
+            for &(id, ibgp) in self.established().iter() {
+                // An iBGP peer's Adj-RIB-Out follows the Loc-RIB, and iBGP-learned routes are
+                // not passed to iBGP peers unless reflected (RFC 4271 §9.2): when only such
+                // routes changed, before and after, it holds none of them and gains none. In
+                // a full mesh that is every change, and visiting each peer for it was most of
+                // the mesh's CPU time.
+                if ibgp_only && ibgp {
+                    continue;
+                }
+                self.export_to(id, &changed, &mut out);
             }
-            self.export_to(id, &changed, &mut out);
+        }
+        for slot in freed {
+            for st in self.peers.values_mut() {
+                if let Some(adj) = st.adj_out.as_mut() {
+                    let was = adj.mark(slot, false);
+                    debug_assert!(!was, "a withdrawal was not exported");
+                }
+            }
+            self.free_slots.push(slot);
         }
         out.retain(|_, u| !u.is_empty());
         out
@@ -1113,9 +1212,66 @@ impl<P: RibPrefix> Rib<P> {
         best.map(|c| c.source)
     }
 
-    /// Bring `id`'s Adj-RIB-Out in line with the Loc-RIB for `prefixes`.
-    fn export_to(&mut self, id: PeerId, prefixes: &[P], out: &mut HashMap<PeerId, OutUpdate<P>>) {
-        // The table is taken out for the pass (one lookup, not one per prefix: this runs for
+    /// What `to` is sent for the best route `code` of `p`; `None`: nothing.
+    fn exported(
+        &self,
+        to: &PeerInfo,
+        p: &P,
+        code: BestCode,
+        memo: &mut ExportMemo,
+    ) -> Option<Attrs> {
+        // Never back to where it came from (export_attrs says so too; checked here first
+        // because it is every prefix of a peer that is sending us a table).
+        if code == BestCode::of(Source::Peer(to.id)) {
+            return None;
+        }
+        // iBGP-learned to iBGP, not reflected: export_attrs would say no too; said here
+        // before policy is evaluated, because in a full mesh it is what almost every
+        // (peer, prefix) pair comes to.
+        let split = match memo.last_split {
+            Some((seen, split)) if seen == code => split,
+            _ => {
+                let split = self.split_horizon(to, code);
+                memo.last_split = Some((code, split));
+                split
+            }
+        };
+        if split {
+            return None;
+        }
+        let a = self.attrs_of(p, code)?;
+        let src = code.source();
+        if !self
+            .policy
+            .export(to.class, p.any(), self.route_source(src))
+        {
+            return None;
+        }
+        // Pointers are stable: nothing is stored or dropped while a memo is in use.
+        let key = (Arc::as_ptr(a), code);
+        if let Some(w) = memo.attrs.get(&key) {
+            return w.clone();
+        }
+        let from = match src {
+            Source::Local => None,
+            Source::Peer(q) => self.peers.get(&q).map(|s| s.info),
+        };
+        let w = export_attrs::<P>(self.local_as, self.cluster_id, to, src, from.as_ref(), a)
+            .map(Arc::new);
+        memo.attrs.insert(key, w.clone());
+        w
+    }
+
+    /// Tell `id` what changed for `changes` (prefixes with their Loc-RIB slot, if they have
+    /// or just had one): the new best route as export gives it, or a withdrawal of what it
+    /// was sent.
+    fn export_to(
+        &mut self,
+        id: PeerId,
+        changes: &[(P, Option<LocSlot>)],
+        out: &mut HashMap<PeerId, OutUpdate<P>>,
+    ) {
+        // The bits are taken out for the pass (one lookup, not one per prefix: this runs for
         // every established peer on every change) and put back at the end.
         let Some((info, mut adj)) = self
             .peers
@@ -1124,111 +1280,37 @@ impl<P: RibPrefix> Rib<P> {
         else {
             return;
         };
-        // The split-horizon verdict of the last source seen: a change usually comes from one
-        // peer's UPDATE, so every prefix of it has the same source.
-        let mut last_split: Option<(BestCode, bool)> = None;
         // Grouped by attributes as they are found (no list of changes in between: a full
         // table to a fresh peer is the largest transient of the speaker).
         let mut update = OutUpdate::default();
         let mut groups: FastMap<*const PathAttributes, usize> = FastMap::default();
-        // What `id` is sent for a given best route depends on its attributes and source,
-        // not on the prefix: computed and interned once per pair in this pass (a full
-        // table with a few attribute sets costs a few export computations, not one per
-        // route). Pointers are stable: the interner keeps every set alive meanwhile.
-        let mut exported: FastMap<(*const PathAttributes, BestCode), Option<Attrs>> =
-            FastMap::default();
-        let to = BestCode::of(Source::Peer(id));
-        for p in prefixes {
-            let mut best = self.loc.get(p).copied();
-            // Never back to where it came from (export_attrs says so too; checked here first
-            // because it is every prefix of a peer that is sending us a table).
-            if best == Some(to) {
-                best = None;
-            }
-            // iBGP-learned to iBGP, not reflected: export_attrs would say no too; said here
-            // before policy is evaluated, because in a full mesh it is what almost every
-            // (peer, prefix) pair comes to.
-            if let Some(code) = best {
-                let split = match last_split {
-                    Some((seen, split)) if seen == code => split,
-                    _ => {
-                        let split = self.split_horizon(&info, code);
-                        last_split = Some((code, split));
-                        split
-                    }
-                };
-                if split {
-                    best = None;
-                }
-            }
-            let want = match best {
-                None => None,
-                Some(code) => match self.attrs_of(p, code).map(Arc::as_ptr) {
-                    None => None,
-                    Some(ptr) => {
-                        let src = code.source();
-                        if !self
-                            .policy
-                            .export(info.class, p.any(), self.route_source(src))
-                        {
-                            None
-                        } else if let Some(w) = exported.get(&(ptr, code)) {
-                            w.clone()
-                        } else {
-                            let from = match src {
-                                Source::Local => None,
-                                Source::Peer(q) => self.peers.get(&q).map(|s| s.info),
-                            };
-                            let w = self.attrs_of(p, code).and_then(|a| {
-                                export_attrs::<P>(
-                                    self.local_as,
-                                    self.cluster_id,
-                                    &info,
-                                    src,
-                                    from.as_ref(),
-                                    a,
-                                )
-                            });
-                            let w = w.map(|w| self.interner.intern(w));
-                            exported.insert((ptr, code), w.clone());
-                            w
-                        }
-                    }
-                },
-            };
-            if want.is_none() && adj.is_empty() {
-                // Nothing to withdraw from an empty table (a peer sending us its table).
+        let mut memo = ExportMemo::default();
+        for &(p, slot) in changes {
+            // Never in the Loc-RIB: never sent, nothing to send.
+            let Some(slot) = slot else {
                 continue;
-            }
-            let announce = match (want, adj.entry(*p)) {
-                (Some(w), Entry::Occupied(mut e)) => {
-                    if Arc::ptr_eq(e.get(), &w) {
-                        continue;
-                    }
-                    e.insert(w.clone());
-                    w
-                }
-                (Some(w), Entry::Vacant(e)) => {
-                    e.insert(w.clone());
-                    w
-                }
-                (None, Entry::Occupied(e)) => {
-                    e.remove();
-                    update.withdraw.push(*p);
-                    continue;
-                }
-                (None, Entry::Vacant(_)) => continue,
             };
-            let k = Arc::as_ptr(&announce);
+            let want = match self.loc.get(&p) {
+                Some(e) => self.exported(&info, &p, e.best, &mut memo),
+                None => None,
+            };
+            let Some(w) = want else {
+                if adj.mark(slot, false) {
+                    update.withdraw.push(p);
+                }
+                continue;
+            };
+            adj.mark(slot, true);
+            let k = Arc::as_ptr(&w);
             match groups.get(&k) {
                 Some(&i) => {
-                    if let Some(slot) = update.announce.get_mut(i) {
-                        slot.1.push(*p);
+                    if let Some(group) = update.announce.get_mut(i) {
+                        group.1.push(p);
                     }
                 }
                 None => {
                     groups.insert(k, update.announce.len());
-                    update.announce.push((announce, vec![*p]));
+                    update.announce.push((w, vec![p]));
                 }
             }
         }

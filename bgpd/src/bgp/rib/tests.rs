@@ -378,8 +378,28 @@ fn check_churn<P: RibPrefix>(
         seed ^= seed << 17;
         seed
     };
+    // What each peer was told, from the updates the RIB returned (as a session applies them:
+    // withdrawals, then announcements).
+    let mut told: HashMap<PeerId, BTreeMap<P, PathAttributes>> = HashMap::new();
+    fn tell<P: RibPrefix>(told: &mut BTreeMap<P, PathAttributes>, u: OutUpdate<P>) {
+        for p in u.withdraw {
+            told.remove(&p);
+        }
+        for (a, ps) in u.announce {
+            for p in ps {
+                told.insert(p, PathAttributes::clone(&a));
+            }
+        }
+    }
+    let tell_all = |told: &mut HashMap<PeerId, BTreeMap<P, PathAttributes>>,
+                    out: HashMap<PeerId, OutUpdate<P>>| {
+        for (id, u) in out {
+            tell(told.entry(id).or_default(), u);
+        }
+    };
     for p in peers {
-        r.peer_up(p);
+        let u = r.peer_up(p);
+        tell(told.entry(p.id).or_default(), u);
     }
     for _ in 0..2000 {
         let info = peers[(next() % 4) as usize];
@@ -387,28 +407,36 @@ fn check_churn<P: RibPrefix>(
         let p = prefix((next() % 16) as u8);
         match next() % 12 {
             0 => {
-                r.update(who, None, &[], &[p]);
+                let out = r.update(who, None, &[], &[p]);
+                tell_all(&mut told, out);
             }
             // A session resets: its routes leave every table, then it is back, empty.
             11 => {
-                r.peer_down(who);
-                r.peer_up(info);
+                let out = r.peer_down(who);
+                tell_all(&mut told, out);
+                let mine = told.entry(who).or_default();
+                mine.clear();
+                tell(mine, r.peer_up(info));
             }
             1 | 2 => {
-                r.announce(p, PathAttributes::default());
+                let out = r.announce(p, PathAttributes::default());
+                tell_all(&mut told, out);
             }
             3 | 4 => {
-                r.withdraw(p);
+                if let Some(out) = r.withdraw(p) {
+                    tell_all(&mut told, out);
+                }
             }
             _ => {
                 let len = (next() % 3) as usize;
                 let path: Vec<u32> = (0..len).map(|i| 65000 + i as u32).collect();
-                r.update(
+                let out = r.update(
                     who,
                     Some(attrs(&path, 100 + (next() % 2) as u32)),
                     &[p],
                     &[],
                 );
+                tell_all(&mut told, out);
             }
         }
     }
@@ -439,6 +467,8 @@ fn check_churn<P: RibPrefix>(
             .map(|r| (r.prefix, (*r.attrs).clone()))
             .collect();
         assert_eq!(mine, fresh, "adj-out of {:?}", p.id);
+        let heard: Vec<_> = told.remove(&p.id).unwrap_or_default().into_iter().collect();
+        assert_eq!(heard, fresh, "what {:?} was told", p.id);
         // Every route out carries a next hop the session can use.
         for (_, a) in &mine {
             let nh = next_hop_of(a).expect("a next hop");
@@ -921,11 +951,11 @@ fn loc_rib_counts_within_a_prefix_without_listing() {
     assert_eq!(r.loc_count(Some(Prefix::V6(v6))), 0);
 }
 
-/// A fresh peer's Adj-RIB-Out is sized for the whole Loc-RIB before export; when export takes
-/// almost nothing (here: every route came from that peer itself, back after a graceful
-/// restart), the room is given back.
+/// An Adj-RIB-Out is a bit per Loc-RIB prefix: a peer sent nothing (here: every route came
+/// from that peer itself, back after a graceful restart) holds nothing; one sent a table holds
+/// its bits and gets the table again on request.
 #[test]
-fn adj_rib_out_keeps_no_room_for_routes_not_exported() {
+fn adj_rib_out_holds_a_bit_per_route_sent() {
     let mut r = rib();
     r.peer_up(peer(2, 65000));
     let routes: Vec<Ipv4Prefix> = (0..4096u32)
@@ -940,17 +970,30 @@ fn adj_rib_out_keeps_no_room_for_routes_not_exported() {
         "routes went back to the peer they came from"
     );
     let adj = r.peers[&PeerId(2)].adj_out.as_ref().unwrap();
-    assert!(adj.is_empty());
-    assert!(
-        adj.capacity() < 64,
-        "room for {} routes kept",
-        adj.capacity()
-    );
-    // A peer that takes them all gets its table in one piece.
+    assert_eq!((adj.len(), adj.bits.len()), (0, 0));
     let sent = r.peer_up(peer(3, 65001));
     assert_eq!(
         sent.announce.iter().map(|(_, p)| p.len()).sum::<usize>(),
         4096
     );
     assert_eq!(r.counts(PeerId(3)).2, 4096);
+    assert_eq!(
+        r.peers[&PeerId(3)].adj_out.as_ref().unwrap().bits.len(),
+        4096 / 64
+    );
+    assert_eq!(r.refresh(PeerId(3)).announced(), 4096);
+    // Half withdrawn: the bits follow, and the slots are used again for new prefixes.
+    let out = r.update(PeerId(2), None, &[], &routes[..2048]);
+    assert_eq!(out[&PeerId(3)].withdraw.len(), 2048);
+    assert_eq!(r.counts(PeerId(3)).2, 2048);
+    let more: Vec<Ipv4Prefix> = (0..2048u32)
+        .map(|i| Ipv4Prefix::new(Ipv4Addr::from(0x0C00_0000 + (i << 6)), 26).unwrap())
+        .collect();
+    r.update(PeerId(2), Some(attrs(&[65000], None)), &more, &[]);
+    assert_eq!(r.counts(PeerId(3)).2, 4096);
+    assert_eq!(
+        r.peers[&PeerId(3)].adj_out.as_ref().unwrap().bits.len(),
+        4096 / 64
+    );
+    assert_eq!(r.adj_out(PeerId(3)).len(), 4096);
 }
