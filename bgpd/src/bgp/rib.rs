@@ -28,16 +28,15 @@
 //! so equality of attributes is pointer equality; the Adj-RIB-In holds a 4-byte [`AttrId`]
 //! per route and the interner counts those references. The Loc-RIB holds only *which* candidate
 //! is best (a 4-byte source code per prefix, beside its 4-byte slot), not a copy of its
-//! attributes: they are read from the Adj-RIB-In (or the originated routes) it points to. An
-//! Adj-RIB-Out is one bit per
-//! Loc-RIB prefix ([`AdjOut`], BIRD's export map): what a peer was sent is what export gives
-//! the best route, since each change of a best route is exported when it happens; so a full
-//! table sent to a peer costs 1 bit per route, not a map entry (a few duplicate announcements
-//! when a best route changes but exports the same, as with BIRD). Prefix-keyed tables are hash
-//! maps with a multiplicative hasher ([`PrefixHasher`]); sorted output is made on request
-//! (listings), not maintained on every insert. Measured with `bgp_bench`: these cut ingest
-//! time and bytes per route (a B-tree Loc-RIB with attribute copies and SipHash maps cost
-//! about 85 B per route).
+//! attributes: they are read from the Adj-RIB-In (or the originated routes) it points to.
+//! An Adj-RIB-Out is one bit per Loc-RIB prefix (`AdjOut`, BIRD's export map): what a peer
+//! was sent is what export gives the best route, since each change of a best route is
+//! exported when it happens; so a full table sent to a peer costs 1 bit per route, not a map
+//! entry (a few duplicate announcements when a best route changes but exports the same, as
+//! with BIRD). Prefix-keyed tables are hash maps with a multiplicative hasher
+//! ([`PrefixHasher`]); sorted output is made on request (listings), not maintained on every
+//! insert. Measured with `bgp_bench`: these cut ingest time and bytes per route (a B-tree
+//! Loc-RIB with attribute copies and SipHash maps cost about 85 B per route).
 
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -949,13 +948,16 @@ impl<P: RibPrefix> Rib<P> {
 
     /// Everything advertised to a peer, again (ROUTE-REFRESH from it).
     pub fn refresh(&self, id: PeerId) -> OutUpdate<P> {
-        let routes = self.sent(id).into_iter().map(|r| (r.prefix, Some(r.attrs)));
+        let routes = self
+            .adj_out(id)
+            .into_iter()
+            .map(|r| (r.prefix, Some(r.attrs)));
         group(routes)
     }
 
     /// What `id` has been sent, in prefix order: the routes its bits mark, with the
     /// attributes export gives them.
-    fn sent(&self, id: PeerId) -> Vec<Route<P>> {
+    pub fn adj_out(&self, id: PeerId) -> Vec<Route<P>> {
         let Some((info, adj)) = self
             .peers
             .get(&id)
@@ -1039,10 +1041,6 @@ impl<P: RibPrefix> Rib<P> {
             .collect();
         v.sort_by_key(|r| r.prefix);
         v
-    }
-
-    pub fn adj_out(&self, id: PeerId) -> Vec<Route<P>> {
-        self.sent(id)
     }
 
     /// How many prefixes a peer has sent us (before policy), in O(1).
@@ -1151,15 +1149,13 @@ impl<P: RibPrefix> Rib<P> {
                 self.export_to(id, &changed, &mut out);
             }
         }
-        for slot in freed {
-            for st in self.peers.values_mut() {
-                if let Some(adj) = st.adj_out.as_mut() {
-                    let was = adj.mark(slot, false);
-                    debug_assert!(!was, "a withdrawal was not exported");
-                }
+        for adj in self.peers.values_mut().filter_map(|s| s.adj_out.as_mut()) {
+            for &slot in &freed {
+                let was = adj.mark(slot, false);
+                debug_assert!(!was, "a withdrawal was not exported");
             }
-            self.free_slots.push(slot);
         }
+        self.free_slots.extend(freed);
         out.retain(|_, u| !u.is_empty());
         out
     }
