@@ -48,6 +48,8 @@ const RX_START: usize = bgp_wire::MAX_MESSAGE_LEN;
 const COLLISION_OPEN_WAIT: Duration = Duration::from_secs(10);
 /// Queued output above which the task takes no more route changes from the speaker.
 pub const OUT_HIGH_WATER: usize = 8 << 20;
+/// Room the write queue keeps once drained.
+const OUT_KEEP: usize = 1024;
 /// How long closing a connection may wait for queued messages (a final NOTIFICATION) to go.
 const FLUSH_ON_CLOSE: Duration = Duration::from_secs(1);
 /// Write-stall limit when no hold time applies (hold time 0 negotiated).
@@ -206,8 +208,9 @@ pub struct Session {
     /// Bumped by every Connect action: a retry abandons the attempt still pending.
     attempt: u64,
     epoch: u64,
-    colliding_tx: mpsc::Sender<Colliding>,
-    colliding_rx: mpsc::Receiver<Colliding>,
+    /// OPENs read aside from colliding connections; made at the first collision (a channel
+    /// holds room for 32 messages from the start, and most sessions never collide).
+    colliding: Option<(mpsc::Sender<Colliding>, mpsc::Receiver<Colliding>)>,
     /// MD5 key and TTLs for the connections we open.
     transport: Transport,
 }
@@ -219,7 +222,6 @@ impl Session {
         fsm: Fsm,
         to_speaker: mpsc::Sender<FromSession>,
     ) -> Self {
-        let (colliding_tx, colliding_rx) = mpsc::channel(2);
         Session {
             id,
             remote,
@@ -237,8 +239,7 @@ impl Session {
             connecting: false,
             attempt: 0,
             epoch: 0,
-            colliding_tx,
-            colliding_rx,
+            colliding: None,
             transport: Transport::default(),
         }
     }
@@ -409,7 +410,12 @@ impl Session {
                         self.feed(Event::ConnectionClosed).await;
                     }
                 }
-                Some(c) = self.colliding_rx.recv() => self.collision(c).await,
+                Some(c) = async {
+                    match self.colliding.as_mut() {
+                        Some((_, rx)) => rx.recv().await,
+                        None => std::future::pending().await,
+                    }
+                } => self.collision(c).await,
                 _ = async {
                     match deadline {
                         Some(d) => tokio::time::sleep_until(d).await,
@@ -437,7 +443,13 @@ impl Session {
         self.out_at = self.out_at.saturating_add(n).min(self.out.len());
         self.out_progress = Instant::now();
         if self.out_at == self.out.len() {
-            self.out.clear();
+            // Drained: a table's worth of room is given back (a mesh node would otherwise keep
+            // its largest burst per peer); a KEEPALIVE's is kept.
+            if self.out.capacity() > OUT_KEEP {
+                self.out = Vec::new();
+            } else {
+                self.out.clear();
+            }
             self.out_at = 0;
         } else if self.out_at > self.out.len() / 2 && self.out_at > 64 * 1024 {
             // Reclaim the written front now and then, not on every write.
@@ -541,7 +553,11 @@ impl Session {
             }
             _ => {
                 // Collision: read its OPEN aside, then let the FSM decide (RFC 4271 §6.8).
-                let tx = self.colliding_tx.clone();
+                let tx = self
+                    .colliding
+                    .get_or_insert_with(|| mpsc::channel(2))
+                    .0
+                    .clone();
                 tokio::spawn(async move {
                     if let Ok(Some(c)) =
                         tokio::time::timeout(COLLISION_OPEN_WAIT, read_open(s)).await
