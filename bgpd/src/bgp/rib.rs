@@ -1149,13 +1149,16 @@ impl<P: RibPrefix> Rib<P> {
                 self.export_to(id, &changed, &mut out);
             }
         }
-        for adj in self.peers.values_mut().filter_map(|s| s.adj_out.as_mut()) {
-            for &slot in &freed {
-                let was = adj.mark(slot, false);
-                debug_assert!(!was, "a withdrawal was not exported");
+        // Most passes free nothing: no walk over the peers for them (this runs per UPDATE).
+        if !freed.is_empty() {
+            for adj in self.peers.values_mut().filter_map(|s| s.adj_out.as_mut()) {
+                for &slot in &freed {
+                    let was = adj.mark(slot, false);
+                    debug_assert!(!was, "a withdrawal was not exported");
+                }
             }
+            self.free_slots.extend(freed);
         }
-        self.free_slots.extend(freed);
         out.retain(|_, u| !u.is_empty());
         out
     }
@@ -1286,10 +1289,7 @@ impl<P: RibPrefix> Rib<P> {
             let Some(slot) = slot else {
                 continue;
             };
-            let want = match self.loc.get(&p) {
-                Some(e) => self.exported(&info, &p, e.best, &mut memo),
-                None => None,
-            };
+            let want = (self.loc.get(&p)).and_then(|e| self.exported(&info, &p, e.best, &mut memo));
             let Some(w) = want else {
                 if adj.mark(slot, false) {
                     update.withdraw.push(p);
