@@ -732,22 +732,25 @@ impl<P: RibPrefix> Rib<P> {
         // In prefix order: what the peer receives first does not depend on hashing. An iBGP
         // peer of a RIB that does not reflect is sent no iBGP-learned route (in a full mesh,
         // nearly the whole table): those are left out before sorting.
+        // Bare prefixes (their slots are in the Loc-RIB): with a full table this list is
+        // the largest transient of a fresh session, a third of what it was with slots.
         let ibgp = self.cluster_id.is_none() && info.asn == self.local_as;
         let mut learned: FastMap<BestCode, bool> = FastMap::default();
-        let mut prefixes: Vec<(P, Option<LocSlot>)> = self
-            .loc
-            .iter()
-            .filter(|(_, e)| {
-                !(ibgp
-                    && *learned
-                        .entry(e.best)
-                        .or_insert_with(|| self.ibgp_learned(Some(e.best))))
-            })
-            .map(|(p, e)| (*p, Some(e.slot)))
-            .collect();
-        prefixes.sort_unstable_by_key(|(p, _)| *p);
+        let mut prefixes: Vec<P> = Vec::with_capacity(if ibgp { 0 } else { self.loc.len() });
+        prefixes.extend(
+            self.loc
+                .iter()
+                .filter(|(_, e)| {
+                    !(ibgp
+                        && *learned
+                            .entry(e.best)
+                            .or_insert_with(|| self.ibgp_learned(Some(e.best))))
+                })
+                .map(|(p, _)| *p),
+        );
+        prefixes.sort_unstable();
         let mut out = HashMap::new();
-        self.export_to(info.id, &prefixes, &mut out);
+        self.export_to(info.id, &prefixes, |p| (p, None), &mut out);
         out.remove(&info.id).unwrap_or_default()
     }
 
@@ -1146,7 +1149,7 @@ impl<P: RibPrefix> Rib<P> {
                 if ibgp_only && ibgp {
                     continue;
                 }
-                self.export_to(id, &changed, &mut out);
+                self.export_to(id, &changed, |c| c, &mut out);
             }
         }
         // Most passes free nothing: no walk over the peers for them (this runs per UPDATE).
@@ -1261,13 +1264,15 @@ impl<P: RibPrefix> Rib<P> {
         w
     }
 
-    /// Tell `id` what changed for `changes` (prefixes with their Loc-RIB slot, if they have
-    /// or just had one): the new best route as export gives it, or a withdrawal of what it
-    /// was sent.
-    fn export_to(
+    /// Tell `id` what changed for `changes`: the new best route as export gives it, or a
+    /// withdrawal of what it was sent. `item` gives a change's prefix and, for a prefix that
+    /// has just left the Loc-RIB, the slot it held (a prefix in the Loc-RIB has its slot
+    /// there; a prefix that never had one was never sent).
+    fn export_to<C: Copy>(
         &mut self,
         id: PeerId,
-        changes: &[(P, Option<LocSlot>)],
+        changes: &[C],
+        item: impl Fn(C) -> (P, Option<LocSlot>),
         out: &mut HashMap<PeerId, OutUpdate<P>>,
     ) {
         // The bits are taken out for the pass (one lookup, not one per prefix: this runs for
@@ -1284,12 +1289,14 @@ impl<P: RibPrefix> Rib<P> {
         let mut update = OutUpdate::default();
         let mut groups: FastMap<*const PathAttributes, usize> = FastMap::default();
         let mut memo = ExportMemo::default();
-        for &(p, slot) in changes {
+        for &c in changes {
+            let (p, left) = item(c);
+            let entry = self.loc.get(&p).copied();
             // Never in the Loc-RIB: never sent, nothing to send.
-            let Some(slot) = slot else {
+            let Some(slot) = entry.map(|e| e.slot).or(left) else {
                 continue;
             };
-            let want = (self.loc.get(&p)).and_then(|e| self.exported(&info, &p, e.best, &mut memo));
+            let want = entry.and_then(|e| self.exported(&info, &p, e.best, &mut memo));
             let Some(w) = want else {
                 if adj.mark(slot, false) {
                     update.withdraw.push(p);

@@ -28,6 +28,8 @@ use bgp_wire::{
     Decoded, Family, Message, Open, SessionParams, Split, UpdateDecode, cease, decode_message,
     split_message,
 };
+use std::io::ErrorKind;
+
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
@@ -39,11 +41,6 @@ use super::sockopt::Transport;
 
 /// Largest message plus a read's worth: the receive buffer never needs more.
 const RX_BUF: usize = 2 * bgp_wire::MAX_EXTENDED_MESSAGE_LEN;
-/// What a session starts with: one standard message (a partial message is moved to the front
-/// after each read, so one always fits). A mesh node has a session per node, and most of them
-/// only ever see keepalives; the buffer grows to [`RX_BUF`] the first time a read fills it (a
-/// table arriving, or an extended message).
-const RX_START: usize = bgp_wire::MAX_MESSAGE_LEN;
 /// How long a colliding connection gets to send its OPEN.
 const COLLISION_OPEN_WAIT: Duration = Duration::from_secs(10);
 /// Queued output above which the task takes no more route changes from the speaker.
@@ -195,8 +192,10 @@ pub struct Session {
     to_speaker: mpsc::Sender<FromSession>,
     stream: Option<TcpStream>,
     inbound: bool,
+    /// The start of a message whose end has not arrived yet; usually empty. Reads go to the
+    /// thread's shared receive buffer ([`scratch`]): a mesh node has a session per node, and
+    /// most of them only ever see keepalives.
     rx: Vec<u8>,
-    filled: usize,
     /// The write queue: bytes not yet taken by the socket start at `out_at`.
     out: Vec<u8>,
     out_at: usize,
@@ -229,8 +228,7 @@ impl Session {
             to_speaker,
             stream: None,
             inbound: false,
-            rx: vec![0; RX_START],
-            filled: 0,
+            rx: Vec::new(),
             out: Vec::new(),
             out_at: 0,
             out_progress: Instant::now(),
@@ -293,15 +291,7 @@ impl Session {
             let stall = self.stall_deadline();
             // Above the high-water mark, route changes wait in the channel.
             let take_commands = self.queued() < OUT_HIGH_WATER;
-            let (reader, writer) = match self.stream.as_mut() {
-                Some(s) => {
-                    let (r, w) = s.split();
-                    (Some(r), Some(w))
-                }
-                None => (None, None),
-            };
-            let filled = self.filled;
-            let rx = &mut self.rx;
+            let stream = self.stream.as_ref();
             let pending = self.out.get(self.out_at..).unwrap_or_default();
             tokio::select! {
                 cmd = commands.recv(), if take_commands => match cmd {
@@ -362,32 +352,30 @@ impl Session {
                         }
                     }
                 }
-                n = async {
-                    match reader {
-                        Some(mut s) => s.read(rx.get_mut(filled..).unwrap_or_default()).await,
+                // Readiness, not a read: no buffer is held while the peer is quiet.
+                r = async {
+                    match stream {
+                        Some(s) => s.readable().await,
                         None => std::future::pending().await,
                     }
-                } => match n {
-                    Ok(0) | Err(_) => {
+                } => match r {
+                    Ok(()) => self.receive().await,
+                    Err(_) => {
                         self.drop_connection();
                         self.feed(Event::ConnectionClosed).await;
                     }
-                    Ok(n) => {
-                        self.filled = self.filled.saturating_add(n);
-                        let full = self.filled >= self.rx.len();
-                        self.drain_messages().await;
-                        if full && self.rx.len() < RX_BUF {
-                            self.rx.resize(RX_BUF, 0);
-                        }
-                    }
                 },
                 w = async {
-                    match writer {
-                        Some(mut s) if !pending.is_empty() => s.write(pending).await,
+                    match stream {
+                        Some(s) if !pending.is_empty() => {
+                            s.writable().await?;
+                            s.try_write(pending)
+                        }
                         _ => std::future::pending().await,
                     }
                 } => match w {
                     Ok(n) if n > 0 => self.wrote(n),
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => {} // stale readiness
                     _ => {
                         tracing::debug!(peer = %self.remote, "write failed");
                         self.drop_connection();
@@ -481,7 +469,7 @@ impl Session {
         self.stream = None;
         self.out.clear();
         self.out_at = 0;
-        self.filled = 0;
+        self.rx = Vec::new();
     }
 
     fn adopt(&mut self, s: TcpStream, inbound: bool, rest: Vec<u8>) {
@@ -489,23 +477,52 @@ impl Session {
         self.inbound = inbound;
         self.out.clear();
         self.out_at = 0;
-        self.filled = 0;
         self.params = SessionParams::default();
-        if let Some(dst) = self.rx.get_mut(..rest.len()) {
-            dst.copy_from_slice(&rest);
-            self.filled = rest.len();
-        }
+        self.rx = rest;
     }
 
-    /// Frame and decode what has arrived; feed each message to the FSM.
-    async fn drain_messages(&mut self) {
+    /// The socket is readable: read into the shared receive buffer after the partial message
+    /// kept from the last read, handle every complete message, keep the new partial one.
+    async fn receive(&mut self) {
+        let Some(s) = self.stream.as_ref() else {
+            return;
+        };
+        let mut buf = scratch::take();
+        buf.extend_from_slice(&self.rx);
+        match s.try_read_buf(&mut buf) {
+            Ok(n) if n > 0 => {}
+            Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                scratch::give(buf);
+                return;
+            }
+            _ => {
+                scratch::give(buf);
+                self.drop_connection();
+                self.feed(Event::ConnectionClosed).await;
+                return;
+            }
+        }
+        let used = self.drain_messages(&buf).await;
+        self.rx.clear();
+        match buf.get(used..) {
+            Some(rest) if !rest.is_empty() && self.stream.is_some() => {
+                self.rx.extend_from_slice(rest)
+            }
+            _ => self.rx = Vec::new(),
+        }
+        scratch::give(buf);
+    }
+
+    /// Frame and decode the messages at the start of `data`; feed each to the FSM. Returns
+    /// how many bytes were used: the rest is a partial message (all of `data` is used when
+    /// the connection ended).
+    async fn drain_messages(&mut self, data: &[u8]) -> usize {
         let mut start = 0;
         loop {
             if self.stream.is_none() {
-                self.filled = 0;
-                return;
+                return data.len();
             }
-            let buf = self.rx.get(start..self.filled).unwrap_or_default();
+            let buf = data.get(start..).unwrap_or_default();
             match split_message(buf, &self.params) {
                 Split::Message(len) => {
                     let msg = buf.get(..len).unwrap_or_default();
@@ -531,14 +548,11 @@ impl Session {
                         .send(FromSession::MalformedReset { id: self.id })
                         .await;
                     self.feed(Event::DecodeError(e)).await;
-                    self.filled = 0;
-                    return;
+                    return data.len();
                 }
             }
         }
-        // Keep the partial message at the front.
-        self.rx.copy_within(start..self.filled, 0);
-        self.filled = self.filled.saturating_sub(start);
+        start
     }
 
     async fn incoming(&mut self, s: TcpStream) {
@@ -866,6 +880,27 @@ async fn connect_to(addr: SocketAddr, t: &Transport) -> std::io::Result<TcpStrea
     }
     t.apply_ttls(s.as_fd(), addr.is_ipv6())?;
     s.connect(addr).await
+}
+
+/// The receive buffer the sessions of a thread share. A session holds it only while handling
+/// what one read brought; one that needs it meanwhile (another waits on the speaker) gets a
+/// buffer of its own for that read. Its pages become resident only as far as reads fill it.
+mod scratch {
+    use std::cell::Cell;
+
+    thread_local! {
+        static FREE: Cell<Option<Vec<u8>>> = const { Cell::new(None) };
+    }
+
+    pub fn take() -> Vec<u8> {
+        FREE.with(Cell::take)
+            .unwrap_or_else(|| Vec::with_capacity(super::RX_BUF))
+    }
+
+    pub fn give(mut buf: Vec<u8>) {
+        buf.clear();
+        FREE.with(|f| f.set(Some(buf)));
+    }
 }
 
 /// Read one OPEN from a fresh connection (collision handling); anything else ends it.
