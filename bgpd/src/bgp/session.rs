@@ -21,6 +21,7 @@
 //! attempted, connection closed).
 
 use std::collections::HashMap;
+use std::io::ErrorKind;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::SystemTime;
 
@@ -28,8 +29,6 @@ use bgp_wire::{
     Decoded, Family, Message, Open, SessionParams, Split, UpdateDecode, cease, decode_message,
     split_message,
 };
-use std::io::ErrorKind;
-
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::mpsc;
