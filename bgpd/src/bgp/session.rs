@@ -94,14 +94,20 @@ impl Families {
 }
 
 /// What the speaker tells a session.
+///
+/// Kept small (the payloads are boxed): the channel allocates its slots 32 at a time, and
+/// every session holds such a block for its whole life, idle or not.
 #[derive(Debug)]
 pub enum ToSession {
     /// Changes to advertise, computed for the session's `epoch`th Established period.
-    Routes { epoch: u64, update: FamilyUpdate },
+    Routes {
+        epoch: u64,
+        update: Box<FamilyUpdate>,
+    },
     /// The peer connected to our listener.
-    Incoming(TcpStream),
+    Incoming(Box<TcpStream>),
     /// Leave: send Cease with this subcode and end the task.
-    Stop { subcode: u8, reason: String },
+    Stop { subcode: u8, reason: Box<str> },
     /// Leave for a graceful restart: close without a NOTIFICATION and end the task.
     Shutdown,
     /// The initial routes of the `epoch`th Established period are all sent: End-of-RIB
@@ -109,7 +115,10 @@ pub enum ToSession {
     EndOfRib { epoch: u64 },
     /// The whole Adj-RIB-Out of a family again, for the peer's ROUTE-REFRESH (framed by
     /// BoRR/EoRR when enhanced route refresh was negotiated).
-    Refresh { epoch: u64, update: FamilyUpdate },
+    Refresh {
+        epoch: u64,
+        update: Box<FamilyUpdate>,
+    },
     /// Ask the peer to send its routes again (ROUTE-REFRESH).
     RequestRefresh,
 }
@@ -306,7 +315,7 @@ impl Session {
                         self.feed(Event::Shutdown).await;
                         return;
                     }
-                    Some(ToSession::Refresh { epoch, update }) => self.refresh(epoch, update),
+                    Some(ToSession::Refresh { epoch, update }) => self.refresh(epoch, *update),
                     Some(ToSession::RequestRefresh) => {
                         if self.fsm.state() == State::Established {
                             for family in self.families() {
@@ -327,8 +336,8 @@ impl Session {
                             }
                         }
                     }
-                    Some(ToSession::Routes { epoch, update }) => self.routes(epoch, update),
-                    Some(ToSession::Incoming(s)) => self.incoming(s).await,
+                    Some(ToSession::Routes { epoch, update }) => self.routes(epoch, *update),
+                    Some(ToSession::Incoming(s)) => self.incoming(*s).await,
                 },
                 res = async {
                     match connect.as_mut() {

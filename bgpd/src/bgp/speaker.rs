@@ -712,7 +712,7 @@ impl Speaker {
                             tracing::warn!(%from, error = %e, "cannot set TTLs on an accepted connection; refused");
                             return;
                         }
-                        let _ = p.tx.send(ToSession::Incoming(stream));
+                        let _ = p.tx.send(ToSession::Incoming(Box::new(stream)));
                     }
                     None => tracing::info!(%from, "connection from an unknown peer refused"),
                 }
@@ -949,7 +949,7 @@ impl Speaker {
             tracing::warn!(peer = %addr, held, max, "{reason}");
             let _ = p.tx.send(ToSession::Stop {
                 subcode: cease::MAX_PREFIXES,
-                reason: reason.clone(),
+                reason: reason.as_str().into(),
             });
             p.limit_hit = true;
             p.epoch = None;
@@ -1161,7 +1161,10 @@ impl Speaker {
         } else {
             Ipv4Prefix::family_update(self.rib.refresh(p.id))
         };
-        let _ = p.tx.send(ToSession::Refresh { epoch, update });
+        let _ = p.tx.send(ToSession::Refresh {
+            epoch,
+            update: Box::new(update),
+        });
     }
 
     fn delete_peer(&mut self, addr: IpAddr) -> Result<(), SpeakerError> {
@@ -1254,11 +1257,17 @@ impl Speaker {
                 let tx = p.tx.clone();
                 if ipv4 {
                     let update = Ipv4Prefix::family_update(self.rib.peer_up(info));
-                    let _ = tx.send(ToSession::Routes { epoch, update });
+                    let _ = tx.send(ToSession::Routes {
+                        epoch,
+                        update: Box::new(update),
+                    });
                 }
                 if ipv6 {
                     let update = Ipv6Prefix::family_update(self.rib6.peer_up(info));
-                    let _ = tx.send(ToSession::Routes { epoch, update });
+                    let _ = tx.send(ToSession::Routes {
+                        epoch,
+                        update: Box::new(update),
+                    });
                 }
                 let _ = tx.send(ToSession::EndOfRib { epoch });
                 // Back from its restart: stale routes of the families it preserved stay until
@@ -1418,7 +1427,10 @@ impl Speaker {
                 continue;
             };
             if let Some(epoch) = p.epoch {
-                let _ = p.tx.send(ToSession::Routes { epoch, update });
+                let _ = p.tx.send(ToSession::Routes {
+                    epoch,
+                    update: Box::new(update),
+                });
             }
         }
     }
