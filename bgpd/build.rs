@@ -7,8 +7,9 @@
 //!   and the linker puts them first, together. Names missing from the binary (the list is
 //!   older than a dependency or toolchain update) are skipped: the order only changes where
 //!   code lies, never what it does. `scripts/code-order check` says how current it is.
-//! - Relative relocations are packed (DT_RELR, glibc ≥ 2.36): the dynamic loader reads a few
-//!   KiB at start instead of 270 KiB of `.rela.dyn`.
+//! - Relative relocations are packed (DT_RELR, glibc ≥ 2.36): start-up (the static-pie
+//!   self-relocation, see `.cargo/config.toml`) reads a few KiB instead of 270 KiB of
+//!   `.rela.dyn`.
 //!
 //! Only for release builds on x86_64 Linux, where rustc links with its own lld.
 //! `MARGAY_CODE_ORDER=0` turns both off.
