@@ -729,28 +729,29 @@ impl<P: RibPrefix> Rib<P> {
         if class_changed {
             self.recount_accepted(Some(info.id));
         }
-        // In prefix order: what the peer receives first does not depend on hashing. An iBGP
-        // peer of a RIB that does not reflect is sent no iBGP-learned route (in a full mesh,
-        // nearly the whole table): those are left out before sorting.
-        // Bare prefixes (their slots are in the Loc-RIB): with a full table this list is
-        // the largest transient of a fresh session, a third of what it was with slots.
+        // The Loc-RIB is walked in its own order, with each entry at hand: a list of its
+        // prefixes to sort first was the largest transient of a fresh session, and looking
+        // each up again in prefix order missed the cache every time. The groups are put in
+        // prefix order afterwards. An iBGP peer of a RIB that does not reflect is sent no
+        // iBGP-learned route (in a full mesh, nearly the whole table): one check per source.
+        let Some(mut pass) = self.begin_export(info.id) else {
+            return OutUpdate::default();
+        };
         let ibgp = self.cluster_id.is_none() && info.asn == self.local_as;
         let mut learned: FastMap<BestCode, bool> = FastMap::default();
-        let mut prefixes: Vec<P> = Vec::with_capacity(if ibgp { 0 } else { self.loc.len() });
-        prefixes.extend(
-            self.loc
-                .iter()
-                .filter(|(_, e)| {
-                    !(ibgp
-                        && *learned
-                            .entry(e.best)
-                            .or_insert_with(|| self.ibgp_learned(Some(e.best))))
-                })
-                .map(|(p, _)| *p),
-        );
-        prefixes.sort_unstable();
+        for (p, e) in &self.loc {
+            if ibgp
+                && *learned
+                    .entry(e.best)
+                    .or_insert_with(|| self.ibgp_learned(Some(e.best)))
+            {
+                continue;
+            }
+            pass.offer(self, *p, Some(*e), None);
+        }
+        pass.sort();
         let mut out = HashMap::new();
-        self.export_to(info.id, &prefixes, |p| (p, None), &mut out);
+        self.end_export(info.id, pass, &mut out);
         out.remove(&info.id).unwrap_or_default()
     }
 
@@ -1275,48 +1276,39 @@ impl<P: RibPrefix> Rib<P> {
         item: impl Fn(C) -> (P, Option<LocSlot>),
         out: &mut HashMap<PeerId, OutUpdate<P>>,
     ) {
-        // The bits are taken out for the pass (one lookup, not one per prefix: this runs for
-        // every established peer on every change) and put back at the end.
-        let Some((info, mut adj)) = self
-            .peers
-            .get_mut(&id)
-            .and_then(|s| Some((s.info, s.adj_out.take()?)))
-        else {
+        let Some(mut pass) = self.begin_export(id) else {
             return;
         };
-        // Grouped by attributes as they are found (no list of changes in between: a full
-        // table to a fresh peer is the largest transient of the speaker).
-        let mut update = OutUpdate::default();
-        let mut groups: FastMap<*const PathAttributes, usize> = FastMap::default();
-        let mut memo = ExportMemo::default();
         for &c in changes {
             let (p, left) = item(c);
-            let entry = self.loc.get(&p).copied();
-            // Never in the Loc-RIB: never sent, nothing to send.
-            let Some(slot) = entry.map(|e| e.slot).or(left) else {
-                continue;
-            };
-            let want = entry.and_then(|e| self.exported(&info, &p, e.best, &mut memo));
-            let Some(w) = want else {
-                if adj.mark(slot, false) {
-                    update.withdraw.push(p);
-                }
-                continue;
-            };
-            adj.mark(slot, true);
-            let k = Arc::as_ptr(&w);
-            match groups.get(&k) {
-                Some(&i) => {
-                    if let Some(group) = update.announce.get_mut(i) {
-                        group.1.push(p);
-                    }
-                }
-                None => {
-                    groups.insert(k, update.announce.len());
-                    update.announce.push((w, vec![p]));
-                }
-            }
+            pass.offer(self, p, self.loc.get(&p).copied(), left);
         }
+        self.end_export(id, pass, out);
+    }
+
+    /// Takes `id`'s Adj-RIB-Out out for an export pass (one lookup, not one per prefix: this
+    /// runs for every established peer on every change); [`Rib::end_export`] puts it back.
+    fn begin_export(&mut self, id: PeerId) -> Option<ExportPass<P>> {
+        let (info, adj) = self
+            .peers
+            .get_mut(&id)
+            .and_then(|s| Some((s.info, s.adj_out.take()?)))?;
+        Some(ExportPass {
+            info,
+            adj,
+            update: OutUpdate::default(),
+            groups: FastMap::default(),
+            memo: ExportMemo::default(),
+        })
+    }
+
+    fn end_export(
+        &mut self,
+        id: PeerId,
+        pass: ExportPass<P>,
+        out: &mut HashMap<PeerId, OutUpdate<P>>,
+    ) {
+        let ExportPass { adj, update, .. } = pass;
         if let Some(st) = self.peers.get_mut(&id) {
             st.adj_out = Some(adj);
         }
@@ -1329,6 +1321,62 @@ impl<P: RibPrefix> Rib<P> {
                 slot.announce.extend(update.announce);
             }
         }
+    }
+}
+
+/// One peer's export pass: what it is sent, grouped by attributes as the prefixes are offered
+/// (no list of changes in between: a full table to a fresh peer is the largest transient of
+/// the speaker).
+struct ExportPass<P> {
+    info: PeerInfo,
+    /// The peer's Adj-RIB-Out, taken out of its [`PeerState`] for the pass.
+    adj: AdjOut,
+    update: OutUpdate<P>,
+    /// Index in `update.announce` of each attribute set's group.
+    groups: FastMap<*const PathAttributes, usize>,
+    memo: ExportMemo,
+}
+
+impl<P: RibPrefix> ExportPass<P> {
+    /// `p` changed: its Loc-RIB `entry` now, or the `left` slot it held until this change.
+    fn offer(&mut self, rib: &Rib<P>, p: P, entry: Option<LocEntry>, left: Option<LocSlot>) {
+        // Never in the Loc-RIB: never sent, nothing to send.
+        let Some(slot) = entry.map(|e| e.slot).or(left) else {
+            return;
+        };
+        let want = entry.and_then(|e| rib.exported(&self.info, &p, e.best, &mut self.memo));
+        let Some(w) = want else {
+            if self.adj.mark(slot, false) {
+                self.update.withdraw.push(p);
+            }
+            return;
+        };
+        self.adj.mark(slot, true);
+        let k = Arc::as_ptr(&w);
+        match self.groups.get(&k) {
+            Some(&i) => {
+                if let Some(group) = self.update.announce.get_mut(i) {
+                    group.1.push(p);
+                }
+            }
+            None => {
+                self.groups.insert(k, self.update.announce.len());
+                self.update.announce.push((w, vec![p]));
+            }
+        }
+    }
+
+    /// Prefix order: each group's prefixes, and the groups by their first prefix (what the
+    /// peer receives first does not depend on hashing).
+    fn sort(&mut self) {
+        for (_, prefixes) in &mut self.update.announce {
+            prefixes.sort_unstable();
+        }
+        self.update
+            .announce
+            .sort_unstable_by_key(|(_, prefixes)| prefixes.first().copied());
+        self.update.withdraw.sort_unstable();
+        self.groups.clear();
     }
 }
 

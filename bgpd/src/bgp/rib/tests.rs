@@ -997,3 +997,36 @@ fn adj_rib_out_holds_a_bit_per_route_sent() {
     );
     assert_eq!(r.adj_out(PeerId(3)).len(), 4096);
 }
+
+/// A fresh peer is sent the whole table in prefix order, whatever order the Loc-RIB holds it
+/// in: each attribute set's prefixes sorted, the groups by their first prefix.
+#[test]
+fn a_fresh_peer_gets_the_table_in_prefix_order() {
+    let mut r = rib();
+    r.peer_up(peer(2, 65000));
+    // Three attribute sets, interleaved, learned in a scrambled order.
+    let mut all = Vec::new();
+    for i in (0u32..300).map(|i| (i * 7919) % 300) {
+        let p = Ipv4Prefix::new(Ipv4Addr::from(0x0a00_0000 | (i << 8)), 24).unwrap();
+        let mut a = attrs(&[65000], None);
+        a.med = Some(i % 3);
+        r.update(PeerId(2), Some(a), &[p], &[]);
+        all.push(p);
+    }
+    let sent = r.peer_up(peer(3, 65001));
+    assert!(sent.withdraw.is_empty());
+    assert_eq!(sent.announce.len(), 3, "one group per attribute set");
+    for (_, prefixes) in &sent.announce {
+        assert!(prefixes.is_sorted(), "a group out of prefix order");
+    }
+    let firsts: Vec<_> = sent.announce.iter().map(|(_, p)| p[0]).collect();
+    assert!(firsts.is_sorted(), "groups out of order: {firsts:?}");
+    let mut got: Vec<_> = sent
+        .announce
+        .iter()
+        .flat_map(|(_, p)| p.iter().copied())
+        .collect();
+    got.sort_unstable();
+    all.sort_unstable();
+    assert_eq!(got, all, "every prefix exactly once");
+}
