@@ -1302,6 +1302,8 @@ impl<P: RibPrefix> Rib<P> {
         })
     }
 
+    /// Puts the pass's Adj-RIB-Out back and adds what it found to `out`, after what earlier
+    /// passes found for the same peer.
     fn end_export(
         &mut self,
         id: PeerId,
