@@ -1150,7 +1150,7 @@ impl<P: RibPrefix> Rib<P> {
                 if ibgp_only && ibgp {
                     continue;
                 }
-                self.export_to(id, &changed, |c| c, &mut out);
+                self.export_to(id, &changed, &mut out);
             }
         }
         // Most passes free nothing: no walk over the peers for them (this runs per UPDATE).
@@ -1266,21 +1266,19 @@ impl<P: RibPrefix> Rib<P> {
     }
 
     /// Tell `id` what changed for `changes`: the new best route as export gives it, or a
-    /// withdrawal of what it was sent. `item` gives a change's prefix and, for a prefix that
-    /// has just left the Loc-RIB, the slot it held (a prefix in the Loc-RIB has its slot
-    /// there; a prefix that never had one was never sent).
-    fn export_to<C: Copy>(
+    /// withdrawal of what it was sent. Each change comes with, for a prefix that has just
+    /// left the Loc-RIB, the slot it held (a prefix in the Loc-RIB has its slot there; a
+    /// prefix that never had one was never sent).
+    fn export_to(
         &mut self,
         id: PeerId,
-        changes: &[C],
-        item: impl Fn(C) -> (P, Option<LocSlot>),
+        changes: &[(P, Option<LocSlot>)],
         out: &mut HashMap<PeerId, OutUpdate<P>>,
     ) {
         let Some(mut pass) = self.begin_export(id) else {
             return;
         };
-        for &c in changes {
-            let (p, left) = item(c);
+        for &(p, left) in changes {
             pass.offer(self, p, self.loc.get(&p).copied(), left);
         }
         self.end_export(id, pass, out);
@@ -1368,8 +1366,9 @@ impl<P: RibPrefix> ExportPass<P> {
         }
     }
 
-    /// Prefix order: each group's prefixes, and the groups by their first prefix (what the
-    /// peer receives first does not depend on hashing).
+    /// Prefix order for a fresh peer's table (announcements only: it was sent nothing to
+    /// withdraw): each group's prefixes, and the groups by their first prefix (what the peer
+    /// receives first does not depend on hashing).
     fn sort(&mut self) {
         for (_, prefixes) in &mut self.update.announce {
             prefixes.sort_unstable();
@@ -1377,8 +1376,7 @@ impl<P: RibPrefix> ExportPass<P> {
         self.update
             .announce
             .sort_unstable_by_key(|(_, prefixes)| prefixes.first().copied());
-        self.update.withdraw.sort_unstable();
-        self.groups.clear();
+        self.groups.clear(); // its indices no longer match
     }
 }
 

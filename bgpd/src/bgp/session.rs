@@ -497,28 +497,26 @@ impl Session {
         };
         let mut buf = scratch::take();
         buf.extend_from_slice(&self.rx);
-        match s.try_read_buf(&mut buf) {
-            Ok(n) if n > 0 => {}
-            Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                scratch::give(buf);
-                return;
+        let open = match s.try_read_buf(&mut buf) {
+            Err(e) if e.kind() == ErrorKind::WouldBlock => true, // stale readiness
+            Ok(n) if n > 0 => {
+                let used = self.drain_messages(&buf).await;
+                self.rx.clear();
+                match buf.get(used..) {
+                    Some(rest) if !rest.is_empty() && self.stream.is_some() => {
+                        self.rx.extend_from_slice(rest)
+                    }
+                    _ => self.rx = Vec::new(),
+                }
+                true
             }
-            _ => {
-                scratch::give(buf);
-                self.drop_connection();
-                self.feed(Event::ConnectionClosed).await;
-                return;
-            }
-        }
-        let used = self.drain_messages(&buf).await;
-        self.rx.clear();
-        match buf.get(used..) {
-            Some(rest) if !rest.is_empty() && self.stream.is_some() => {
-                self.rx.extend_from_slice(rest)
-            }
-            _ => self.rx = Vec::new(),
-        }
+            _ => false,
+        };
         scratch::give(buf);
+        if !open {
+            self.drop_connection();
+            self.feed(Event::ConnectionClosed).await;
+        }
     }
 
     /// Frame and decode the messages at the start of `data`; feed each to the FSM. Returns
