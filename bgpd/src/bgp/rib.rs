@@ -486,6 +486,15 @@ impl Interner {
     }
 }
 
+/// What an UPDATE's handling knows of the sender's route for a prefix it touched.
+#[derive(Debug, Clone, Copy)]
+enum Known {
+    /// The sender's route is now this (`true`: it passes import policy and the loop checks).
+    Usable(bool),
+    /// Not known (a withdrawal the same UPDATE may announce again): look it up.
+    LookUp,
+}
+
 #[derive(Debug)]
 struct PeerState<P> {
     info: PeerInfo,
@@ -601,7 +610,7 @@ impl<P: RibPrefix> Rib<P> {
             self.recount_accepted(None);
         }
         // Export decisions may change for routes whose best did not: all are exported.
-        self.decide_and_export(&all, None, true)
+        self.decide_and_export(&all, None, true, &[])
     }
 
     /// Whether a stored route (by id) passes import policy and the loop checks.
@@ -852,6 +861,9 @@ impl<P: RibPrefix> Rib<P> {
             }
         }
         let mut touched: Vec<P> = Vec::with_capacity(announced.len() + withdrawn.len());
+        // Per touched prefix, whether `from` now has a usable route for it, where known
+        // without looking again (see `Known`).
+        let mut known: Vec<Known> = Vec::with_capacity(touched.capacity());
         // Import policy and loop checks decide `accepted`; evaluated on the way in and out.
         let mut accepted_delta: i64 = 0;
         for p in withdrawn {
@@ -863,6 +875,8 @@ impl<P: RibPrefix> Rib<P> {
             }
             self.interner.release(old);
             touched.push(*p);
+            // The same prefix may be announced again further on.
+            known.push(Known::LookUp);
         }
         if let Some(attrs) = attrs.filter(|_| !announced.is_empty()) {
             // eBGP loop rejection (RFC 4271 §9.1.2): our AS in the path means it went round.
@@ -879,6 +893,7 @@ impl<P: RibPrefix> Rib<P> {
                         }
                         self.interner.release(old);
                         touched.push(*p);
+                        known.push(Known::Usable(false));
                     }
                 }
             } else {
@@ -888,7 +903,7 @@ impl<P: RibPrefix> Rib<P> {
                     if let Some(st) = self.peers.get_mut(&from) {
                         st.rejected = st.rejected.saturating_add(announced.len() as u64);
                     }
-                    return self.recompute(&touched, Some(BestCode::of(Source::Peer(from))));
+                    return self.recompute_received(from, &touched, &known);
                 };
                 // One verdict for the whole UPDATE when policy does not look at prefixes.
                 let prefix_blind = !self.policy.is_generated();
@@ -920,13 +935,15 @@ impl<P: RibPrefix> Rib<P> {
                         accepted_delta += 1;
                     }
                     touched.push(*p);
+                    // Announcements come last: this is the route `from` is left with.
+                    known.push(Known::Usable(ok));
                 }
             }
         }
         if let Some(st) = self.peers.get_mut(&from) {
             st.accepted = st.accepted.saturating_add_signed(accepted_delta);
         }
-        let out = self.recompute(&touched, Some(BestCode::of(Source::Peer(from))));
+        let out = self.recompute_received(from, &touched, &known);
         self.maybe_sweep(touched.len());
         out
     }
@@ -1076,31 +1093,64 @@ impl<P: RibPrefix> Rib<P> {
         prefixes: &[P],
         changed_by: Option<BestCode>,
     ) -> HashMap<PeerId, OutUpdate<P>> {
-        self.decide_and_export(prefixes, changed_by, false)
+        self.decide_and_export(prefixes, changed_by, false, &[])
+    }
+
+    /// [`Rib::recompute`] after `from`'s UPDATE changed `prefixes`, with what the UPDATE
+    /// told of each (`known`, one per prefix).
+    #[inline]
+    fn recompute_received(
+        &mut self,
+        from: PeerId,
+        prefixes: &[P],
+        known: &[Known],
+    ) -> HashMap<PeerId, OutUpdate<P>> {
+        debug_assert_eq!(prefixes.len(), known.len());
+        self.decide_and_export(
+            prefixes,
+            Some(BestCode::of(Source::Peer(from))),
+            false,
+            known,
+        )
     }
 
     /// [`Rib::recompute`]; with `export_all`, every prefix given is exported again, changed
-    /// or not (policy changed).
+    /// or not (policy changed). `known` is empty or says, per prefix, what the caller knows
+    /// of `changed_by`'s route.
     fn decide_and_export(
         &mut self,
         prefixes: &[P],
         changed_by: Option<BestCode>,
         export_all: bool,
+        known: &[Known],
     ) -> HashMap<PeerId, OutUpdate<P>> {
         let mut changed: Vec<(P, Option<LocSlot>)> = Vec::with_capacity(prefixes.len());
         // Slots of prefixes that leave the Loc-RIB: free once every peer's bit is cleared.
         let mut freed = Vec::new();
         // Whether every change is between routes no iBGP peer is sent (see below).
         let mut ibgp_only = self.cluster_id.is_none() && !export_all;
-        for p in prefixes {
+        // Asked once, not per prefix: every best route of a received UPDATE is this one.
+        let changed_ibgp = self.ibgp_learned(changed_by);
+        let ibgp_learned = |rib: &Self, code: Option<BestCode>| {
+            if code.is_some() && code == changed_by {
+                changed_ibgp
+            } else {
+                rib.ibgp_learned(code)
+            }
+        };
+        for (i, p) in prefixes.iter().enumerate() {
             let old = self.loc.get(p).copied();
             let old_best = old.map(|e| e.best);
             // With no best route before, the one candidate that changed is the only one that
             // can be best now: the others, unchanged, were absent or ineligible (the Loc-RIB
             // follows them). A mesh node learns every prefix this way, and looking at every
-            // peer for each was most of its decision process.
+            // peer for each was most of its decision process. Where the UPDATE that stored
+            // the candidate already said whether it is usable, it is not looked up again.
             let best = match (old_best, changed_by.map(BestCode::source)) {
-                (None, Some(Source::Peer(from))) => self.sole_candidate(p, from),
+                (None, Some(Source::Peer(from))) => match known.get(i) {
+                    Some(Known::Usable(usable)) => usable.then_some(Source::Peer(from)),
+                    Some(Known::LookUp) | None => self.sole_candidate(p, from),
+                },
                 _ => self.decide(p),
             };
             debug_assert_eq!(best, self.decide(p), "the Loc-RIB was out of date for {p}");
@@ -1113,7 +1163,7 @@ impl<P: RibPrefix> Rib<P> {
                 }
                 continue;
             }
-            ibgp_only = ibgp_only && self.ibgp_learned(old_best) && self.ibgp_learned(best);
+            ibgp_only = ibgp_only && ibgp_learned(self, old_best) && ibgp_learned(self, best);
             let slot = match (best, old) {
                 (Some(best), Some(e)) => {
                     self.loc.insert(*p, LocEntry { best, slot: e.slot });

@@ -59,6 +59,31 @@ fn learned_route_reaches_loc_rib_and_withdrawal_removes_it() {
     assert_eq!(r.loc_len(), 0);
 }
 
+/// An UPDATE that withdraws a prefix and announces it again leaves it announced (the
+/// announcement is the route the peer is left with), in the Loc-RIB and towards other peers;
+/// here the route it replaces was unusable (our own, reflected back), so there was no best.
+#[test]
+fn a_prefix_withdrawn_and_announced_in_one_update_is_announced() {
+    let mut r = rib();
+    r.peer_up(peer(2, 64512));
+    r.peer_up(peer(4, 65000));
+    let p = pfx("10.1.0.0/26");
+    let ours = PathAttributes {
+        originator_id: Some(Ipv4Addr::new(10, 0, 0, 1)),
+        ..attrs(&[], Some(100))
+    };
+    r.update(PeerId(2), Some(ours), &[p], &[]);
+    assert_eq!(r.loc_len(), 0);
+    assert_eq!(r.counts(PeerId(2)), (1, 0, 0));
+    let out = r.update(PeerId(2), Some(attrs(&[], Some(100))), &[p], &[p]);
+    assert_eq!(best_from(&r, "10.1.0.0/26"), Some(Source::Peer(PeerId(2))));
+    assert_eq!(r.counts(PeerId(2)), (1, 1, 0));
+    let to_ebgp = &out[&PeerId(4)];
+    assert!(to_ebgp.withdraw.is_empty(), "{to_ebgp:?}");
+    assert!(announced_to(&out, 4).iter().all(|(q, _)| *q == p));
+    assert!(!announced_to(&out, 4).is_empty());
+}
+
 #[test]
 fn decision_local_pref_then_path_then_origin() {
     let mut r = rib();
@@ -429,12 +454,26 @@ fn check_churn<P: RibPrefix>(
             }
             _ => {
                 let len = (next() % 3) as usize;
-                let path: Vec<u32> = (0..len).map(|i| 65000 + i as u32).collect();
+                let mut path: Vec<u32> = (0..len).map(|i| 65000 + i as u32).collect();
+                // Now and then our own AS: an eBGP peer's routes loop and are rejected.
+                if next() % 8 == 0 {
+                    path.push(LOCAL_AS.0);
+                }
+                // Up to three prefixes, repeats allowed, and now and then a withdrawal in the
+                // same UPDATE, perhaps of a prefix it also announces.
+                let announced: Vec<P> = std::iter::once(p)
+                    .chain((0..next() % 3).map(|_| prefix((next() % 16) as u8)))
+                    .collect();
+                let withdrawn: Vec<P> = match next() % 4 {
+                    0 => vec![announced[(next() % announced.len() as u64) as usize]],
+                    1 => vec![prefix((next() % 16) as u8)],
+                    _ => vec![],
+                };
                 let out = r.update(
                     who,
                     Some(attrs(&path, 100 + (next() % 2) as u32)),
-                    &[p],
-                    &[],
+                    &announced,
+                    &withdrawn,
                 );
                 tell_all(&mut told, out);
             }
