@@ -72,6 +72,44 @@ fn reflection_lists_every_service_of_the_contract() {
             "{service} missing from {names:?}"
         );
     }
+    // The older protocol version (grpcurl before 1.9 asks it) lists the same.
+    let alpha = runtime().block_on(async {
+        use tonic_reflection::pb::v1alpha::ServerReflectionRequest;
+        use tonic_reflection::pb::v1alpha::server_reflection_client::ServerReflectionClient;
+        use tonic_reflection::pb::v1alpha::server_reflection_request::MessageRequest;
+        use tonic_reflection::pb::v1alpha::server_reflection_response::MessageResponse;
+        let channel = bgpd::ctl::connect_unix(&d.socket).await.unwrap();
+        let request = ServerReflectionRequest {
+            host: String::new(),
+            message_request: Some(MessageRequest::ListServices(String::new())),
+        };
+        let mut stream = ServerReflectionClient::new(channel)
+            .server_reflection_info(tokio_stream::iter([request]))
+            .await
+            .unwrap()
+            .into_inner();
+        match stream.message().await.unwrap().unwrap().message_response {
+            Some(MessageResponse::ListServicesResponse(list)) => {
+                list.service.into_iter().map(|s| s.name).collect::<Vec<_>>()
+            }
+            other => panic!("unexpected v1alpha reflection answer {other:?}"),
+        }
+    });
+    // Each version names itself as the reflection service; the rest is the same.
+    let others = |list: &[String]| {
+        let mut l: Vec<String> = list
+            .iter()
+            .filter(|n| !n.starts_with("grpc.reflection."))
+            .cloned()
+            .collect();
+        l.sort();
+        l
+    };
+    assert_eq!(
+        others(&names),
+        others(&alpha),
+        "v1 and v1alpha list different services"
+    );
 }
 
 #[test]

@@ -11,6 +11,7 @@ pub mod convert;
 mod daemon_service;
 mod dataplane_service;
 mod ipam_service;
+mod lazy;
 pub mod socket;
 
 use std::net::SocketAddr;
@@ -61,8 +62,6 @@ pub enum ApiError {
     Tls(#[source] tonic::transport::Error),
     #[error("the API server failed: {0}")]
     Serve(#[source] tonic::transport::Error),
-    #[error("cannot build the reflection service: {0}")]
-    Reflection(#[from] tonic_reflection::server::Error),
 }
 
 /// The API's listeners, bound and ready to serve.
@@ -106,7 +105,7 @@ impl Api {
     ) -> Result<(), ApiError> {
         // Every call on every listener is counted for the metrics.
         let counted = info.api_stats.layer();
-        let routes = routes(info).await?;
+        let routes = routes(info).await;
         let _socket = self.socket;
         let unix = Server::builder()
             .layer(counted.clone())
@@ -140,24 +139,25 @@ async fn wait_for(mut shutdown: watch::Receiver<bool>) {
 }
 
 /// Every service bgpd serves, on every listener.
-async fn routes(info: DaemonInfo) -> Result<Routes, ApiError> {
+async fn routes(info: DaemonInfo) -> Routes {
     let (health, health_service) = tonic_health::server::health_reporter();
     health
         .set_serving::<DaemonServer<daemon_service::DaemonService>>()
         .await;
     tokio::spawn(follow_datastore(health, info.datastore.clone()));
 
-    let reflection_v1 = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(proto::v1::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1()?;
-    let reflection_v1alpha = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(proto::v1::FILE_DESCRIPTOR_SET)
-        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
-        .build_v1alpha()?;
+    // Built on the first reflection request (see `lazy`).
+    fn reflection() -> tonic_reflection::server::Builder<'static> {
+        tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(proto::v1::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+    }
+    let reflection_v1 = lazy::Lazy::new(|| reflection().build_v1().map_err(|e| e.to_string()));
+    let reflection_v1alpha =
+        lazy::Lazy::new(|| reflection().build_v1alpha().map_err(|e| e.to_string()));
 
     let ipam = ipam_service::IpamService::new(info.datastore.clone(), info.node.clone());
-    Ok(Routes::new(health_service)
+    Routes::new(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(PoolsServer::new(ipam.clone()))
@@ -173,7 +173,7 @@ async fn routes(info: DaemonInfo) -> Result<Routes, ApiError> {
                 info.dataplane.clone(),
             ),
         ))
-        .add_service(DaemonServer::new(daemon_service::DaemonService::new(info))))
+        .add_service(DaemonServer::new(daemon_service::DaemonService::new(info)))
 }
 
 /// The overall health ("") is SERVING only while the datastore answers: a node whose datastore
