@@ -36,33 +36,39 @@ fn health_says_serving() {
     });
 }
 
+/// The services a reflection `version` (`v1`, `v1alpha`: the same messages in two packages)
+/// lists on bgpd's socket.
+macro_rules! reflected_services {
+    ($version:ident, $socket:expr) => {
+        runtime().block_on(async {
+            use tonic_reflection::pb::$version::ServerReflectionRequest;
+            use tonic_reflection::pb::$version::server_reflection_client::ServerReflectionClient;
+            use tonic_reflection::pb::$version::server_reflection_request::MessageRequest;
+            use tonic_reflection::pb::$version::server_reflection_response::MessageResponse;
+            let channel = bgpd::ctl::connect_unix($socket).await.unwrap();
+            let request = ServerReflectionRequest {
+                host: String::new(),
+                message_request: Some(MessageRequest::ListServices(String::new())),
+            };
+            let mut stream = ServerReflectionClient::new(channel)
+                .server_reflection_info(tokio_stream::iter([request]))
+                .await
+                .unwrap()
+                .into_inner();
+            match stream.message().await.unwrap().unwrap().message_response {
+                Some(MessageResponse::ListServicesResponse(list)) => {
+                    list.service.into_iter().map(|s| s.name).collect::<Vec<_>>()
+                }
+                other => panic!("unexpected reflection answer {other:?}"),
+            }
+        })
+    };
+}
+
 #[test]
 fn reflection_lists_every_service_of_the_contract() {
-    use tonic_reflection::pb::v1::ServerReflectionRequest;
-    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
-    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
-    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
-
     let d = Daemon::start("");
-    let names = runtime().block_on(async {
-        let channel = bgpd::ctl::connect_unix(&d.socket).await.unwrap();
-        let request = ServerReflectionRequest {
-            host: String::new(),
-            message_request: Some(MessageRequest::ListServices(String::new())),
-        };
-        let mut stream = ServerReflectionClient::new(channel)
-            .server_reflection_info(tokio_stream::iter([request]))
-            .await
-            .unwrap()
-            .into_inner();
-        let response = stream.message().await.unwrap().unwrap();
-        match response.message_response.unwrap() {
-            MessageResponse::ListServicesResponse(list) => {
-                list.service.into_iter().map(|s| s.name).collect::<Vec<_>>()
-            }
-            other => panic!("unexpected reflection answer {other:?}"),
-        }
-    });
+    let names = reflected_services!(v1, &d.socket);
     for service in proto::v1::SERVICE_NAMES
         .iter()
         .chain(&["grpc.health.v1.Health"])
@@ -72,30 +78,9 @@ fn reflection_lists_every_service_of_the_contract() {
             "{service} missing from {names:?}"
         );
     }
-    // The older protocol version (grpcurl before 1.9 asks it) lists the same.
-    let alpha = runtime().block_on(async {
-        use tonic_reflection::pb::v1alpha::ServerReflectionRequest;
-        use tonic_reflection::pb::v1alpha::server_reflection_client::ServerReflectionClient;
-        use tonic_reflection::pb::v1alpha::server_reflection_request::MessageRequest;
-        use tonic_reflection::pb::v1alpha::server_reflection_response::MessageResponse;
-        let channel = bgpd::ctl::connect_unix(&d.socket).await.unwrap();
-        let request = ServerReflectionRequest {
-            host: String::new(),
-            message_request: Some(MessageRequest::ListServices(String::new())),
-        };
-        let mut stream = ServerReflectionClient::new(channel)
-            .server_reflection_info(tokio_stream::iter([request]))
-            .await
-            .unwrap()
-            .into_inner();
-        match stream.message().await.unwrap().unwrap().message_response {
-            Some(MessageResponse::ListServicesResponse(list)) => {
-                list.service.into_iter().map(|s| s.name).collect::<Vec<_>>()
-            }
-            other => panic!("unexpected v1alpha reflection answer {other:?}"),
-        }
-    });
-    // Each version names itself as the reflection service; the rest is the same.
+    // The older protocol version (grpcurl before 1.9 asks it) lists the same; each version
+    // names itself as the reflection service.
+    let alpha = reflected_services!(v1alpha, &d.socket);
     let others = |list: &[String]| {
         let mut l: Vec<String> = list
             .iter()
