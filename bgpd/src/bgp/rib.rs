@@ -1129,7 +1129,8 @@ impl<P: RibPrefix> Rib<P> {
         let mut freed = Vec::new();
         // Whether every change is between routes no iBGP peer is sent (see below).
         let mut ibgp_only = self.cluster_id.is_none() && !export_all;
-        // Asked once, not per prefix: every best route of a received UPDATE is this one.
+        // Whether `changed_by` is iBGP-learned, asked once rather than per prefix: it is the
+        // new best route of most prefixes an UPDATE changes.
         let changed_ibgp = self.ibgp_learned(changed_by);
         let ibgp_learned = |rib: &Self, code: Option<BestCode>| {
             if code.is_some() && code == changed_by {
