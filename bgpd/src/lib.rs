@@ -8,6 +8,7 @@
 //! - `api`: the gRPC server (unix socket, optional TCP with mutual TLS), health and reflection.
 //! - `daemon`: start-up, signals and clean shutdown of bgpd.
 //! - `dataplane`: the desired kernel state of this node, served to routewriter.
+//! - `hugepages`: the daemons' allocator (huge pages for the tables of a big RIB).
 //! - `datastore`: the connection to the cluster datastore, kept current and reported.
 //! - `ctl`: the client side used by bgpctl (and by tests).
 //! - `logging`: one line per event through `tracing`.
@@ -24,6 +25,7 @@ pub mod ctl;
 pub mod daemon;
 pub mod dataplane;
 pub mod datastore;
+pub mod hugepages;
 pub mod logging;
 pub mod metrics;
 pub mod observe;

@@ -34,6 +34,10 @@ enum Cmd {
     },
 }
 
+/// Big tables on huge pages (see `bgpd::hugepages`).
+#[global_allocator]
+static ALLOCATOR: bgpd::hugepages::HugePageAllocator = bgpd::hugepages::HugePageAllocator;
+
 fn main() -> ExitCode {
     let args = Args::parse();
     let config = match Config::load(args.config.as_deref()) {
