@@ -104,6 +104,24 @@ impl Hasher for PrefixHasher {
 /// A hash map keyed by prefixes (or other small keys), with [`PrefixHasher`].
 pub type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<PrefixHasher>>;
 
+/// Below this many keys a batch is not worth a warm-up pass (see [`warm`]).
+const WARM_BATCH: usize = 16;
+
+/// Looks every key of a batch up once, in a tight loop, before the pass that does the work.
+/// A big table's probes miss the cache (a random bucket of tens of MiB per prefix); these
+/// lookups depend on nothing but their key, so the CPU keeps many of their misses in flight
+/// at once, where the working pass, with its inserts and decisions between two probes, waits
+/// for each in turn. That pass then finds the buckets in cache. `bgp_bench`, 1M prefixes
+/// (~800 per UPDATE), ten alternating runs: ingest 5 % faster on average.
+fn warm<K: std::hash::Hash + Eq, V>(map: &FastMap<K, V>, keys: &[K]) {
+    if keys.len() < WARM_BATCH || map.len() < 4096 {
+        return;
+    }
+    let found = keys.iter().filter(|k| map.contains_key(k)).count();
+    // Only the loads matter: keep the compiler from dropping them.
+    std::hint::black_box(found);
+}
+
 /// Which candidate is best for a prefix, in 4 bytes: a peer's id, or [`BestCode::LOCAL`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 struct BestCode(u32);
@@ -911,6 +929,9 @@ impl<P: RibPrefix> Rib<P> {
                     && announced
                         .first()
                         .is_some_and(|p| self.eligible(&info, p, &a));
+                if let Some(st) = self.peers.get(&from) {
+                    warm(&st.adj_in, announced);
+                }
                 for p in announced {
                     let ok = if prefix_blind {
                         all_ok
@@ -1139,6 +1160,7 @@ impl<P: RibPrefix> Rib<P> {
                 rib.ibgp_learned(code)
             }
         };
+        warm(&self.loc, prefixes);
         for (i, p) in prefixes.iter().enumerate() {
             let old = self.loc.get(p).copied();
             let old_best = old.map(|e| e.best);
