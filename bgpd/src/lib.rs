@@ -8,8 +8,8 @@
 //! - `api`: the gRPC server (unix socket, optional TCP with mutual TLS), health and reflection.
 //! - `daemon`: start-up, signals and clean shutdown of bgpd.
 //! - `dataplane`: the desired kernel state of this node, served to routewriter.
-//! - `hugepages`: the daemons' allocator (huge pages for the tables of a big RIB).
 //! - `datastore`: the connection to the cluster datastore, kept current and reported.
+//! - `hugepages`: the daemons' allocator (huge pages for the tables of a big RIB).
 //! - `ctl`: the client side used by bgpctl (and by tests).
 //! - `logging`: one line per event through `tracing`.
 //! - `metrics`: bgpd's Prometheus metrics, readiness, liveness and status over HTTP.
