@@ -37,8 +37,8 @@ fn scale_bench_smoke_converges_with_every_implementation() {
             .map(|l| l.split_whitespace().collect::<Vec<_>>())
             .find(|f| f.first() == Some(&"3") && f.get(1) == Some(&name))
             .unwrap_or_else(|| panic!("no row for {name}:\n{text}\n{err}"));
-        // converge s, CPU s, RSS MiB/node, idle CPU %/node
-        let values: Vec<f64> = row[2..6]
+        // converge s, CPU s, RSS MiB/node, anon, idle CPU %/node, idle RSS
+        let values: Vec<f64> = row[2..8]
             .iter()
             .map(|v| {
                 v.parse()
@@ -47,5 +47,13 @@ fn scale_bench_smoke_converges_with_every_implementation() {
             .collect();
         assert!(values[0] > 0.0, "{name} did not converge: {row:?}");
         assert!(values[2] > 0.0, "{name} has no resident memory: {row:?}");
+        assert!(
+            values[3] > 0.0 && values[3] < values[2],
+            "{name}: anonymous memory is part of the resident: {row:?}"
+        );
+        assert!(
+            values[5] > 0.0,
+            "{name} has no resident memory idle: {row:?}"
+        );
     }
 }

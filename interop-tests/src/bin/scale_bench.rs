@@ -10,7 +10,9 @@
 //!   through Bgp.ListRoutes). The last column is the slowest single poll seen: with the poll
 //!   interval, the resolution of the figure.
 //! - CPU s: user + system seconds of all the daemons at convergence (start-up included).
-//! - RSS MiB/node: mean VmRSS of the daemons at convergence.
+//! - RSS MiB/node: mean VmRSS of the daemons at convergence; anon: the private anonymous
+//!   part of it (RssAnon: heap and stacks, without mapped code and libraries); idle RSS: mean
+//!   VmRSS again at the end of the idle measurement (what a node holds while it runs).
 //! - idle CPU %/node: CPU used over `--idle-secs` with every session up, from `--settle-secs`
 //!   after convergence (what ends a convergence is not idle), per node, in percent of one
 //!   core, counted per thread (`procstat::ThreadTimes`). A node that lost a block meanwhile
@@ -132,6 +134,8 @@ struct Row {
     converge: Duration,
     cpu_s: f64,
     rss_mib: f64,
+    anon_mib: f64,
+    idle_rss_mib: f64,
     idle_pct: f64,
     poll_max: Duration,
 }
@@ -587,11 +591,15 @@ fn run_one(rt: &tokio::runtime::Runtime, args: &Args, n: usize, imp: Impl) -> Re
     };
     let pids = daemons.pids();
     let cpu_at = pids.iter().map(|&p| procstat::cpu_seconds(p)).sum::<f64>();
-    let rss = pids.iter().map(|&p| procstat::rss_mib(p)).sum::<f64>() / n as f64;
+    let mean = |f: fn(i32) -> f64| pids.iter().map(|&p| f(p)).sum::<f64>() / n as f64;
+    let rss = mean(procstat::rss_mib);
+    let anon = mean(procstat::anon_rss_mib);
     sleep_interruptible(Duration::from_secs(args.settle_secs))?;
     let threads_at: Vec<_> = pids.iter().map(|&p| procstat::ThreadTimes::of(p)).collect();
     let idle = Duration::from_secs(args.idle_secs);
     sleep_interruptible(idle)?;
+    // Before the check below: its polls run code an idle node does not.
+    let idle_rss = mean(procstat::rss_mib);
     // Per thread: a daemon's runtime may end idle threads meanwhile (see ThreadTimes).
     let cpu_idle: f64 = pids
         .iter()
@@ -617,6 +625,8 @@ fn run_one(rt: &tokio::runtime::Runtime, args: &Args, n: usize, imp: Impl) -> Re
         converge: at,
         cpu_s: cpu_at,
         rss_mib: rss,
+        anon_mib: anon,
+        idle_rss_mib: idle_rss,
         idle_pct: cpu_idle / idle.as_secs_f64().max(1e-9) / n as f64 * 100.0,
         poll_max: slowest,
     })
@@ -625,17 +635,21 @@ fn run_one(rt: &tokio::runtime::Runtime, args: &Args, n: usize, imp: Impl) -> Re
 fn print_table(out: &mut impl Write, rows: &[Row]) -> std::io::Result<()> {
     writeln!(
         out,
-        "{:>5}  {:<8} {:>10} {:>8} {:>13} {:>15}  {:>6} {:>6} {:>6} {:>6}  {:>7}",
+        "{:>5}  {:<8} {:>10} {:>8} {:>13} {:>5} {:>15} {:>8}  {:>6} {:>6} {:>6} {:>6} {:>6} {:>6}  {:>7}",
         "N",
         "impl",
         "converge s",
         "CPU s",
         "RSS MiB/node",
+        "anon",
         "idle CPU %/node",
+        "idle RSS",
         "×conv",
         "×CPU",
         "×RSS",
+        "×anon",
         "×idle",
+        "×iRSS",
         "poll ms"
     )?;
     for r in rows {
@@ -648,20 +662,24 @@ fn print_table(out: &mut impl Write, rows: &[Row]) -> std::io::Result<()> {
         };
         writeln!(
             out,
-            "{:>5}  {:<8} {:>10.2} {:>8.3} {:>13.1} {:>15.3}  {:>6} {:>6} {:>6} {:>6}  {:>7.1}",
+            "{:>5}  {:<8} {:>10.2} {:>8.3} {:>13.1} {:>5.1} {:>15.3} {:>8.1}  {:>6} {:>6} {:>6} {:>6} {:>6} {:>6}  {:>7.1}",
             r.n,
             r.imp.name(),
             r.converge.as_secs_f64(),
             r.cpu_s,
             r.rss_mib,
+            r.anon_mib,
             r.idle_pct,
+            r.idle_rss_mib,
             ratio(
                 r.converge.as_secs_f64(),
                 base.map(|b| b.converge.as_secs_f64())
             ),
             ratio(r.cpu_s, base.map(|b| b.cpu_s)),
             ratio(r.rss_mib, base.map(|b| b.rss_mib)),
+            ratio(r.anon_mib, base.map(|b| b.anon_mib)),
             ratio(r.idle_pct, base.map(|b| b.idle_pct)),
+            ratio(r.idle_rss_mib, base.map(|b| b.idle_rss_mib)),
             r.poll_max.as_secs_f64() * 1000.0,
         )?;
     }

@@ -76,6 +76,12 @@ pub fn rss_mib(pid: i32) -> f64 {
     status_kib(pid, "VmRSS:") / 1024.0
 }
 
+/// Private anonymous resident memory now (`RssAnon`: heap, stacks; not the mapped code and
+/// libraries, which other processes may share), MiB.
+pub fn anon_rss_mib(pid: i32) -> f64 {
+    status_kib(pid, "RssAnon:") / 1024.0
+}
+
 /// Peak resident memory (`VmHWM`), MiB.
 pub fn peak_rss_mib(pid: i32) -> f64 {
     status_kib(pid, "VmHWM:") / 1024.0
@@ -117,6 +123,12 @@ mod tests {
         assert!(alive(me));
         assert!(rss_mib(me) > 0.0);
         assert!(peak_rss_mib(me) >= rss_mib(me));
+        let anon = anon_rss_mib(me);
+        assert!(
+            anon > 0.0 && anon < rss_mib(me),
+            "anon {anon} of {}",
+            rss_mib(me)
+        );
         // Burn a little CPU: the count must see it, with better than tick resolution.
         let before = cpu_seconds(me);
         let start = std::time::Instant::now();
