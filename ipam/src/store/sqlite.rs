@@ -27,7 +27,7 @@ const APPLICATION_ID: i64 = 0x4d52_4759;
 const LAYOUT_VERSION: i64 = 1;
 /// Page cache of each connection, KiB (SQLite's default is 2000). The file is small and
 /// the kernel's page cache holds it for every process anyway, where each connection's own
-/// cache is private memory of every process (three connections per bgpd, N bgpd per host).
+/// cache is private memory of every process (two connections per bgpd, N bgpd per host).
 /// It is discarded whenever another process commits, which in a cluster is often: a large
 /// one buys little. 256 KiB filled up in a 100-node lab (0.75 MiB per bgpd).
 const CACHE_KIB: u32 = 64;
@@ -341,7 +341,7 @@ fn open_connection(path: &Path, options: &SqliteOptions, init: bool) -> Result<C
         )));
     }
     // The integrity check reads the whole file: once per process, on the writer connection
-    // (opened first); the reader and every watch's connection open a file already checked.
+    // (opened first); the reader opens a file already checked.
     // A hundred nodes sharing one file each checking it three times was most of their start.
     if !fresh && init {
         let check: String = retry_busy(deadline, || {
@@ -703,18 +703,18 @@ impl Datastore for SqliteStore {
     }
 
     async fn watch(&self, prefix: &str, after: Revision) -> Result<Watch> {
-        let options = self.inner.options.clone();
-        let path = self.inner.path.clone();
-        let conn = blocking(move || open_connection(&path, &options, false)).await?;
-        let conn = Arc::new(Mutex::new(conn));
+        // Watches read through the shared reader connection: each look is one short read
+        // transaction, and a connection of its own cost ~150 KiB of SQLite heap (schema,
+        // statements, page cache, lookaside) per watch for as long as it ran.
+        let inner = self.inner.clone();
         let prefix = prefix.to_owned();
         let end = prefix_end(&prefix).unwrap_or_else(|| KEY_MAX.to_owned());
 
         // Fail now, not in the stream, when the start is already compacted.
         let first = {
-            let (conn, prefix, end) = (conn.clone(), prefix.clone(), end.clone());
+            let (inner, prefix, end) = (inner.clone(), prefix.clone(), end.clone());
             blocking(move || {
-                let mut c = conn.lock().unwrap_or_else(|p| p.into_inner());
+                let mut c = inner.reader.lock().unwrap_or_else(|p| p.into_inner());
                 read_changes(&mut c, &prefix, &end, after)
             })
             .await?
@@ -749,9 +749,9 @@ impl Datastore for SqliteStore {
                     _ = tokio::time::sleep(settle.map_or(poll, |i| SETTLE[i])) => {}
                     _ = tx.closed() => return,
                 }
-                let (conn, prefix, end) = (conn.clone(), prefix.clone(), end.clone());
+                let (inner, prefix, end) = (inner.clone(), prefix.clone(), end.clone());
                 let next = blocking(move || {
-                    let mut c = conn.lock().unwrap_or_else(|p| p.into_inner());
+                    let mut c = inner.reader.lock().unwrap_or_else(|p| p.into_inner());
                     read_changes(&mut c, &prefix, &end, last)
                 })
                 .await;
