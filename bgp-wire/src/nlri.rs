@@ -58,6 +58,16 @@ impl Ipv4Prefix {
     }
 }
 
+/// The default route, 0.0.0.0/0.
+impl Default for Ipv4Prefix {
+    fn default() -> Self {
+        Ipv4Prefix {
+            addr: Ipv4Addr::UNSPECIFIED,
+            len: 0,
+        }
+    }
+}
+
 impl Ipv6Prefix {
     /// `addr/len` with host bits cleared; `None` when `len > 128`.
     pub fn new(addr: Ipv6Addr, len: u8) -> Option<Self> {
@@ -75,6 +85,16 @@ impl Ipv6Prefix {
     /// True if `other` lies within this prefix.
     pub fn contains(&self, other: &Ipv6Prefix) -> bool {
         other.len >= self.len && mask_v6(other.addr.to_bits(), self.len) == self.addr.to_bits()
+    }
+}
+
+/// The default route, ::/0.
+impl Default for Ipv6Prefix {
+    fn default() -> Self {
+        Ipv6Prefix {
+            addr: Ipv6Addr::UNSPECIFIED,
+            len: 0,
+        }
     }
 }
 

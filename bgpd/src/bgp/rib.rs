@@ -33,9 +33,10 @@
 //! was sent is what export gives the best route, since each change of a best route is
 //! exported when it happens; so a full table sent to a peer costs 1 bit per route, not a map
 //! entry (a few duplicate announcements when a best route changes but exports the same, as
-//! with BIRD). Prefix-keyed tables are hash maps with a multiplicative hasher
-//! ([`PrefixHasher`]); sorted output is made on request (listings), not maintained on every
-//! insert. Measured with `bgp_bench`: these cut ingest time and bytes per route (a B-tree
+//! with BIRD). The per-prefix tables are hash tables of our own ([`PrefixTable`]: key and
+//! value in one slot, slots fetched ahead of a pass); other small-key maps use a
+//! multiplicative hasher ([`PrefixHasher`]); sorted output is made on request (listings),
+//! not maintained on every insert. Measured with `bgp_bench`: these cut ingest time and bytes per route (a B-tree
 //! Loc-RIB with attribute copies and SipHash maps cost about 85 B per route).
 
 use std::cmp::Ordering;
@@ -51,6 +52,10 @@ use bgp_wire::{
 };
 
 use super::policy::{PeerClass, Policy, RouteSource};
+
+mod table;
+
+pub use table::{PrefixTable, TableKey};
 
 /// A peer's identity inside the speaker (stable while the peer is configured).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -104,28 +109,8 @@ impl Hasher for PrefixHasher {
 /// A hash map keyed by prefixes (or other small keys), with [`PrefixHasher`].
 pub type FastMap<K, V> = HashMap<K, V, BuildHasherDefault<PrefixHasher>>;
 
-/// Below this many keys a batch is not worth a warm-up pass (see [`warm`]).
-const WARM_BATCH: usize = 16;
-/// A table smaller than this stays in the CPU's caches: its probes do not miss.
-const WARM_TABLE: usize = 4096;
-
-/// Looks every key of a batch up once, in a tight loop, before the pass that does the work.
-/// A big table's probes miss the cache (a random bucket of tens of MiB per prefix); these
-/// lookups depend on nothing but their key, so the CPU keeps many of their misses in flight
-/// at once, where the working pass, with its inserts and decisions between two probes, waits
-/// for each in turn. That pass then finds the buckets in cache. `bgp_bench`, 1M prefixes
-/// (~800 per UPDATE), ten alternating runs: ingest 5 % faster on average.
-fn warm<K: std::hash::Hash + Eq, V>(map: &FastMap<K, V>, keys: &[K]) {
-    if keys.len() < WARM_BATCH || map.len() < WARM_TABLE {
-        return;
-    }
-    let found = keys.iter().filter(|k| map.contains_key(k)).count();
-    // Only the loads matter: keep the compiler from dropping them.
-    std::hint::black_box(found);
-}
-
 /// Which candidate is best for a prefix, in 4 bytes: a peer's id, or [`BestCode::LOCAL`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Hash)]
 struct BestCode(u32);
 
 impl BestCode {
@@ -150,11 +135,11 @@ impl BestCode {
 
 /// A Loc-RIB prefix's bit in every peer's [`AdjOut`], held while the prefix has a best route
 /// and reused after.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 struct LocSlot(u32);
 
 /// A Loc-RIB entry: which candidate is best, and the prefix's [`LocSlot`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 struct LocEntry {
     best: BestCode,
     slot: LocSlot,
@@ -225,7 +210,9 @@ struct ExportMemo {
 pub const DEFAULT_LOCAL_PREF: u32 = 100;
 
 /// A prefix type a [`Rib`] holds: IPv4 or IPv6 unicast.
-pub trait RibPrefix: NlriPrefix + Ord + fmt::Display + fmt::Debug + Send + Sync + 'static {
+pub trait RibPrefix:
+    NlriPrefix + Ord + TableKey + fmt::Display + fmt::Debug + Send + Sync + 'static
+{
     /// The prefix as policy and listings see it.
     fn any(self) -> Prefix;
     /// The next hop we give `to` for our routes of this family (next-hop-self); `None`: the
@@ -403,7 +390,7 @@ impl<P> OutUpdate<P> {
 
 /// An interned attribute set's number: what the Adj-RIB-In stores per route (4 bytes
 /// instead of an 8-byte `Arc`; with the prefix, 12 bytes a route instead of 16).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct AttrId(u32);
 
 #[derive(Debug)]
@@ -518,7 +505,7 @@ enum Known {
 #[derive(Debug)]
 struct PeerState<P> {
     info: PeerInfo,
-    adj_in: FastMap<P, AttrId>,
+    adj_in: PrefixTable<P, AttrId>,
     /// Present only while the session is established.
     adj_out: Option<AdjOut>,
     /// Routes received but rejected by import rules (AS loop).
@@ -539,7 +526,7 @@ pub struct Rib<P = Ipv4Prefix> {
     local: FastMap<P, Attrs>,
     peers: BTreeMap<PeerId, PeerState<P>>,
     /// The Loc-RIB: which candidate is best; its attributes stay where they are stored.
-    loc: FastMap<P, LocEntry>,
+    loc: PrefixTable<P, LocEntry>,
     /// Slots of prefixes that left the Loc-RIB, for the next ones; `next_slot` past the last.
     free_slots: Vec<LocSlot>,
     next_slot: u32,
@@ -564,7 +551,7 @@ impl<P: RibPrefix> Rib<P> {
             interner: Interner::default(),
             local: FastMap::default(),
             peers: BTreeMap::new(),
-            loc: FastMap::default(),
+            loc: PrefixTable::default(),
             free_slots: Vec::new(),
             next_slot: 0,
             churn: 0,
@@ -745,7 +732,7 @@ impl<P: RibPrefix> Rib<P> {
     pub fn peer_up(&mut self, info: PeerInfo) -> OutUpdate<P> {
         let st = self.peers.entry(info.id).or_insert_with(|| PeerState {
             info,
-            adj_in: FastMap::default(),
+            adj_in: PrefixTable::default(),
             adj_out: None,
             rejected: 0,
             stale: None,
@@ -791,9 +778,9 @@ impl<P: RibPrefix> Rib<P> {
         };
         self.established = None;
         let mut prefixes = Vec::with_capacity(st.adj_in.len());
-        for (p, a) in st.adj_in {
-            self.interner.release(a);
-            prefixes.push(p);
+        for (p, a) in &st.adj_in {
+            self.interner.release(*a);
+            prefixes.push(*p);
         }
         let out = self.recompute(&prefixes, Some(BestCode::of(Source::Peer(id))));
         self.maybe_sweep(prefixes.len());
@@ -931,10 +918,7 @@ impl<P: RibPrefix> Rib<P> {
                     && announced
                         .first()
                         .is_some_and(|p| self.eligible(&info, p, &a));
-                if let Some(st) = self.peers.get(&from) {
-                    warm(&st.adj_in, announced);
-                }
-                for p in announced {
+                for (i, p) in announced.iter().enumerate() {
                     let ok = if prefix_blind {
                         all_ok
                     } else {
@@ -943,6 +927,7 @@ impl<P: RibPrefix> Rib<P> {
                     let Some(st) = self.peers.get_mut(&from) else {
                         break;
                     };
+                    st.adj_in.prefetch_for(announced, i);
                     if let Some(old) = st.adj_in.insert(*p, id) {
                         if old == id {
                             // The same route again: nothing to decide.
@@ -1162,8 +1147,8 @@ impl<P: RibPrefix> Rib<P> {
                 rib.ibgp_learned(code)
             }
         };
-        warm(&self.loc, prefixes);
         for (i, p) in prefixes.iter().enumerate() {
+            self.loc.prefetch_for(prefixes, i);
             let old = self.loc.get(p).copied();
             let old_best = old.map(|e| e.best);
             // With no best route before, the one candidate that changed is the only one that
