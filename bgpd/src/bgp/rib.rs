@@ -36,8 +36,9 @@
 //! with BIRD). The per-prefix tables are hash tables of our own ([`PrefixTable`]: key and
 //! value in one slot, slots fetched ahead of a pass); other small-key maps use a
 //! multiplicative hasher ([`PrefixHasher`]); sorted output is made on request (listings),
-//! not maintained on every insert. Measured with `bgp_bench`: these cut ingest time and bytes per route (a B-tree
-//! Loc-RIB with attribute copies and SipHash maps cost about 85 B per route).
+//! not maintained on every insert. Measured with `bgp_bench`: these cut ingest time and
+//! bytes per route (a B-tree Loc-RIB with attribute copies and SipHash maps cost about 85 B
+//! per route).
 
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, HashMap, HashSet};

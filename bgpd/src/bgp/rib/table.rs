@@ -264,6 +264,8 @@ fn prefetch_line<T>(p: &T) {
 pub struct Iter<'a, K, V> {
     slots: std::slice::Iter<'a, (K, V)>,
     default_entry: Option<&'a (K, V)>,
+    /// Entries not yet given: an exact size, so that collecting them allocates once.
+    left: usize,
 }
 
 impl<'a, K: Eq + Default, V> Iterator for Iter<'a, K, V> {
@@ -271,12 +273,20 @@ impl<'a, K: Eq + Default, V> Iterator for Iter<'a, K, V> {
 
     fn next(&mut self) -> Option<Self::Item> {
         let vacant = K::default();
-        self.slots
+        let (k, v) = self
+            .slots
             .find(|(k, _)| *k != vacant)
-            .or_else(|| self.default_entry.take())
-            .map(|(k, v)| (k, v))
+            .or_else(|| self.default_entry.take())?;
+        self.left -= 1;
+        Some((k, v))
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.left, Some(self.left))
     }
 }
+
+impl<K: Eq + Default, V> ExactSizeIterator for Iter<'_, K, V> {}
 
 impl<'a, K: Eq + Default, V> IntoIterator for &'a PrefixTable<K, V> {
     type Item = (&'a K, &'a V);
@@ -286,6 +296,7 @@ impl<'a, K: Eq + Default, V> IntoIterator for &'a PrefixTable<K, V> {
         Iter {
             slots: self.slots.iter(),
             default_entry: self.default_entry.as_ref(),
+            left: self.in_slots + usize::from(self.default_entry.is_some()),
         }
     }
 }

@@ -16,6 +16,7 @@ fn pfx(a: u32, len: u8) -> Ipv4Prefix {
 /// Asserts the table holds exactly what the model does, by lookup and by iteration.
 fn assert_same(t: &PrefixTable<Ipv4Prefix, u32>, model: &HashMap<Ipv4Prefix, u32>) {
     assert_eq!(t.len(), model.len());
+    assert_eq!(t.iter().len(), model.len());
     for (k, v) in model {
         assert_eq!(t.get(k), Some(v), "{k}");
     }
