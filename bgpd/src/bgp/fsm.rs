@@ -490,6 +490,26 @@ impl Fsm {
                     }
                 }
             }
+            (State::OpenSent | State::OpenConfirm, Decoded::Notification(n))
+                if n.code == bgp_wire::CEASE && n.subcode == cease::CONNECTION_COLLISION =>
+            {
+                // The peer resolved a collision for its other connection with us, which we
+                // hold aside or are about to get: only this connection ends. (Taken as an
+                // error, both sides dropped the session whenever this came before our own
+                // resolution.)
+                self.last_error = Some(format!("received: {}", describe(&n)));
+                out.push(Action::Disconnect);
+                out.push(Action::StopTimer(Timer::Hold));
+                out.push(Action::StopTimer(Timer::Keepalive));
+                self.negotiated = None;
+                if self.config.passive {
+                    self.state = State::Active;
+                } else {
+                    self.state = State::Connect;
+                    let d = self.retry_delay();
+                    out.push(Action::StartTimer(Timer::ConnectRetry, d));
+                }
+            }
             (_, Decoded::Notification(n)) => {
                 // Never answer a NOTIFICATION.
                 self.error(out, format!("received: {}", describe(&n)), None);
@@ -611,7 +631,18 @@ impl Fsm {
         let reject = Notification::new(bgp_wire::CEASE, cease::CONNECTION_COLLISION, Vec::new());
         match self.state {
             State::OpenSent | State::OpenConfirm => {}
-            // Established (or not connected at all): the new connection loses (RFC 4271 §6.8).
+            // Ours ended meanwhile (the peer chose this one and said so): it is the one.
+            State::Connect | State::Active => {
+                out.push(Action::StopTimer(Timer::ConnectRetry));
+                self.attempts = 0;
+                out.push(Action::AdoptColliding);
+                self.state = State::OpenSent;
+                self.negotiated = None;
+                out.push(Action::Send(Message::Open(self.config.open())));
+                self.open_received(open, out);
+                return;
+            }
+            // Established (or stopped): the new connection loses (RFC 4271 §6.8).
             _ => {
                 out.push(Action::RejectColliding(reject));
                 return;

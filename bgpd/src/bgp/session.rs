@@ -19,6 +19,11 @@
 //! in the channel) until the peer catches up. A peer that takes nothing for the hold time
 //! while we have something to send is treated like an expired hold timer (NOTIFICATION
 //! attempted, connection closed).
+//!
+//! **Never drop an attempt that may have connected.** The peer's connection, accepted while
+//! our own attempt is pending, waits for that attempt: the peer may already hold ours. If
+//! ours connects, the two collide and the FSM decides by BGP identifiers, as the peer does.
+//! One accepted while we wait to restart after an error waits for the restart.
 
 use std::collections::HashMap;
 use std::io::ErrorKind;
@@ -212,6 +217,9 @@ pub struct Session {
     params: SessionParams,
     timers: HashMap<Timer, Instant>,
     connecting: bool,
+    /// The peer's connection, accepted while our own attempt was pending or while we wait to
+    /// restart after an error: it waits for that (see [`Session::incoming`]).
+    waiting: Option<TcpStream>,
     /// Bumped by every Connect action: a retry abandons the attempt still pending.
     attempt: u64,
     epoch: u64,
@@ -243,6 +251,7 @@ impl Session {
             params: SessionParams::default(),
             timers: HashMap::new(),
             connecting: false,
+            waiting: None,
             attempt: 0,
             epoch: 0,
             colliding: None,
@@ -359,6 +368,11 @@ impl Session {
                             self.feed(Event::ConnectionFailed).await;
                         }
                     }
+                    // Ours connected: the waiting one collides with it; ours failed: the
+                    // waiting one is the connection.
+                    if let Some(w) = self.waiting.take() {
+                        self.incoming(w).await;
+                    }
                 }
                 // Readiness, not a read: no buffer is held while the peer is quiet.
                 r = async {
@@ -422,7 +436,16 @@ impl Session {
                     let due: Vec<Timer> = self.timers.iter().filter(|(_, d)| **d <= now).map(|(t, _)| *t).collect();
                     for t in due {
                         self.timers.remove(&t);
+                        if t == Timer::ConnectRetry && let Some(w) = self.waiting.take() {
+                            // Our attempt went unanswered; the peer's connection is there.
+                            self.connecting = false;
+                            self.incoming(w).await;
+                            continue;
+                        }
                         self.feed(Event::TimerExpired(t)).await;
+                        if t == Timer::IdleHold && let Some(w) = self.waiting.take() {
+                            self.incoming(w).await;
+                        }
                     }
                 }
             }
@@ -564,10 +587,21 @@ impl Session {
     async fn incoming(&mut self, s: TcpStream) {
         let _ = s.set_nodelay(true);
         match self.fsm.state() {
-            State::Idle => {} // dropped: refused
+            // Restarting after an error: the connection waits for the restart. Refused
+            // (dropped), it failed the peer's session too, and two nodes that both connect
+            // then each restarted into the other's idle hold, for ever.
+            State::Idle if self.timers.contains_key(&Timer::IdleHold) => self.waiting = Some(s),
+            State::Idle => {} // stopped: refused
+            State::Connect | State::Active if self.connecting => {
+                // Our own attempt may already be connected at the peer, which may be
+                // deciding the same way about ours: dropping either side's attempt here
+                // left each side on the connection the other had just closed (two nodes
+                // that connect to each other at once, over and over). So this one waits
+                // for our attempt: connected, the two collide (RFC 4271 §6.8, decided by
+                // BGP identifiers on both sides); failed, this one is taken.
+                self.waiting = Some(s);
+            }
             State::Connect | State::Active => {
-                // An accepted connection replaces our pending attempt.
-                self.connecting = false;
                 self.adopt(s, true, Vec::new());
                 self.feed(Event::Accepted).await;
             }
@@ -608,6 +642,7 @@ impl Session {
                 }
                 Action::AdoptColliding => {
                     if let Some((s, rest)) = pending.take() {
+                        self.connecting = false;
                         self.adopt(s, true, rest);
                     }
                 }
@@ -629,6 +664,7 @@ impl Session {
     }
 
     async fn report_state(&mut self) {
+        tracing::debug!(peer = %self.remote, state = self.fsm.state().name(), inbound = self.inbound, error = self.fsm.last_error(), "session state");
         let _ = self
             .to_speaker
             .send(FromSession::State {
@@ -649,6 +685,7 @@ impl Session {
             Action::Send(m) => self.send(&m),
             Action::Disconnect => {
                 self.connecting = false;
+                self.waiting = None;
                 if let Some(mut s) = self.stream.take() {
                     // What was sent goes first (a NOTIFICATION above all), for a bounded time:
                     // a peer that does not read must not hold the task.

@@ -386,6 +386,52 @@ fn collision_lower_local_id_switches_to_the_peers_connection() {
     assert_eq!(f.state(), State::OpenConfirm);
 }
 
+/// The peer resolved the collision first and said so on our connection (the loser): only
+/// that connection ends; its other one, read aside meanwhile, becomes the session.
+#[test]
+fn the_peers_collision_cease_ends_only_our_connection() {
+    let mut c = cfg();
+    c.router_id = Ipv4Addr::new(10, 0, 0, 9);
+    for before_its_open in [true, false] {
+        let mut f = Fsm::new(c.clone());
+        f.handle(Event::Start);
+        f.handle(Event::Connected);
+        if !before_its_open {
+            f.handle(Event::Message(Decoded::Open(peer_open(90))));
+            assert_eq!(f.state(), State::OpenConfirm);
+        }
+        let cease = Notification::new(bgp_wire::CEASE, cease::CONNECTION_COLLISION, Vec::new());
+        let a = f.handle(Event::Message(Decoded::Notification(cease)));
+        assert!(a.contains(&Action::Disconnect), "{a:?}");
+        assert_eq!(notification(&a), None, "a NOTIFICATION is never answered");
+        assert_eq!(timer(&a, Timer::IdleHold), None, "no error back-off: {a:?}");
+        assert!(timer(&a, Timer::ConnectRetry).is_some(), "{a:?}");
+        assert_eq!(f.state(), State::Connect);
+        assert!(f.negotiated().is_none());
+        // Its other connection's OPEN, read aside: taken, whatever the identifiers say.
+        let a = f.handle(Event::CollidingOpen {
+            open: peer_open(90),
+            current_inbound: false,
+        });
+        let adopt = a.iter().position(|x| *x == Action::AdoptColliding).unwrap();
+        let after: Vec<_> = sent(&a[adopt..]).into_iter().cloned().collect();
+        assert!(
+            matches!(after[..], [Message::Open(_), Message::Keepalive]),
+            "{a:?}"
+        );
+        assert_eq!(notification(&a), None);
+        assert_eq!(f.state(), State::OpenConfirm);
+        f.handle(Event::Message(Decoded::Keepalive));
+        assert_eq!(f.state(), State::Established);
+    }
+    // In Established a Cease is the end of the session, collision or not.
+    let (mut f, _) = established(cfg(), 90);
+    let cease = Notification::new(bgp_wire::CEASE, cease::CONNECTION_COLLISION, Vec::new());
+    let a = f.handle(Event::Message(Decoded::Notification(cease)));
+    assert!(timer(&a, Timer::IdleHold).is_some());
+    assert_eq!(f.state(), State::Idle);
+}
+
 #[test]
 fn collision_in_established_rejects_the_newcomer() {
     let (mut f, _) = established(cfg(), 90);

@@ -135,3 +135,155 @@ async fn a_peer_that_stops_reading_is_dropped_after_the_hold_time() {
     );
     drop(commands);
 }
+
+/// A session of the speaker with `router_id`, connecting to `remote`; connections for it
+/// go in through the returned sender (as the speaker's listener hands them over).
+fn spawn_speaking(
+    router_id: Ipv4Addr,
+    remote: SocketAddr,
+) -> (
+    mpsc::Receiver<FromSession>,
+    mpsc::UnboundedSender<ToSession>,
+) {
+    let mut config = FsmConfig::new(Asn(64512), router_id, Asn(64512));
+    // Long enough that a test never sees a retry: every connection is one of the first.
+    config.connect_retry = Duration::from_secs(30);
+    let (to_speaker, from_session) = mpsc::channel(64);
+    let (commands, commands_rx) = mpsc::unbounded_channel();
+    let session = Session::new(PeerId(1), remote, Fsm::new(config), to_speaker);
+    tokio::spawn(session.run(commands_rx));
+    (from_session, commands)
+}
+
+/// Waits for the session's Established, then watches it stay up for `stay`.
+async fn up_and_stays(rx: &mut mpsc::Receiver<FromSession>, stay: Duration) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match tokio::time::timeout_at(deadline, rx.recv()).await {
+            Ok(Some(FromSession::Up { .. })) => break,
+            Ok(Some(_)) => {}
+            other => return Err(format!("no Established: {other:?}")),
+        }
+    }
+    let until = Instant::now() + stay;
+    loop {
+        match tokio::time::timeout_at(until, rx.recv()).await {
+            Err(_) => return Ok(()),
+            Ok(Some(FromSession::Down { .. })) => return Err("down again".into()),
+            Ok(Some(FromSession::State {
+                state, last_error, ..
+            })) if state != super::State::Established => {
+                return Err(format!("left Established: {state:?} {last_error:?}"));
+            }
+            Ok(Some(_)) => {}
+            Ok(None) => return Err("session task ended".into()),
+        }
+    }
+}
+
+/// Two speakers that connect to each other at the same moment (the nodes of a mesh both
+/// connect): each accepts the other's connection while its own attempt is pending in its
+/// view, though the kernel has completed it. Each must end up on the same one connection.
+/// Before, each took the accepted connection and dropped its own attempt, which the other
+/// had just taken: both sessions failed, and restarted in step to fail again.
+#[tokio::test]
+async fn two_speakers_that_connect_to_each_other_at_once_agree_on_one_connection() {
+    for round in 0..10 {
+        let a = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let b = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let (a_addr, b_addr) = (a.local_addr().unwrap(), b.local_addr().unwrap());
+        let (mut a_rx, a_in) = spawn_speaking(Ipv4Addr::new(10, 0, 0, 1), b_addr);
+        let (mut b_rx, b_in) = spawn_speaking(Ipv4Addr::new(10, 0, 0, 2), a_addr);
+        // Both attempts reach the other's listener (on loopback the kernel completes them
+        // at once); each is handed the other's before it has seen its own complete.
+        let (to_a, _) = a.accept().await.unwrap();
+        let (to_b, _) = b.accept().await.unwrap();
+        a_in.send(ToSession::Incoming(Box::new(to_a))).unwrap();
+        b_in.send(ToSession::Incoming(Box::new(to_b))).unwrap();
+        let stay = Duration::from_millis(300);
+        let (ra, rb) = tokio::join!(up_and_stays(&mut a_rx, stay), up_and_stays(&mut b_rx, stay));
+        assert!(
+            ra.is_ok() && rb.is_ok(),
+            "round {round}: a {ra:?}, b {rb:?}"
+        );
+    }
+}
+
+/// The peer's OPEN (BGP identifier 10.0.0.2) and a KEEPALIVE, as bytes.
+fn peer_open_and_keepalive() -> Vec<u8> {
+    let mut out = Vec::new();
+    Message::Open(Open::new(
+        Asn(64512),
+        90,
+        Ipv4Addr::new(10, 0, 0, 2),
+        vec![
+            Capability::Multiprotocol(Family::IPV4_UNICAST),
+            Capability::FourOctetAs(Asn(64512)),
+        ],
+    ))
+    .encode(&SessionParams::default(), &mut out)
+    .unwrap();
+    out.extend_from_slice(&keepalive());
+    out
+}
+
+/// A connection from the peer that arrives while the session waits to restart after an
+/// error is taken when it restarts. Before, it was dropped, which failed the peer's session
+/// too: two nodes that both connect then each restarted into the other's idle hold, and
+/// never came up.
+#[tokio::test]
+async fn a_connection_during_the_idle_hold_is_taken_at_the_restart() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let remote = listener.local_addr().unwrap();
+    let mut config = FsmConfig::new(Asn(64512), Ipv4Addr::new(10, 0, 0, 1), Asn(64512));
+    config.connect_retry = Duration::from_secs(30);
+    let (to_speaker, mut from_session) = mpsc::channel(64);
+    let (commands, commands_rx) = mpsc::unbounded_channel();
+    let session = Session::new(PeerId(1), remote, Fsm::new(config), to_speaker);
+    tokio::spawn(session.run(commands_rx));
+
+    // Its first connection is closed at once: an error, so Idle for the idle hold (1 s).
+    // The listener goes too, so its own attempt after the restart is refused.
+    let (first, _) = timeout(Duration::from_secs(10), listener.accept())
+        .await
+        .expect("the session connects")
+        .unwrap();
+    drop(first);
+    drop(listener);
+    timeout(Duration::from_secs(5), async {
+        loop {
+            match from_session.recv().await {
+                Some(FromSession::State {
+                    state: super::State::Idle,
+                    ..
+                }) => return,
+                Some(_) => {}
+                None => panic!("session task ended"),
+            }
+        }
+    })
+    .await
+    .expect("Idle after the closed connection");
+
+    // Now the peer connects (as the speaker's listener would hand it over) and speaks.
+    let side = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mut peer = tokio::net::TcpStream::connect(side.local_addr().unwrap())
+        .await
+        .unwrap();
+    let (ours, _) = side.accept().await.unwrap();
+    commands.send(ToSession::Incoming(Box::new(ours))).unwrap();
+    peer.write_all(&peer_open_and_keepalive()).await.unwrap();
+    let up = timeout(Duration::from_secs(5), async {
+        loop {
+            match from_session.recv().await {
+                Some(FromSession::Up { remote_id, .. }) => return remote_id,
+                Some(_) => {}
+                None => panic!("session task ended"),
+            }
+        }
+    })
+    .await
+    .expect("Established on the connection that came during the idle hold");
+    assert_eq!(up, Ipv4Addr::new(10, 0, 0, 2));
+    drop(commands);
+}
