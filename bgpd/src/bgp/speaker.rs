@@ -125,6 +125,10 @@ pub struct PeerSpec {
     /// capability (RFC 8950); IPv6 on an IPv4 session uses the node's IPv6 address as our
     /// next hop.
     pub families: Families,
+    /// The peer connects to us as well (another node of this cluster): a failed attempt is
+    /// retried only after Calico's `connect retry time` (5 s), since the peer connects to
+    /// us as soon as it starts.
+    pub peer_connects: bool,
 }
 
 /// Graceful restart times of a peer.
@@ -170,7 +174,44 @@ impl PeerSpec {
             max_prefixes: None,
             max_prefixes_restart: None,
             graceful_restart: Some(GracefulRestart::default()),
+            peer_connects: false,
         }
+    }
+
+    /// The session FSM's settings for this peer, as this speaker (`local_as`, `router_id`)
+    /// runs it.
+    pub fn fsm_config(&self, local_as: Asn, router_id: Ipv4Addr) -> FsmConfig {
+        let mut fc = FsmConfig::new(local_as, router_id, self.asn);
+        fc.hold_time = self.hold_time;
+        fc.keepalive = self.keepalive;
+        fc.passive = self.passive;
+        fc.connect_retry_max = std::time::Duration::from_secs(5);
+        if self.peer_connects {
+            // Both nodes of a pair connect, and each listens before it does: of two nodes
+            // that start, the later one's attempt finds the other listening. Our refused
+            // attempt is retried at Calico's BIRD `connect retry time 5` (jittered): retrying
+            // sooner was only refused again (at 200 nodes, well over half of all connects were).
+            fc.connect_retry = fc.connect_retry_max;
+        } else {
+            // A peer that does not connect to us is found only by retrying: soon at first,
+            // every 0.5 s for 5 s (it is likely starting too; doubling at once left us
+            // waiting up to 5 s for a peer that was ready after one), then backing off
+            // (jittered) to Calico's BIRD `connect retry time 5`.
+            fc.connect_retry = std::time::Duration::from_millis(500);
+            fc.connect_retry_fast = 20;
+        }
+        fc.graceful_restart = self.graceful_restart.map(|g| g.restart_time);
+        fc.families = self.families.list();
+        fc.ext_next_hop = self.address.is_ipv6() && self.families.ipv4;
+        let addr_bits = match self.address {
+            IpAddr::V4(a) => u64::from(u32::from(a)),
+            IpAddr::V6(a) => {
+                let b = u128::from(a);
+                (b as u64) ^ ((b >> 64) as u64)
+            }
+        };
+        fc.jitter_seed = addr_bits ^ u64::from(u32::from(router_id)) << 32;
+        fc
     }
 
     /// The name shown to operators, BIRD style (`Mesh_10_0_0_2`, `peer_192_0_2_1`).
@@ -883,30 +924,7 @@ impl Speaker {
 
     /// Start the session task of a peer.
     fn spawn_session(&self, id: PeerId, spec: &PeerSpec) -> mpsc::UnboundedSender<ToSession> {
-        let mut fc = FsmConfig::new(self.config.local_as, self.config.router_id, spec.asn);
-        fc.hold_time = spec.hold_time;
-        fc.keepalive = spec.keepalive;
-        fc.passive = spec.passive;
-        // Peers of a cluster start together and refuse connections until they listen: retry
-        // soon, then back off (jittered) to Calico's BIRD `connect retry time 5`, so a mesh
-        // converges in about a second and a peer that comes late is found within 5 s.
-        fc.connect_retry = std::time::Duration::from_millis(500);
-        fc.connect_retry_max = std::time::Duration::from_secs(5);
-        // The first 5 s every 0.5 s: a mesh whose nodes start together is up as soon as
-        // each listens (doubling at once left a node waiting up to 5 s for a peer that was
-        // ready after one).
-        fc.connect_retry_fast = 20;
-        fc.graceful_restart = spec.graceful_restart.map(|g| g.restart_time);
-        fc.families = spec.families.list();
-        fc.ext_next_hop = spec.address.is_ipv6() && spec.families.ipv4;
-        let addr_bits = match spec.address {
-            IpAddr::V4(a) => u64::from(u32::from(a)),
-            IpAddr::V6(a) => {
-                let b = u128::from(a);
-                (b as u64) ^ ((b >> 64) as u64)
-            }
-        };
-        fc.jitter_seed = addr_bits ^ u64::from(u32::from(self.config.router_id)) << 32;
+        let fc = spec.fsm_config(self.config.local_as, self.config.router_id);
         let (tx, rx) = mpsc::unbounded_channel();
         let remote = SocketAddr::new(spec.address, spec.port);
         let session = Session::new(id, remote, Fsm::new(fc), self.from_sessions.clone())
@@ -1562,6 +1580,55 @@ mod tests {
 
     fn v6(s: &str) -> Ipv6Addr {
         s.parse().unwrap()
+    }
+
+    /// The ConnectRetry intervals of a peer's first `n` refused attempts.
+    fn retries(spec: &PeerSpec, n: usize) -> Vec<std::time::Duration> {
+        use super::super::fsm::{Action, Event, Timer};
+        let mut fsm = Fsm::new(spec.fsm_config(Asn(64512), Ipv4Addr::new(10, 0, 0, 1)));
+        let mut out = Vec::new();
+        let mut actions = fsm.handle(Event::Start);
+        while out.len() < n {
+            assert!(actions.contains(&Action::Connect), "{actions:?}");
+            actions = fsm.handle(Event::ConnectionFailed);
+            let d = actions.iter().find_map(|a| match a {
+                Action::StartTimer(Timer::ConnectRetry, d) => Some(*d),
+                _ => None,
+            });
+            out.push(d.expect("a refused attempt is retried"));
+            actions = fsm.handle(Event::TimerExpired(Timer::ConnectRetry));
+        }
+        out
+    }
+
+    #[test]
+    fn a_node_that_connects_to_us_is_retried_slowly_a_router_soon() {
+        use std::time::Duration;
+        let mut node = PeerSpec::new(Ipv4Addr::new(10, 0, 0, 2), Asn(64512));
+        node.peer_connects = true;
+        let r = retries(&node, 30);
+        assert!(
+            r.iter()
+                .all(|d| (Duration::from_millis(3750)..=Duration::from_secs(5)).contains(d)),
+            "{r:?}"
+        );
+        // Jittered: nodes refused together do not all come back together.
+        assert!(r.windows(2).any(|w| w[0] != w[1]), "{r:?}");
+        let router = PeerSpec::new(Ipv4Addr::new(192, 0, 2, 1), Asn(65000));
+        let r = retries(&router, 30);
+        // Every 0.5 s for 5 s (a refused attempt and the retry after it are two timer
+        // starts), then doubling to 5 s.
+        let (fast, slow) = r.split_at(10);
+        assert!(
+            fast.iter().all(|d| *d <= Duration::from_millis(500)),
+            "{r:?}"
+        );
+        let slow_range = Duration::from_millis(501)..=Duration::from_secs(5);
+        assert!(slow.iter().all(|d| slow_range.contains(d)), "{r:?}");
+        assert!(
+            slow.last().unwrap() >= &Duration::from_millis(3750),
+            "{r:?}"
+        );
     }
 
     #[test]

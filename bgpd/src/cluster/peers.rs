@@ -11,8 +11,11 @@
 //! - `BGPPeer` resources: global ones (`Global_<address>`), then this node's (`Node_<address>`)
 //!   which replace a global one for the same address; an explicit peering replaces a derived
 //!   one;
-//! - between two nodes exactly one side connects: the node whose peer has the lexically
-//!   larger address string waits (`passive`), as Calico's templates do.
+//! - between two nodes both sides connect (`peer_connects`), and a refused attempt is
+//!   retried after 5 s: of two nodes that start, the later one's attempt succeeds. Calico's
+//!   templates make one side passive instead (the lexically larger address string waits),
+//!   which leaves the early node retrying against a peer that is not up yet; collisions of
+//!   the two connections are resolved by RFC 4271's rule.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
@@ -34,11 +37,6 @@ pub fn peer_name(kind: &str, address: Ipv4Addr, port: u16) -> String {
         n.push_str(&format!("_port_{port}"));
     }
     n
-}
-
-/// Exactly one side of a node pair connects.
-fn passive_towards(me: Ipv4Addr, peer: Ipv4Addr) -> bool {
-    peer.to_string() > me.to_string()
 }
 
 /// The AS a node speaks.
@@ -84,7 +82,7 @@ pub fn desired_peers(
             (Some(_), _) => ("Node", PeerOrigin::RouteReflector, true),
         };
         let mut spec = PeerSpec::new(addr, Asn(node_as(config, node)));
-        spec.passive = passive_towards(my_addr, addr);
+        spec.peer_connects = true;
         spec.origin = origin;
         spec.class = PeerClass::Cluster;
         spec.rr_client = rr_client;
@@ -112,7 +110,8 @@ pub fn desired_peers(
             .any(|n| n.name != me && n.ipv4.is_some_and(|a| a.addr() == addr));
         let mut spec = PeerSpec::new(addr, Asn(p.as_number));
         spec.port = if p.port == 0 { 179 } else { p.port };
-        spec.passive = p.passive || (is_node && passive_towards(my_addr, addr));
+        spec.passive = p.passive;
+        spec.peer_connects = is_node;
         spec.origin = PeerOrigin::Resource;
         spec.class = if is_node {
             PeerClass::Cluster
@@ -183,7 +182,7 @@ mod tests {
     }
 
     #[test]
-    fn the_mesh_peers_with_every_other_node_and_one_side_connects() {
+    fn the_mesh_peers_with_every_other_node_and_both_sides_connect() {
         let cfg = BgpConfiguration::default();
         let nodes = three();
         let a = desired_peers("a", &cfg, &nodes, &[]);
@@ -192,21 +191,12 @@ mod tests {
             a.values()
                 .all(|p| p.class == PeerClass::Cluster && p.asn == Asn(64512))
         );
-        // For every pair, exactly one side is passive.
+        // Every node connects to every other, and expects the other to connect too.
         for x in &nodes {
-            for y in &nodes {
-                if x.name >= y.name {
-                    continue;
-                }
-                let (xa, ya) = (x.ipv4.unwrap().addr(), y.ipv4.unwrap().addr());
-                let px = desired_peers(&x.name, &cfg, &nodes, &[])[&ya].passive;
-                let py = desired_peers(&y.name, &cfg, &nodes, &[])[&xa].passive;
-                assert_ne!(px, py, "{} and {}", x.name, y.name);
+            for (addr, p) in desired_peers(&x.name, &cfg, &nodes, &[]) {
+                assert!(!p.passive && p.peer_connects, "{} to {addr}", x.name);
             }
         }
-        // Lexical, like Calico: "10.0.0.10" < "10.0.0.2".
-        assert!(!a[&ip("10.0.0.10")].passive || a[&ip("10.0.0.2")].passive);
-        assert!(a[&ip("10.0.0.2")].passive);
     }
 
     #[test]
@@ -282,14 +272,18 @@ mod tests {
             (t.name().as_str(), t.asn, t.hold_time),
             ("Node_10_0_0_254", Asn(65010), 9)
         );
-        // A resource naming another node is a cluster peer and follows the pair rule.
-        let b = resource("to-b", "", "10.0.0.2", 64512);
-        let a = desired_peers("a", &cfg, &three(), &[b]);
+        assert!(!t.peer_connects, "a router is not a node: retried soon");
+        // A resource naming another node is a cluster peer that connects to us too; and
+        // our side waits only when the resource says so.
+        let mut b = resource("to-b", "", "10.0.0.2", 64512);
+        let a = desired_peers("a", &cfg, &three(), &[b.clone()]);
         let p = &a[&ip("10.0.0.2")];
         assert_eq!(
-            (p.class, p.passive, p.origin),
-            (PeerClass::Cluster, true, PeerOrigin::Resource)
+            (p.class, p.passive, p.peer_connects, p.origin),
+            (PeerClass::Cluster, false, true, PeerOrigin::Resource)
         );
+        b.passive = true;
+        assert!(desired_peers("a", &cfg, &three(), &[b])[&ip("10.0.0.2")].passive);
         let mut ported = resource("p", "", "192.0.2.1", 65000);
         ported.port = 1790;
         let a = desired_peers("a", &cfg, &three(), &[ported]);
