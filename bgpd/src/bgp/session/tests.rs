@@ -20,6 +20,24 @@ fn keepalive() -> Vec<u8> {
     ka
 }
 
+/// The peer's OPEN (BGP identifier 10.0.0.2, hold time `hold`) and a KEEPALIVE, as bytes.
+fn peer_open_and_keepalive(hold: u16) -> Vec<u8> {
+    let mut out = Vec::new();
+    Message::Open(Open::new(
+        Asn(64512),
+        hold,
+        Ipv4Addr::new(10, 0, 0, 2),
+        vec![
+            Capability::Multiprotocol(Family::IPV4_UNICAST),
+            Capability::FourOctetAs(Asn(64512)),
+        ],
+    ))
+    .encode(&SessionParams::default(), &mut out)
+    .unwrap();
+    out.extend_from_slice(&keepalive());
+    out
+}
+
 /// Every session's command channel holds a block of 32 slots for the session's life (2.3 KiB
 /// per session when a command was 72 bytes): the payloads stay boxed.
 #[test]
@@ -55,20 +73,7 @@ async fn a_peer_that_stops_reading_is_dropped_after_the_hold_time() {
         .await
         .expect("the session connects")
         .unwrap();
-    let mut open = Vec::new();
-    Message::Open(Open::new(
-        Asn(64512),
-        3,
-        Ipv4Addr::new(10, 0, 0, 2),
-        vec![
-            Capability::Multiprotocol(Family::IPV4_UNICAST),
-            Capability::FourOctetAs(Asn(64512)),
-        ],
-    ))
-    .encode(&SessionParams::default(), &mut open)
-    .unwrap();
-    peer.write_all(&open).await.unwrap();
-    peer.write_all(&keepalive()).await.unwrap();
+    peer.write_all(&peer_open_and_keepalive(3)).await.unwrap();
     // Its OPEN and KEEPALIVE: small, read once.
     let mut buf = [0u8; 4096];
     let _ = timeout(Duration::from_secs(5), peer.read(&mut buf)).await;
@@ -209,24 +214,6 @@ async fn two_speakers_that_connect_to_each_other_at_once_agree_on_one_connection
     }
 }
 
-/// The peer's OPEN (BGP identifier 10.0.0.2) and a KEEPALIVE, as bytes.
-fn peer_open_and_keepalive() -> Vec<u8> {
-    let mut out = Vec::new();
-    Message::Open(Open::new(
-        Asn(64512),
-        90,
-        Ipv4Addr::new(10, 0, 0, 2),
-        vec![
-            Capability::Multiprotocol(Family::IPV4_UNICAST),
-            Capability::FourOctetAs(Asn(64512)),
-        ],
-    ))
-    .encode(&SessionParams::default(), &mut out)
-    .unwrap();
-    out.extend_from_slice(&keepalive());
-    out
-}
-
 /// A connection from the peer that arrives while the session waits to restart after an
 /// error is taken when it restarts. Before, it was dropped, which failed the peer's session
 /// too: two nodes that both connect then each restarted into the other's idle hold, and
@@ -272,7 +259,7 @@ async fn a_connection_during_the_idle_hold_is_taken_at_the_restart() {
         .unwrap();
     let (ours, _) = side.accept().await.unwrap();
     commands.send(ToSession::Incoming(Box::new(ours))).unwrap();
-    peer.write_all(&peer_open_and_keepalive()).await.unwrap();
+    peer.write_all(&peer_open_and_keepalive(90)).await.unwrap();
     let up = timeout(Duration::from_secs(5), async {
         loop {
             match from_session.recv().await {
