@@ -13,7 +13,10 @@
 //!
 //! **Collisions** (RFC 4271 §6.8). A second connection while one is in OpenSent/OpenConfirm
 //! is not fed to this machine until its OPEN has been read; [`Event::CollidingOpen`] then
-//! decides which connection survives by comparing BGP identifiers.
+//! decides which connection survives by comparing BGP identifiers. The peer decides the same
+//! way and may say so first: its Cease/Connection Collision Resolution on our connection
+//! before Established ends that connection only (back to Connect/Active), and the colliding
+//! OPEN that arrives then is taken.
 
 use std::net::Ipv4Addr;
 use std::time::Duration;
@@ -189,8 +192,9 @@ pub enum Event {
     /// The current connection's bytes did not decode: send its NOTIFICATION.
     DecodeError(DecodeError),
     TimerExpired(Timer),
-    /// A second connection's OPEN arrived while this one is in OpenSent/OpenConfirm;
-    /// `inbound` says whether the current connection was the peer's.
+    /// A second connection's OPEN arrived while this one is in OpenSent/OpenConfirm (or
+    /// after the peer ended this one for the collision); `current_inbound` says whether the
+    /// current connection was the peer's.
     CollidingOpen {
         open: Open,
         current_inbound: bool,
