@@ -221,13 +221,8 @@ async fn two_speakers_that_connect_to_each_other_at_once_agree_on_one_connection
 #[tokio::test]
 async fn a_connection_during_the_idle_hold_is_taken_at_the_restart() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let remote = listener.local_addr().unwrap();
-    let mut config = FsmConfig::new(Asn(64512), Ipv4Addr::new(10, 0, 0, 1), Asn(64512));
-    config.connect_retry = Duration::from_secs(30);
-    let (to_speaker, mut from_session) = mpsc::channel(64);
-    let (commands, commands_rx) = mpsc::unbounded_channel();
-    let session = Session::new(PeerId(1), remote, Fsm::new(config), to_speaker);
-    tokio::spawn(session.run(commands_rx));
+    let (mut from_session, commands) =
+        spawn_speaking(Ipv4Addr::new(10, 0, 0, 1), listener.local_addr().unwrap());
 
     // Its first connection is closed at once: an error, so Idle for the idle hold (1 s).
     // The listener goes too, so its own attempt after the restart is refused.
