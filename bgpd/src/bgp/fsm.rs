@@ -634,17 +634,23 @@ impl Fsm {
     fn collision(&mut self, open: Open, current_inbound: bool, out: &mut Vec<Action>) {
         let reject = Notification::new(bgp_wire::CEASE, cease::CONNECTION_COLLISION, Vec::new());
         match self.state {
-            State::OpenSent | State::OpenConfirm => {}
+            State::OpenSent | State::OpenConfirm => {
+                // The connection opened by the speaker with the higher BGP identifier
+                // survives. The colliding one is the peer's (inbound); the current one is
+                // ours unless inbound.
+                let keep_current =
+                    !current_inbound && u32::from(self.config.router_id) > u32::from(open.bgp_id);
+                if keep_current {
+                    out.push(Action::RejectColliding(reject));
+                    return;
+                }
+                out.push(Action::Send(Message::Notification(reject)));
+                out.push(Action::Disconnect);
+            }
             // Ours ended meanwhile (the peer chose this one and said so): it is the one.
             State::Connect | State::Active => {
                 out.push(Action::StopTimer(Timer::ConnectRetry));
                 self.attempts = 0;
-                out.push(Action::AdoptColliding);
-                self.state = State::OpenSent;
-                self.negotiated = None;
-                out.push(Action::Send(Message::Open(self.config.open())));
-                self.open_received(open, out);
-                return;
             }
             // Established (or stopped): the new connection loses (RFC 4271 §6.8).
             _ => {
@@ -652,16 +658,6 @@ impl Fsm {
                 return;
             }
         }
-        // The connection opened by the speaker with the higher BGP identifier survives.
-        // The colliding one is the peer's (inbound); the current one is ours unless inbound.
-        let keep_current =
-            !current_inbound && u32::from(self.config.router_id) > u32::from(open.bgp_id);
-        if keep_current {
-            out.push(Action::RejectColliding(reject));
-            return;
-        }
-        out.push(Action::Send(Message::Notification(reject)));
-        out.push(Action::Disconnect);
         out.push(Action::AdoptColliding);
         // The new connection: we send our OPEN on it, then process its OPEN.
         self.state = State::OpenSent;
