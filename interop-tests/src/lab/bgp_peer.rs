@@ -164,14 +164,14 @@ impl Bgpd {
         let log = std::fs::File::create(dir.path().join("bgpd.log")).unwrap();
         let mut cmd = ns.command(super::binary("bgpd"));
         cmd.arg("--config").arg(&config);
-        cmd.env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(log);
+        cmd.stdout(Stdio::null()).stderr(log);
         for (k, _) in std::env::vars_os() {
             if k.to_string_lossy().starts_with("MARGAY_") {
                 cmd.env_remove(k);
             }
         }
+        // Session state changes are logged at debug level: a failed test shows them.
+        cmd.env("MARGAY_LOG__LEVEL", "debug");
         let process = ns.spawn(&mut cmd).expect("start bgpd");
         let b = Bgpd {
             process,
