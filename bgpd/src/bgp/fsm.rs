@@ -16,7 +16,12 @@
 //! decides which connection survives by comparing BGP identifiers. The peer decides the same
 //! way and may say so first: its Cease/Connection Collision Resolution on our connection
 //! before Established ends that connection only (back to Connect/Active), and the colliding
-//! OPEN that arrives then is taken.
+//! OPEN that arrives then is taken. One case waits: when the identifiers say to close our own
+//! connection after we confirmed it with a KEEPALIVE, the peer may already be Established on
+//! it, and then it closes the new one whatever the identifiers say, so neither would be left
+//! (seen with BIRD 1.6, which then stops the session with a Cease). The new connection is held
+//! ([`Action::HoldColliding`]) until ours is Established (the new one loses), closed (the new
+//! one is taken) or [`Timer::CollisionWait`] passes (the identifiers decide).
 
 use std::net::Ipv4Addr;
 use std::time::Duration;
@@ -30,6 +35,9 @@ use bgp_wire::{
 const OPEN_HOLD: Duration = Duration::from_secs(240);
 /// A session that stays Established this long forgets its earlier errors.
 const STABLE_AFTER: Duration = Duration::from_secs(60);
+/// How long a held colliding connection waits for ours to settle: the peer's KEEPALIVE is
+/// one round trip away, so only a peer that never answers makes it run out.
+const COLLISION_WAIT: Duration = Duration::from_secs(3);
 
 /// RFC 4271 session states.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -65,6 +73,8 @@ pub enum Timer {
     IdleHold,
     /// Fires once a session has been up long enough to reset the error back-off.
     Stable,
+    /// A held colliding connection has waited long enough: feed its OPEN again.
+    CollisionWait,
 }
 
 /// Per-peer settings the FSM needs.
@@ -235,6 +245,9 @@ pub enum Action {
     /// Collision won by the new connection: it becomes current (the old one was closed by
     /// the preceding actions); its OPEN was already processed.
     AdoptColliding,
+    /// Collision not decided yet: keep the new connection aside and feed its OPEN again
+    /// when the state leaves OpenConfirm or [`Timer::CollisionWait`] fires.
+    HoldColliding,
 }
 
 /// What two OPENs settled.
@@ -273,6 +286,8 @@ pub struct Fsm {
     negotiated: Option<Negotiated>,
     last_error: Option<String>,
     rng: u64,
+    /// A colliding connection is held (see the module text); its next OPEN is decided.
+    collision_held: bool,
 }
 
 impl Fsm {
@@ -287,6 +302,7 @@ impl Fsm {
             negotiated: None,
             last_error: None,
             rng,
+            collision_held: false,
         }
     }
 
@@ -633,6 +649,7 @@ impl Fsm {
 
     fn collision(&mut self, open: Open, current_inbound: bool, out: &mut Vec<Action>) {
         let reject = Notification::new(bgp_wire::CEASE, cease::CONNECTION_COLLISION, Vec::new());
+        let held_before = std::mem::take(&mut self.collision_held);
         match self.state {
             State::OpenSent | State::OpenConfirm => {
                 // The connection opened by the speaker with the higher BGP identifier
@@ -642,6 +659,13 @@ impl Fsm {
                     !current_inbound && u32::from(self.config.router_id) > u32::from(open.bgp_id);
                 if keep_current {
                     out.push(Action::RejectColliding(reject));
+                    return;
+                }
+                // Ours confirmed: the peer may be Established on it (see the module text).
+                if self.state == State::OpenConfirm && !current_inbound && !held_before {
+                    self.collision_held = true;
+                    out.push(Action::HoldColliding);
+                    out.push(Action::StartTimer(Timer::CollisionWait, COLLISION_WAIT));
                     return;
                 }
                 out.push(Action::Send(Message::Notification(reject)));
@@ -710,11 +734,13 @@ impl Fsm {
         if was != State::Idle {
             out.push(Action::Disconnect);
         }
+        self.collision_held = false;
         for t in [
             Timer::ConnectRetry,
             Timer::Hold,
             Timer::Keepalive,
             Timer::Stable,
+            Timer::CollisionWait,
         ] {
             out.push(Action::StopTimer(t));
         }

@@ -220,6 +220,8 @@ pub struct Session {
     /// The peer's connection, accepted while our own attempt was pending or while we wait to
     /// restart after an error: it waits for that (see [`Session::incoming`]).
     waiting: Option<TcpStream>,
+    /// A colliding connection the FSM holds until ours settles ([`Action::HoldColliding`]).
+    held: Option<Colliding>,
     /// Bumped by every Connect action: a retry abandons the attempt still pending.
     attempt: u64,
     epoch: u64,
@@ -252,6 +254,7 @@ impl Session {
             timers: HashMap::new(),
             connecting: false,
             waiting: None,
+            held: None,
             attempt: 0,
             epoch: 0,
             colliding: None,
@@ -442,8 +445,17 @@ impl Session {
                             self.incoming(w).await;
                             continue;
                         }
+                        if t == Timer::CollisionWait {
+                            if let Some(c) = self.held.take() {
+                                self.collision(c).await;
+                            }
+                            continue;
+                        }
                         self.feed(Event::TimerExpired(t)).await;
                         if t == Timer::IdleHold && let Some(w) = self.waiting.take() {
+                            // The peer's connection is the restart: an attempt of ours as
+                            // well would only collide with it.
+                            self.connecting = false;
                             self.incoming(w).await;
                         }
                     }
@@ -626,26 +638,27 @@ impl Session {
     async fn collision(&mut self, c: Colliding) {
         let current_inbound = self.inbound;
         let actions = self.fsm.handle(Event::CollidingOpen {
-            open: c.open,
+            open: c.open.clone(),
             current_inbound,
         });
-        let mut pending = Some((c.stream, c.rest));
+        let mut pending = Some(c);
         for a in actions {
             match a {
                 Action::RejectColliding(n) => {
-                    if let Some((mut s, _)) = pending.take() {
+                    if let Some(mut c) = pending.take() {
                         let mut out = Vec::new();
                         if n.encode(&mut out, bgp_wire::MAX_MESSAGE_LEN).is_ok() {
-                            let _ = s.write_all(&out).await;
+                            let _ = c.stream.write_all(&out).await;
                         }
                     }
                 }
                 Action::AdoptColliding => {
-                    if let Some((s, rest)) = pending.take() {
+                    if let Some(c) = pending.take() {
                         self.connecting = false;
-                        self.adopt(s, true, rest);
+                        self.adopt(c.stream, true, c.rest);
                     }
                 }
+                Action::HoldColliding => self.held = pending.take(),
                 other => self.perform(other).await,
             }
         }
@@ -660,6 +673,12 @@ impl Session {
         }
         if self.fsm.state() != before {
             self.report_state().await;
+        }
+        // Ours settled (Established, closed or failed): the held connection's turn.
+        if self.fsm.state() != State::OpenConfirm
+            && let Some(c) = self.held.take()
+        {
+            self.collision(c).await;
         }
     }
 
@@ -784,7 +803,7 @@ impl Session {
                     .await;
             }
             // Only produced for collisions, handled in `collision`.
-            Action::RejectColliding(_) | Action::AdoptColliding => {}
+            Action::RejectColliding(_) | Action::AdoptColliding | Action::HoldColliding => {}
         }
     }
 

@@ -386,6 +386,77 @@ fn collision_lower_local_id_switches_to_the_peers_connection() {
     assert_eq!(f.state(), State::OpenConfirm);
 }
 
+/// The identifiers say to close our connection, but we have confirmed it with a KEEPALIVE:
+/// the peer may be Established on it and then keeps it whatever the identifiers say. So
+/// the new connection waits; it loses to ours Established, is taken when ours is closed,
+/// and the identifiers decide when the wait runs out.
+#[test]
+fn a_collision_after_our_keepalive_waits_for_our_connection_to_settle() {
+    let collide = |f: &mut Fsm, current_inbound| {
+        f.handle(Event::CollidingOpen {
+            open: peer_open(90),
+            current_inbound,
+        })
+    };
+    let confirmed = || {
+        let mut f = Fsm::new(cfg()); // ME < PEER: the peer's connection should survive
+        f.handle(Event::Start);
+        f.handle(Event::Connected);
+        let a = f.handle(Event::Message(Decoded::Open(peer_open(90))));
+        assert!(sent(&a).contains(&&Message::Keepalive));
+        assert_eq!(f.state(), State::OpenConfirm);
+        let a = collide(&mut f, false);
+        assert_eq!(
+            a,
+            vec![
+                Action::HoldColliding,
+                Action::StartTimer(Timer::CollisionWait, COLLISION_WAIT)
+            ]
+        );
+        assert_eq!(f.state(), State::OpenConfirm);
+        f
+    };
+
+    // The peer's KEEPALIVE on ours: Established, the held one loses.
+    let mut f = confirmed();
+    f.handle(Event::Message(Decoded::Keepalive));
+    assert_eq!(f.state(), State::Established);
+    let a = collide(&mut f, false);
+    assert!(
+        matches!(a[..], [Action::RejectColliding(ref n)] if n.subcode == cease::CONNECTION_COLLISION),
+        "{a:?}"
+    );
+
+    // The peer closed ours: the held one is the session.
+    let mut f = confirmed();
+    let cease = Notification::new(bgp_wire::CEASE, cease::CONNECTION_COLLISION, Vec::new());
+    f.handle(Event::Message(Decoded::Notification(cease)));
+    assert_eq!(f.state(), State::Connect);
+    let a = collide(&mut f, false);
+    assert!(a.contains(&Action::AdoptColliding), "{a:?}");
+    assert_eq!(f.state(), State::OpenConfirm);
+
+    // The wait ran out: the identifiers decide, ours is closed.
+    let mut f = confirmed();
+    let a = collide(&mut f, false);
+    assert_eq!(notification(&a), Some((6, cease::CONNECTION_COLLISION)));
+    let disc = a.iter().position(|x| *x == Action::Disconnect).unwrap();
+    let adopt = a.iter().position(|x| *x == Action::AdoptColliding).unwrap();
+    assert!(disc < adopt, "{a:?}");
+
+    // Before our KEEPALIVE (OpenSent), or when the current connection is the peer's too,
+    // nothing waits.
+    let mut f = Fsm::new(cfg());
+    f.handle(Event::Start);
+    f.handle(Event::Connected);
+    assert!(collide(&mut f, false).contains(&Action::AdoptColliding));
+    let mut f = Fsm::new(cfg());
+    f.handle(Event::Start);
+    f.handle(Event::Accepted);
+    f.handle(Event::Message(Decoded::Open(peer_open(90))));
+    assert!(collide(&mut f, true).contains(&Action::AdoptColliding));
+}
+
 /// The peer resolved the collision first and said so on our connection (the loser): only
 /// that connection ends; its other one, read aside meanwhile, becomes the session.
 #[test]
