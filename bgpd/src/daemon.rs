@@ -40,7 +40,12 @@ pub async fn run(config: Config, path: Option<std::path::PathBuf>) -> Result<(),
         .map_err(DaemonError::Datastore)?;
     let api = Api::bind(&config.api).await?;
     let observed = crate::metrics::Listener::bind(&config.metrics).await?;
-    tokio::spawn(crate::registration::run(config.clone(), datastore.clone()));
+    let (registered_tx, registered) = tokio::sync::watch::channel(false);
+    tokio::spawn(crate::registration::run(
+        config.clone(),
+        datastore.clone(),
+        registered_tx,
+    ));
     let dataplane = crate::dataplane::Hub::new();
     // The speaker always runs (it serves the Bgp API); it binds the BGP port only once it
     // has a peer, so nodes without peers never contend for port 179.
@@ -61,6 +66,7 @@ pub async fn run(config: Config, path: Option<std::path::PathBuf>) -> Result<(),
     let info = DaemonInfo {
         node: config.node.name.clone(),
         datastore,
+        registered,
         started,
         dataplane,
         bgp,

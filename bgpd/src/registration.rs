@@ -1,10 +1,14 @@
 //! What bgpd writes into the cluster state on its own: its node (name, addresses, AS, labels
 //! from the configuration, keeping what others recorded, e.g. the tunnel address) and the
 //! default pools the configuration names. Done whenever the datastore (re)connects, retried
-//! with backoff while it fails. While connected, it also gives this node's blocks that stayed
-//! empty for the configured grace period back to the pool.
+//! with backoff while it fails; the first success is announced on a watch channel, which the
+//! IPAM API waits for (an address asked for at start-up would otherwise find no pool yet).
+//! While connected, it also gives this node's blocks that stayed empty for the configured
+//! grace period back to the pool.
 
 use std::time::Duration;
+
+use tokio::sync::watch;
 
 use ipam::IpamError;
 use ipam::allocator::Ipam;
@@ -17,15 +21,19 @@ use crate::datastore::{DatastoreHandle, DatastoreState};
 /// How often this node looks for empty blocks past their grace period.
 const RECLAIM_EVERY: Duration = Duration::from_secs(60);
 
-/// Registers the node and ensures the default pools, every time the datastore connects.
-pub async fn run(config: Config, mut datastore: DatastoreHandle) {
+/// Registers the node and ensures the default pools, every time the datastore connects;
+/// `registered` becomes true after the first time.
+pub async fn run(config: Config, mut datastore: DatastoreHandle, registered: watch::Sender<bool>) {
     loop {
         if let Some(store) = datastore.store() {
             let ipam = Ipam::new(store);
             let mut delay = Duration::from_millis(250);
             loop {
                 match register(&config, &ipam).await {
-                    Ok(()) => break,
+                    Ok(()) => {
+                        registered.send_replace(true);
+                        break;
+                    }
                     Err(e) => {
                         tracing::warn!(error = %e, "cannot register the node yet; retrying");
                         tokio::time::sleep(delay).await;

@@ -13,6 +13,8 @@ use crate::datastore::{self, DatastoreHandle};
 pub struct DaemonInfo {
     pub node: String,
     pub datastore: DatastoreHandle,
+    /// The node and the default pools are in the datastore (see [`crate::registration`]).
+    pub registered: tokio::sync::watch::Receiver<bool>,
     pub started: Instant,
     /// The desired kernel state served to routewriter.
     pub dataplane: crate::dataplane::Hub,

@@ -1,7 +1,9 @@
 //! The `Pools`, `Nodes` and `Ipam` services: thin translations onto `ipam::allocator`, over
-//! the datastore bgpd is connected to (UNAVAILABLE while it is not).
+//! the datastore bgpd is connected to (UNAVAILABLE while it is not). Addresses are handed out
+//! once this node and its default pools are registered (a request waits for that a moment).
 
 use std::collections::HashSet;
+use std::time::Duration;
 
 use ipam::allocator::{AssignRequest, Ipam, ReleaseRequest};
 use ipam::store::{Revision, Store};
@@ -9,6 +11,7 @@ use proto::v1 as pb;
 use proto::v1::ipam_server::Ipam as IpamApi;
 use proto::v1::nodes_server::Nodes as NodesApi;
 use proto::v1::pools_server::Pools as PoolsApi;
+use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
 use super::convert::{self, invalid, parse_addr, status};
@@ -18,15 +21,51 @@ use crate::datastore::DatastoreHandle;
 #[derive(Clone)]
 pub struct IpamService {
     datastore: DatastoreHandle,
+    /// True once the node and the default pools are in the datastore.
+    registered: watch::Receiver<bool>,
     /// This daemon's node: the default for requests that name none.
     node: String,
 }
 
 type Reply<T> = Result<Response<T>, Status>;
 
+/// How long an address request at start-up waits for the node's registration.
+const REGISTRATION_WAIT: Duration = Duration::from_secs(5);
+
+/// Whether `registered` is (or within `wait` becomes) true.
+async fn registration_done(registered: &watch::Receiver<bool>, wait: Duration) -> bool {
+    let mut rx = registered.clone();
+    matches!(
+        tokio::time::timeout(wait, rx.wait_for(|done| *done)).await,
+        Ok(Ok(_))
+    )
+}
+
 impl IpamService {
-    pub fn new(datastore: DatastoreHandle, node: String) -> Self {
-        Self { datastore, node }
+    pub fn new(
+        datastore: DatastoreHandle,
+        registered: watch::Receiver<bool>,
+        node: String,
+    ) -> Self {
+        Self {
+            datastore,
+            registered,
+            node,
+        }
+    }
+
+    /// Before the first registration the default pools may not exist yet: an address asked
+    /// for then would be "none available" (a CNI ADD right after the node started). It waits
+    /// a moment, then is told to try again (CNI code 11), which a runtime does.
+    async fn registered(&self) -> Result<(), Status> {
+        if registration_done(&self.registered, REGISTRATION_WAIT).await {
+            return Ok(());
+        }
+        Err(Status::unavailable(format!(
+            "node {} and its default pools are not registered in datastore {} yet (bgpd is starting, or cannot write there: see its log); try again",
+            self.node,
+            self.datastore.describe()
+        )))
     }
 
     fn ipam(&self) -> Result<Ipam<Store>, Status> {
@@ -167,7 +206,9 @@ impl IpamApi for IpamService {
             use_tunnel: r.r#use == i32::from(pb::AllowedUse::Tunnel),
             strict_affinity: r.strict_affinity,
         };
-        let (v4, v6) = self.ipam()?.auto_assign(&req).await.map_err(status)?;
+        let ipam = self.ipam()?;
+        self.registered().await?;
+        let (v4, v6) = ipam.auto_assign(&req).await.map_err(status)?;
         Ok(Response::new(pb::AutoAssignResponse {
             ipv4: v4.iter().map(convert::allocation_to).collect(),
             ipv6: v6.iter().map(convert::allocation_to).collect(),
@@ -179,8 +220,9 @@ impl IpamApi for IpamService {
         let address = parse_addr("address", &r.address)?;
         let attrs = r.attributes.into_iter().collect();
         let node = self.node_or_default(&r.node).to_owned();
-        let a = self
-            .ipam()?
+        let ipam = self.ipam()?;
+        self.registered().await?;
+        let a = ipam
             .assign_ip(address, &r.handle, &attrs, &node)
             .await
             .map_err(status)?;
@@ -283,5 +325,35 @@ impl IpamApi for IpamService {
             handles_checked: report.handles,
             problems: report.problems,
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn address_requests_wait_for_the_registration_then_give_up() {
+        let (tx, rx) = watch::channel(false);
+        let wait = Duration::from_millis(200);
+        // Not yet registered, and nothing changes: no.
+        assert!(!registration_done(&rx, wait).await);
+        // Registered while waiting: yes, without waiting it all out.
+        let started = tokio::time::Instant::now();
+        tokio::spawn({
+            let tx = tx.clone();
+            async move {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                tx.send_replace(true);
+            }
+        });
+        assert!(registration_done(&rx, wait).await);
+        assert!(started.elapsed() < wait);
+        // Registered before: at once.
+        assert!(registration_done(&rx, Duration::ZERO).await);
+        // The registration task gone before registering: no.
+        let (tx, rx) = watch::channel(false);
+        drop(tx);
+        assert!(!registration_done(&rx, wait).await);
     }
 }

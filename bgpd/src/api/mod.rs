@@ -156,7 +156,11 @@ async fn routes(info: DaemonInfo) -> Routes {
     let reflection_v1alpha =
         lazy::Lazy::new(|| reflection().build_v1alpha().map_err(|e| e.to_string()));
 
-    let ipam = ipam_service::IpamService::new(info.datastore.clone(), info.node.clone());
+    let ipam = ipam_service::IpamService::new(
+        info.datastore.clone(),
+        info.registered.clone(),
+        info.node.clone(),
+    );
     Routes::new(health_service)
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
