@@ -62,7 +62,7 @@ enum Item {
 /// The cluster state by key, decoded once per change: a watch event decodes one value, where
 /// relisting would decode every value of the cluster on every change (O(N²) per node while
 /// N nodes start). Blocks are kept as far as node `me` needs them (see [`slim`]).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct StateCache {
     me: String,
     items: BTreeMap<String, Item>,
@@ -72,7 +72,7 @@ pub struct StateCache {
 /// CIDR, pool and affinity, and the addresses that are `me`'s or that another node borrowed
 /// from the block's owner. The owner's own addresses (most of a block) and the free list are
 /// dropped: decoded, they cost about 1 KB per block on every node (a B-tree leaf of slots,
-/// the free ordinals) — a quarter of a 50-node mesh node's heap.
+/// the free ordinals) — 0.24 of the 1.66 MB heap of a 50-node mesh node.
 fn slim(b: Block, me: &str) -> Block {
     let owner = b.affinity.as_deref();
     let slots = b
