@@ -23,6 +23,11 @@ const ROUTE: Duration = Duration::from_secs(20);
 
 type Start = fn(&Netns, u32) -> Result<Box<dyn BgpPeer>, String>;
 
+/// Both sides are up on a session newer than bgpd's `since` of before.
+fn new_session(bgpd: &Bgpd, peer: &dyn BgpPeer, since: u64) -> bool {
+    bgpd.established() && bgpd.since() != since && peer.established()
+}
+
 fn bird1(ns: &Netns, asn: u32) -> Result<Box<dyn BgpPeer>, String> {
     Ok(Box::new(Bird::start(BirdVersion::V1, ns, asn)?))
 }
@@ -142,10 +147,11 @@ fn scenario(tag: &str, start: Start, peer_as: u32) {
     let since = bgpd.since();
     peer.kill_and_restart();
     assert!(
-        wait_until(Duration::from_secs(60), || bgpd.established()
-            && bgpd.since() != since
-            && peer.established()
-            && peer.route(OUR_PREFIX).is_some()
+        wait_until(Duration::from_secs(60), || new_session(
+            &bgpd, &*peer, since
+        ) && peer
+            .route(OUR_PREFIX)
+            .is_some()
             && bgpd.route(PEER_PREFIX).is_some()),
         "{}",
         ctx("no recovery after the peer was killed and restarted")
@@ -176,9 +182,7 @@ fn bird1_restarted_again_and_again_is_back_at_once_every_time() {
         let since = bgpd.since();
         let killed = std::time::Instant::now();
         peer.kill_and_restart();
-        let back = wait_until(Duration::from_secs(30), || {
-            bgpd.established() && bgpd.since() != since && peer.established()
-        });
+        let back = wait_until(Duration::from_secs(30), || new_session(&bgpd, &peer, since));
         let took = killed.elapsed();
         let log = bgpd.log();
         let downs = log.matches("session down").count();
