@@ -47,6 +47,7 @@ pub async fn run(config: Config, path: Option<std::path::PathBuf>) -> Result<(),
         registered_tx,
     ));
     let dataplane = crate::dataplane::Hub::new();
+    let (start_up_over_tx, start_up_over) = tokio::sync::watch::channel(false);
     // The speaker always runs (it serves the Bgp API); it binds the BGP port only once it
     // has a peer, so nodes without peers never contend for port 179.
     let bgp = crate::bgp::start_from_config(
@@ -62,7 +63,9 @@ pub async fn run(config: Config, path: Option<std::path::PathBuf>) -> Result<(),
         datastore.clone(),
         dataplane.clone(),
         bgp.clone(),
+        start_up_over_tx,
     ));
+    tokio::spawn(crate::resident::run(start_up_over));
     let info = DaemonInfo {
         node: config.node.name.clone(),
         datastore,

@@ -15,6 +15,7 @@
 //! - `metrics`: bgpd's Prometheus metrics, readiness, liveness and status over HTTP.
 //! - `observe`: the HTTP listener and Prometheus writer bgpd and routewriter share.
 //! - `registration`: this node and the configured default pools, written at start.
+//! - `resident`: memory start-up used, given back once it is over.
 //! - `routewriter`: the dataplane agent that makes the kernel match the desired state.
 
 pub mod api;
@@ -30,6 +31,7 @@ pub mod logging;
 pub mod metrics;
 pub mod observe;
 pub mod registration;
+pub mod resident;
 pub mod routewriter;
 
 /// The version of margay this binary was built from.

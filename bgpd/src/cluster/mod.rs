@@ -27,6 +27,7 @@ use ipam::block::{Block, BlockAffinity};
 use ipam::model::{BgpConfiguration, BgpPeer, IpPool, Node};
 use ipam::resource::{Resource, decode};
 use ipam::store::{Datastore, Listing, Store};
+use tokio::sync::watch;
 
 use crate::bgp::policy::{Policy, PolicyInputs};
 use crate::bgp::{Announcement, PeerSpec, SpeakerError, SpeakerHandle};
@@ -48,15 +49,17 @@ pub struct ClusterState {
     pub bgp_peers: Vec<BgpPeer>,
 }
 
-/// One decoded resource of the cluster state.
+/// One decoded resource of the cluster state. Boxed: the cache's B-tree holds its values in
+/// leaves of eleven, so an unboxed item took the size of the largest variant (a pool) in
+/// every slot, used or not, for each of a big cluster's thousands of blocks and affinities.
 #[derive(Debug, Clone)]
 enum Item {
-    Node(Node),
-    Pool(IpPool),
-    Block(Block),
-    Affinity(BlockAffinity),
-    Config(BgpConfiguration),
-    Peer(BgpPeer),
+    Node(Box<Node>),
+    Pool(Box<IpPool>),
+    Block(Box<Block>),
+    Affinity(Box<BlockAffinity>),
+    Config(Box<BgpConfiguration>),
+    Peer(Box<BgpPeer>),
 }
 
 /// The cluster state by key, decoded once per change: a watch event decodes one value, where
@@ -111,17 +114,17 @@ impl StateCache {
             return Ok(());
         };
         let item = if key.starts_with(Node::PREFIX) {
-            Item::Node(decode(v)?)
+            Item::Node(Box::new(decode(v)?))
         } else if key.starts_with(IpPool::PREFIX) {
-            Item::Pool(decode(v)?)
+            Item::Pool(Box::new(decode(v)?))
         } else if key.starts_with(Block::PREFIX) {
-            Item::Block(slim(decode(v)?, &self.me))
+            Item::Block(Box::new(slim(decode(v)?, &self.me)))
         } else if key.starts_with(BlockAffinity::PREFIX) {
-            Item::Affinity(decode(v)?)
+            Item::Affinity(Box::new(decode(v)?))
         } else if key == BgpConfiguration::key(BgpConfiguration::NAME) {
-            Item::Config(decode(v)?)
+            Item::Config(Box::new(decode(v)?))
         } else if key.starts_with(BgpPeer::PREFIX) {
-            Item::Peer(decode(v)?)
+            Item::Peer(Box::new(decode(v)?))
         } else {
             // Handles and the like: not part of what the brain computes from.
             return Ok(());
@@ -134,12 +137,12 @@ impl StateCache {
         let mut c = ClusterState::default();
         for item in self.items.values() {
             match item {
-                Item::Node(n) => c.nodes.push(n.clone()),
-                Item::Pool(p) => c.pools.push(p.clone()),
-                Item::Block(b) => c.blocks.push(b.clone()),
-                Item::Affinity(a) => c.affinities.push(a.clone()),
-                Item::Config(g) => c.bgp_config = Some(g.clone()),
-                Item::Peer(p) => c.bgp_peers.push(p.clone()),
+                Item::Node(n) => c.nodes.push(Node::clone(n)),
+                Item::Pool(p) => c.pools.push(IpPool::clone(p)),
+                Item::Block(b) => c.blocks.push(Block::clone(b)),
+                Item::Affinity(a) => c.affinities.push(BlockAffinity::clone(a)),
+                Item::Config(g) => c.bgp_config = Some(BgpConfiguration::clone(g)),
+                Item::Peer(p) => c.bgp_peers.push(BgpPeer::clone(p)),
             }
         }
         c
@@ -327,6 +330,7 @@ pub async fn run(
     mut datastore: DatastoreHandle,
     hub: Hub,
     speaker: SpeakerHandle,
+    started: watch::Sender<bool>,
 ) {
     let mut brain = Brain::new(me, file, speaker);
     let mut backoff = Duration::from_millis(250);
@@ -338,7 +342,7 @@ pub async fn run(
             }
             continue;
         };
-        match follow(&mut brain, &store, &hub).await {
+        match follow(&mut brain, &store, &hub, &started).await {
             Ok(()) => backoff = Duration::from_millis(250),
             Err(FollowError::Bgp(SpeakerError::Stopped)) => return,
             Err(e) => {
@@ -353,7 +357,14 @@ pub async fn run(
 /// Lists, computes, applies, then waits for the next change; returns to re-list.
 /// Lists once, then follows the watch: each change updates the cache, and each burst of
 /// changes is computed and applied once. Returns (to list again) when the watch ends.
-async fn follow(brain: &mut Brain, store: &Store, hub: &Hub) -> Result<(), FollowError> {
+/// `started` turns true after the first pass that applied this node's state (its sessions
+/// are configured): start-up is over.
+async fn follow(
+    brain: &mut Brain,
+    store: &Store,
+    hub: &Hub,
+    started: &watch::Sender<bool>,
+) -> Result<(), FollowError> {
     let ipam = Ipam::new(store.clone());
     // The listing's bytes (every value, handles included) are dropped once decoded, and so
     // is each pass's copy of the state before the wait: neither is kept while idle.
@@ -377,6 +388,9 @@ async fn follow(brain: &mut Brain, store: &Store, hub: &Hub) -> Result<(), Follo
                 affinities: &c.affinities,
             }));
             brain.apply(&c).await?;
+            if brain.applied.speaker.is_some() {
+                started.send_if_modified(|s| !std::mem::replace(s, true));
+            }
         }
         drop(c);
         match watch.next().await {

@@ -10,7 +10,7 @@
 
 pub mod desired;
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
 use ipam::IpamError;
@@ -23,21 +23,55 @@ use tokio::sync::broadcast;
 
 use desired::{Desired, ItemKey};
 
-/// Updates kept for clients that resume.
+/// Updates kept for clients that resume, at most.
 const HISTORY: usize = 1024;
+/// Items (upserts and removals) those updates may hold together: the history is a second
+/// copy of what changed, and a node converging in a big mesh changes every route once. A
+/// client resuming from further back gets a snapshot, which it reconciles the same way.
+const HISTORY_ITEMS: usize = 256;
+
+/// Which part of the desired state a change is to.
+#[derive(Clone, Copy)]
+enum Part {
+    Ipam,
+    Bgp,
+}
 
 struct HubState {
-    /// What clients are told: the IPAM part over the BGP part (IPAM wins a destination both
-    /// name, e.g. an own block's blackhole).
-    current: Desired,
     /// Computed from IPAM blocks and nodes.
     ipam: Desired,
     /// Kernel-filtered BGP routes.
     bgp: Desired,
     revision: u64,
     history: VecDeque<Arc<pb::DataplaneUpdate>>,
+    /// The items `history` holds (see [`HISTORY_ITEMS`]).
+    history_items: usize,
     /// Whether a first state has been computed.
     ready: bool,
+}
+
+impl HubState {
+    /// What clients are told for `k`: the IPAM part over the BGP part (IPAM wins a
+    /// destination both name, e.g. an own block's blackhole). Kept as the two parts only, not
+    /// merged a third time: a big mesh's routes are most of a node's heap.
+    fn effective(&self, k: &ItemKey) -> Option<&pb::DesiredItem> {
+        self.ipam.get(k).or(self.bgp.get(k))
+    }
+
+    /// The whole state clients are told, in key order.
+    fn merged(&self) -> impl Iterator<Item = (&ItemKey, &pb::DesiredItem)> {
+        let mut ipam = self.ipam.iter().peekable();
+        let mut bgp = self.bgp.iter().peekable();
+        std::iter::from_fn(move || match (ipam.peek(), bgp.peek()) {
+            (Some((a, _)), Some((b, _))) if b < a => bgp.next(),
+            (Some((a, _)), Some((b, _))) if a == b => {
+                bgp.next();
+                ipam.next()
+            }
+            (Some(_), _) => ipam.next(),
+            (None, _) => bgp.next(),
+        })
+    }
 }
 
 /// The published desired state; cheap to clone.
@@ -64,11 +98,11 @@ impl Hub {
         let (tx, _) = broadcast::channel(HISTORY);
         Self {
             state: Arc::new(Mutex::new(HubState {
-                current: Desired::new(),
                 ipam: Desired::new(),
                 bgp: Desired::new(),
                 revision: epoch,
                 history: VecDeque::new(),
+                history_items: 0,
                 ready: false,
             })),
             tx,
@@ -83,7 +117,7 @@ impl Hub {
         pb::DataplaneUpdate {
             revision: state.revision,
             snapshot: true,
-            upsert: state.current.values().cloned().collect(),
+            upsert: state.merged().map(|(_, v)| v.clone()).collect(),
             remove: vec![],
         }
     }
@@ -91,7 +125,8 @@ impl Hub {
     /// The current desired state.
     pub fn current(&self) -> (Desired, u64) {
         let s = self.lock();
-        (s.current.clone(), s.revision)
+        let merged = s.merged().map(|(k, v)| (k.clone(), v.clone())).collect();
+        (merged, s.revision)
     }
 
     /// What a client resuming after `from` must be sent first, and the live updates after it.
@@ -135,69 +170,70 @@ impl Hub {
         let keys = desired::changed_keys(&old, &s.ipam);
         let first = !s.ready;
         s.ready = true;
-        Self::commit(&mut s, &self.tx, keys, first);
+        Self::commit(&mut s, &self.tx, keys, first, Part::Ipam, |k| old.get(k));
     }
 
     /// Applies changes to the BGP part.
     fn apply_bgp(&self, changes: Vec<(ItemKey, Option<pb::DesiredItem>)>, replace: bool) {
         let mut s = self.lock();
-        let keys = if replace {
+        // The BGP part as it was, for the keys that change.
+        let mut before: BTreeMap<ItemKey, Option<pb::DesiredItem>> = BTreeMap::new();
+        if replace {
             let new: Desired = changes
                 .into_iter()
                 .filter_map(|(k, v)| Some((k, v?)))
                 .collect();
             let old = std::mem::replace(&mut s.bgp, new);
-            desired::changed_keys(&old, &s.bgp)
+            for k in desired::changed_keys(&old, &s.bgp) {
+                before.insert(k, None);
+            }
+            for (k, v) in old {
+                if let Some(slot) = before.get_mut(&k) {
+                    *slot = Some(v);
+                }
+            }
         } else {
-            let mut keys = Vec::with_capacity(changes.len());
             for (k, v) in changes {
-                match v {
+                let was = match v {
                     Some(v) => s.bgp.insert(k.clone(), v),
                     None => s.bgp.remove(&k),
                 };
-                keys.push(k);
+                // A key changed twice in one batch was, before it, what its first change found.
+                before.entry(k).or_insert(was);
             }
-            keys
-        };
+        }
         // Before the first IPAM computation nothing is published: the first update is the
         // snapshot, which will include this.
         if s.ready {
-            Self::commit(&mut s, &self.tx, keys, false);
-        } else {
-            for k in keys {
-                let v = s.ipam.get(&k).or(s.bgp.get(&k)).cloned();
-                match v {
-                    Some(v) => s.current.insert(k, v),
-                    None => s.current.remove(&k),
-                };
-            }
+            let keys = before.keys().cloned().collect();
+            Self::commit(&mut s, &self.tx, keys, false, Part::Bgp, |k| {
+                before.get(k).and_then(Option::as_ref)
+            });
         }
     }
 
-    /// Brings `current` in line for `keys` and publishes what changed (the whole state when
-    /// `first`).
-    fn commit(
+    /// Publishes what changed for `keys` after `part` changed (`was` gives that part's items
+    /// as they were); the whole state when `first`.
+    fn commit<'a>(
         s: &mut HubState,
         tx: &broadcast::Sender<Arc<pb::DataplaneUpdate>>,
         keys: Vec<ItemKey>,
         first: bool,
+        part: Part,
+        was: impl Fn(&ItemKey) -> Option<&'a pb::DesiredItem>,
     ) {
         let mut upsert = Vec::new();
         let mut remove = Vec::new();
         for k in keys {
-            let want = s.ipam.get(&k).or(s.bgp.get(&k)).cloned();
-            match want {
-                Some(v) => {
-                    if s.current.get(&k) != Some(&v) {
-                        upsert.push(v.clone());
-                        s.current.insert(k, v);
-                    }
-                }
-                None => {
-                    if s.current.remove(&k).is_some() {
-                        remove.push(k.to_proto());
-                    }
-                }
+            let before = match part {
+                Part::Ipam => was(&k).or(s.bgp.get(&k)),
+                Part::Bgp => s.ipam.get(&k).or(was(&k)),
+            };
+            match s.effective(&k) {
+                Some(v) if before != Some(v) => upsert.push(v.clone()),
+                Some(_) => {}
+                None if before.is_some() => remove.push(k.to_proto()),
+                None => {}
             }
         }
         if !first && upsert.is_empty() && remove.is_empty() {
@@ -214,9 +250,13 @@ impl Hub {
                 remove,
             }
         });
+        s.history_items += update.upsert.len() + update.remove.len();
         s.history.push_back(update.clone());
-        while s.history.len() > HISTORY {
-            s.history.pop_front();
+        while s.history.len() > HISTORY || (s.history_items > HISTORY_ITEMS && s.history.len() > 1)
+        {
+            if let Some(old) = s.history.pop_front() {
+                s.history_items -= old.upsert.len() + old.remove.len();
+            }
         }
         // Nobody listening is fine.
         let _ = tx.send(update);
@@ -292,4 +332,181 @@ pub async fn ensure_tunnel(
     ipam.register_node(&node, Some(rev)).await?;
     tracing::info!(node = me, tunnel = %address, "VXLAN tunnel address assigned");
     Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(dest: &str) -> ItemKey {
+        ItemKey::Route(dest.parse().unwrap())
+    }
+
+    fn route(dest: &str, source: &str) -> pb::DesiredItem {
+        pb::DesiredItem {
+            item: Some(pb::desired_item::Item::Route(pb::KernelRoute {
+                destination: dest.into(),
+                source: source.into(),
+                ..Default::default()
+            })),
+        }
+    }
+
+    fn ipam(items: &[(&str, &str)]) -> Desired {
+        items.iter().map(|(d, s)| (key(d), route(d, s))).collect()
+    }
+
+    fn bgp(hub: &Hub, changes: &[(&str, Option<&str>)], replace: bool) {
+        hub.apply_bgp(
+            changes
+                .iter()
+                .map(|(d, s)| (key(d), s.map(|s| route(d, s))))
+                .collect(),
+            replace,
+        );
+    }
+
+    /// The sources of an update's upserts and the removed keys, for short assertions.
+    fn told(u: &pb::DataplaneUpdate) -> (Vec<String>, usize) {
+        let sources = u
+            .upsert
+            .iter()
+            .map(|i| match &i.item {
+                Some(pb::desired_item::Item::Route(r)) => r.source.clone(),
+                other => panic!("not a route: {other:?}"),
+            })
+            .collect();
+        (sources, u.remove.len())
+    }
+
+    /// Every update after revision `from`, as a client resuming there is sent them.
+    fn since(hub: &Hub, from: u64) -> Vec<Arc<pb::DataplaneUpdate>> {
+        hub.subscribe(from).0
+    }
+
+    #[test]
+    fn bgp_routes_before_the_first_computation_come_in_its_snapshot() {
+        let hub = Hub::new();
+        bgp(&hub, &[("10.0.1.0/26", Some("bgp a"))], false);
+        assert!(
+            since(&hub, 0).is_empty(),
+            "nothing published before IPAM's first state"
+        );
+        hub.publish(ipam(&[("10.0.0.0/26", "blackhole")]));
+        let first = since(&hub, 0);
+        assert_eq!(first.len(), 1);
+        assert!(first[0].snapshot);
+        assert_eq!(
+            told(&first[0]),
+            (vec!["blackhole".into(), "bgp a".into()], 0)
+        );
+    }
+
+    #[test]
+    fn ipam_wins_a_destination_both_parts_name_and_the_other_shows_when_it_leaves() {
+        let hub = Hub::new();
+        hub.publish(ipam(&[("10.0.0.0/26", "blackhole")]));
+        let (_, r0) = hub.current();
+        bgp(&hub, &[("10.0.0.0/26", Some("bgp a"))], false);
+        assert_eq!(hub.current().1, r0, "hidden by IPAM's item: no update");
+        hub.publish(ipam(&[]));
+        let (state, r1) = hub.current();
+        assert_eq!(r1, r0 + 1);
+        assert_eq!(
+            state.get(&key("10.0.0.0/26")),
+            Some(&route("10.0.0.0/26", "bgp a"))
+        );
+        let after = since(&hub, r0);
+        assert_eq!(after.len(), 1);
+        assert_eq!(
+            told(&after[0]),
+            (vec!["bgp a".into()], 0),
+            "an upsert, not a removal"
+        );
+        bgp(&hub, &[("10.0.0.0/26", None)], false);
+        let after = since(&hub, r1);
+        assert_eq!(told(&after[0]), (vec![], 1));
+        assert!(hub.current().0.is_empty());
+    }
+
+    #[test]
+    fn updates_carry_what_changed_and_nothing_unchanged_is_published() {
+        let hub = Hub::new();
+        hub.publish(ipam(&[("10.0.0.0/26", "a"), ("10.0.0.64/26", "b")]));
+        let (_, r0) = hub.current();
+        hub.publish(ipam(&[("10.0.0.0/26", "a"), ("10.0.0.64/26", "b")]));
+        bgp(&hub, &[("10.0.0.64/26", Some("hidden"))], false);
+        assert_eq!(hub.current().1, r0);
+        hub.publish(ipam(&[("10.0.0.0/26", "a2"), ("10.0.0.128/26", "c")]));
+        let after = since(&hub, r0);
+        assert_eq!(after.len(), 1);
+        assert_eq!(
+            told(&after[0]),
+            (vec!["a2".into(), "c".into(), "hidden".into()], 0)
+        );
+        // Replacing the BGP part: what it no longer has goes, what IPAM covers is not told.
+        let (_, r1) = hub.current();
+        bgp(
+            &hub,
+            &[
+                ("10.0.1.0/26", Some("new")),
+                ("10.0.0.0/26", Some("under a2")),
+            ],
+            true,
+        );
+        let after = since(&hub, r1);
+        assert_eq!(told(&after[0]), (vec!["new".into()], 1));
+    }
+
+    #[test]
+    fn a_key_changed_twice_in_one_batch_is_judged_by_what_it_was_before_the_batch() {
+        let hub = Hub::new();
+        hub.publish(ipam(&[]));
+        bgp(&hub, &[("10.0.1.0/26", Some("x"))], false);
+        let (_, r0) = hub.current();
+        // Removed, then added back the same: no change at all.
+        bgp(
+            &hub,
+            &[("10.0.1.0/26", None), ("10.0.1.0/26", Some("x"))],
+            false,
+        );
+        assert_eq!(hub.current().1, r0);
+        // Added, then removed, where there was nothing: no change either.
+        bgp(
+            &hub,
+            &[("10.0.2.0/26", Some("y")), ("10.0.2.0/26", None)],
+            false,
+        );
+        assert_eq!(hub.current().1, r0);
+    }
+
+    #[test]
+    fn a_client_resumes_from_the_history_until_it_holds_too_many_items() {
+        let hub = Hub::new();
+        hub.publish(ipam(&[]));
+        let (_, r0) = hub.current();
+        for i in 0..10 {
+            bgp(&hub, &[(&format!("10.1.{i}.0/24"), Some("r"))], false);
+        }
+        let after = since(&hub, r0);
+        assert_eq!(after.len(), 10);
+        assert!(after.iter().all(|u| !u.snapshot && u.upsert.len() == 1));
+        assert_eq!(after[0].revision, r0 + 1);
+        // A change of more items than the history holds pushes the older updates out.
+        let many: Vec<(String, Option<&str>)> = (0..HISTORY_ITEMS)
+            .map(|i| (format!("10.2.{}.{}/32", i / 256, i % 256), Some("m")))
+            .collect();
+        let many: Vec<(&str, Option<&str>)> = many.iter().map(|(d, s)| (d.as_str(), *s)).collect();
+        bgp(&hub, &many, false);
+        let (state, r1) = hub.current();
+        let back = since(&hub, r0);
+        assert_eq!(back.len(), 1);
+        assert!(back[0].snapshot, "too far back: a snapshot");
+        assert_eq!(back[0].upsert.len(), state.len());
+        assert_eq!(state.len(), 10 + HISTORY_ITEMS);
+        let recent = since(&hub, r1 - 1);
+        assert_eq!(recent.len(), 1);
+        assert!(!recent[0].snapshot);
+        assert_eq!(recent[0].upsert.len(), HISTORY_ITEMS);
+    }
 }
