@@ -4,7 +4,9 @@
 //! 64 KiB windows (fault-around, more with large page-cache folios), so a start-up that
 //! executes functions spread over the 8 MB `.text` kept nearly all of it resident.
 //! - `code-order.txt` lists the functions a node runs (recorded by `scripts/code-order`),
-//!   and the linker puts them first, together. Names missing from the binary (the list is
+//!   and the linker puts them first, together; those a running node runs after start-up
+//!   come first of all, for they are what is mapped again once `bgpd::resident` has
+//!   released start-up's pages. Names missing from the binary (the list is
 //!   older than a dependency or toolchain update) are skipped: the order only changes where
 //!   code lies, never what it does. `scripts/code-order check` says how current it is.
 //! - Relative relocations are packed (DT_RELR, glibc ≥ 2.36): start-up (the static-pie
