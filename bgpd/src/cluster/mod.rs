@@ -50,8 +50,9 @@ pub struct ClusterState {
 }
 
 /// One decoded resource of the cluster state. Boxed: the cache's B-tree holds its values in
-/// leaves of eleven, so an unboxed item took the size of the largest variant (a pool) in
-/// every slot, used or not, for each of a big cluster's thousands of blocks and affinities.
+/// leaves of eleven, so an unboxed item took the size of the largest variant in every slot,
+/// used or not, for each of a big cluster's thousands of blocks and affinities (the items'
+/// leaves were 434 KB of a 150-node mesh node's 2.9 MB heap).
 #[derive(Debug, Clone)]
 enum Item {
     Node(Box<Node>),
