@@ -184,12 +184,13 @@ impl Hub {
                 .filter_map(|(k, v)| Some((k, v?)))
                 .collect();
             let old = std::mem::replace(&mut s.bgp, new);
-            for k in desired::changed_keys(&old, &s.bgp) {
-                before.insert(k, None);
+            // An added key was nothing before; a changed or removed one its old item.
+            for k in s.bgp.keys().filter(|k| !old.contains_key(*k)) {
+                before.insert(k.clone(), None);
             }
             for (k, v) in old {
-                if let Some(slot) = before.get_mut(&k) {
-                    *slot = Some(v);
+                if s.bgp.get(&k) != Some(&v) {
+                    before.insert(k, Some(v));
                 }
             }
         } else {
