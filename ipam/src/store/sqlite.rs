@@ -318,6 +318,7 @@ fn open_connection(path: &Path, options: &SqliteOptions, init: bool) -> Result<C
             | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )
     .map_err(|e| bad(e.to_string()))?;
+    without_lookaside(&conn).map_err(backend)?;
     conn.busy_timeout(options.busy_timeout).map_err(backend)?;
     // Many processes opening one file together (a 150-node lab) meet locks SQLite does not
     // wait for (WAL recovery, the switch to WAL): every step retries within the busy timeout.
@@ -399,6 +400,29 @@ fn open_connection(path: &Path, options: &SqliteOptions, init: bool) -> Result<C
             "written by a margay with store layout {v}; this one knows layout {LAYOUT_VERSION}"
         ))),
         None => Err(bad("no layout version recorded".into())),
+    }
+}
+
+/// Turns off the connection's lookaside allocator: SQLite sets 48 KiB aside per connection
+/// and writes every slot of it at once, private memory of every process (two connections
+/// per bgpd, N bgpd per host) to speed up small allocations of queries that are rare here.
+/// Only possible before the connection has used it: right after opening.
+fn without_lookaside(conn: &Connection) -> rusqlite::Result<()> {
+    use rusqlite::ffi;
+    // SAFETY: the handle is the open connection's, used on this thread only for the call;
+    // a NULL buffer with a zero slot count is the documented way to turn lookaside off.
+    let rc = unsafe {
+        ffi::sqlite3_db_config(
+            conn.handle(),
+            ffi::SQLITE_DBCONFIG_LOOKASIDE,
+            std::ptr::null_mut::<std::ffi::c_void>(),
+            0 as std::ffi::c_int,
+            0 as std::ffi::c_int,
+        )
+    };
+    match rc {
+        ffi::SQLITE_OK => Ok(()),
+        rc => Err(rusqlite::Error::SqliteFailure(ffi::Error::new(rc), None)),
     }
 }
 
@@ -794,6 +818,32 @@ impl Datastore for SqliteStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn connections_do_without_lookaside() {
+        // Lookaside in use counts hits for every small allocation a query makes; without it
+        // there are none (and the memory is never set aside).
+        let dir = tempfile::tempdir().unwrap();
+        let conn = open_connection(&dir.path().join("s.db"), &SqliteOptions::default(), true)
+            .expect("opens");
+        conn.query_row("SELECT count(*) FROM kv WHERE key > 'a'", [], |r| {
+            r.get::<_, i64>(0)
+        })
+        .unwrap();
+        let (mut cur, mut high) = (0, 0);
+        // SAFETY: the open connection's handle and two out-parameters of ours.
+        let rc = unsafe {
+            rusqlite::ffi::sqlite3_db_status(
+                conn.handle(),
+                rusqlite::ffi::SQLITE_DBSTATUS_LOOKASIDE_HIT,
+                &mut cur,
+                &mut high,
+                0,
+            )
+        };
+        assert_eq!(rc, rusqlite::ffi::SQLITE_OK);
+        assert_eq!(high, 0, "a connection used lookaside memory");
+    }
 
     #[test]
     fn every_report_is_looked_at_again_after_each_settle_delay() {
