@@ -3,11 +3,13 @@
 //!
 //! - `fsm`: RFC 4271 session state machine, one per peer; events in, actions out.
 //! - `rib`: Adj-RIB-In, Loc-RIB with the decision process, Adj-RIB-Out; interned attributes.
-//! - `session`: the per-peer tokio task that owns TCP and timers and drives the FSM.
+//! - `session`: the per-peer tokio task that owns TCP and timers and drives the FSM;
+//!   `mailbox` carries the speaker's commands to it.
 //! - `speaker`: the task that owns the RIB and the peers; [`SpeakerHandle`] is its API.
 
 pub mod fsm;
 pub mod iface;
+pub mod mailbox;
 pub mod policy;
 pub mod rib;
 pub mod session;

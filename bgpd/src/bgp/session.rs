@@ -25,7 +25,6 @@
 //! ours connects, the two collide and the FSM decides by BGP identifiers, as the peer does.
 //! One accepted while we wait to restart after an error waits for the restart.
 
-use std::collections::HashMap;
 use std::io::ErrorKind;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::SystemTime;
@@ -40,6 +39,7 @@ use tokio::sync::mpsc;
 use tokio::time::{Duration, Instant};
 
 use super::fsm::{Action, Event, Fsm, State, Timer};
+use super::mailbox;
 use super::rib::{FamilyUpdate, OutUpdate, PeerId};
 use super::sockopt::Transport;
 
@@ -190,6 +190,69 @@ pub enum FromSession {
     },
 }
 
+/// The deadlines of the FSM's running timers, one slot per kind: a handful of kinds, so an
+/// array in the session rather than a map of its own on the heap for every session.
+#[derive(Debug, Default)]
+struct Timers([Option<Instant>; 6]);
+
+impl Timers {
+    fn slot(t: Timer) -> usize {
+        match t {
+            Timer::ConnectRetry => 0,
+            Timer::Hold => 1,
+            Timer::Keepalive => 2,
+            Timer::IdleHold => 3,
+            Timer::Stable => 4,
+            Timer::CollisionWait => 5,
+        }
+    }
+
+    const ALL: [Timer; 6] = [
+        Timer::ConnectRetry,
+        Timer::Hold,
+        Timer::Keepalive,
+        Timer::IdleHold,
+        Timer::Stable,
+        Timer::CollisionWait,
+    ];
+
+    fn set(&mut self, t: Timer, at: Instant) {
+        self.0[Self::slot(t)] = Some(at);
+    }
+
+    fn stop(&mut self, t: Timer) {
+        self.0[Self::slot(t)] = None;
+    }
+
+    fn is_running(&self, t: Timer) -> bool {
+        self.0[Self::slot(t)].is_some()
+    }
+
+    /// The earliest deadline.
+    fn next(&self) -> Option<Instant> {
+        self.0.iter().flatten().min().copied()
+    }
+
+    /// The timers due at `now`, in a fixed order.
+    fn due(&self, now: Instant) -> impl Iterator<Item = Timer> + use<> {
+        let slots = self.0;
+        Self::ALL
+            .into_iter()
+            .filter(move |t| slots[Self::slot(*t)].is_some_and(|d| d <= now))
+    }
+
+    /// Stops `t` if it is still due at `now` (handling an earlier timer may have stopped or
+    /// restarted it), telling whether it was.
+    fn take_due(&mut self, t: Timer, now: Instant) -> bool {
+        let slot = &mut self.0[Self::slot(t)];
+        let due = slot.is_some_and(|d| d <= now);
+        if due {
+            *slot = None;
+        }
+        due
+    }
+}
+
 /// A colliding connection whose OPEN has been read.
 struct Colliding {
     stream: TcpStream,
@@ -215,7 +278,7 @@ pub struct Session {
     /// When the socket last took bytes (or the queue became non-empty).
     out_progress: Instant,
     params: SessionParams,
-    timers: HashMap<Timer, Instant>,
+    timers: Timers,
     connecting: bool,
     /// The peer's connection, accepted while our own attempt was pending or while we wait to
     /// restart after an error: it waits for that (see [`Session::incoming`]).
@@ -251,7 +314,7 @@ impl Session {
             out_at: 0,
             out_progress: Instant::now(),
             params: SessionParams::default(),
-            timers: HashMap::new(),
+            timers: Timers::default(),
             connecting: false,
             waiting: None,
             held: None,
@@ -291,7 +354,7 @@ impl Session {
     /// would hold room for the deepest of those chains (events, actions and messages by
     /// value, several levels deep: 5.3 KB of 5.3 KB in a debug build) for its whole life,
     /// while it mostly waits; boxed, that room is taken for one event at a time.
-    pub async fn run(mut self, mut commands: mpsc::UnboundedReceiver<ToSession>) {
+    pub async fn run(mut self, mut commands: mailbox::Receiver<ToSession>) {
         Box::pin(self.feed(Event::Start)).await;
         let mut connect: Option<
             std::pin::Pin<Box<dyn Future<Output = std::io::Result<TcpStream>> + Send>>,
@@ -312,7 +375,7 @@ impl Session {
             if !self.connecting {
                 connect = None;
             }
-            let deadline = self.timers.values().min().copied();
+            let deadline = self.timers.next();
             let stall = self.stall_deadline();
             // Above the high-water mark, route changes wait in the channel.
             let take_commands = self.queued() < OUT_HIGH_WATER;
@@ -420,7 +483,7 @@ impl Session {
                 } => {
                     tracing::warn!(peer = %self.remote, queued = self.queued(), "the peer has taken none of our messages for the hold time; closing");
                     // Treated as an expired hold timer: NOTIFICATION (if it still fits), close.
-                    self.timers.remove(&Timer::Hold);
+                    self.timers.stop(Timer::Hold);
                     Box::pin(self.feed(Event::TimerExpired(Timer::Hold))).await;
                     // Whatever the FSM did, this connection is done.
                     if self.stream.is_some() {
@@ -441,9 +504,10 @@ impl Session {
                     }
                 } => {
                     let now = Instant::now();
-                    let due: Vec<Timer> = self.timers.iter().filter(|(_, d)| **d <= now).map(|(t, _)| *t).collect();
-                    for t in due {
-                        self.timers.remove(&t);
+                    for t in self.timers.due(now) {
+                        if !self.timers.take_due(t, now) {
+                            continue;
+                        }
                         if t == Timer::ConnectRetry && let Some(w) = self.waiting.take() {
                             // Our attempt went unanswered; the peer's connection is there.
                             self.connecting = false;
@@ -607,7 +671,7 @@ impl Session {
             // Restarting after an error: the connection waits for the restart. Refused
             // (dropped), it failed the peer's session too, and two nodes that both connect
             // then each restarted into the other's idle hold, for ever.
-            State::Idle if self.timers.contains_key(&Timer::IdleHold) => self.waiting = Some(s),
+            State::Idle if self.timers.is_running(Timer::IdleHold) => self.waiting = Some(s),
             State::Idle => {} // stopped: refused
             State::Connect | State::Active if self.connecting => {
                 // Our own attempt may already be connected at the peer, which may be
@@ -723,10 +787,10 @@ impl Session {
                 self.drop_connection();
             }
             Action::StartTimer(t, d) => {
-                self.timers.insert(t, Instant::now() + d);
+                self.timers.set(t, Instant::now() + d);
             }
             Action::StopTimer(t) => {
-                self.timers.remove(&t);
+                self.timers.stop(t);
             }
             Action::Established(n) => {
                 self.params = n.params;

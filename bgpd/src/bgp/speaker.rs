@@ -33,6 +33,7 @@ use ipnet::IpNet;
 use proto::v1 as pb;
 
 use super::fsm::{Fsm, FsmConfig, State};
+use super::mailbox;
 use super::policy::{KernelVia, PeerClass, Policy};
 use super::rib::{
     OutUpdate, PeerId, PeerInfo, PrefixHasher, Rib, RibPrefix, Route, Source, next_hop_addr,
@@ -475,7 +476,7 @@ pub trait KernelSink: Send + Sync {
 struct PeerEntry {
     spec: PeerSpec,
     id: PeerId,
-    tx: mpsc::UnboundedSender<ToSession>,
+    tx: mailbox::Sender<ToSession>,
     state: State,
     since: SystemTime,
     last_error: Option<String>,
@@ -923,9 +924,9 @@ impl Speaker {
     }
 
     /// Start the session task of a peer.
-    fn spawn_session(&self, id: PeerId, spec: &PeerSpec) -> mpsc::UnboundedSender<ToSession> {
+    fn spawn_session(&self, id: PeerId, spec: &PeerSpec) -> mailbox::Sender<ToSession> {
         let fc = spec.fsm_config(self.config.local_as, self.config.router_id);
-        let (tx, rx) = mpsc::unbounded_channel();
+        let (tx, rx) = mailbox::mailbox();
         let remote = SocketAddr::new(spec.address, spec.port);
         let session = Session::new(id, remote, Fsm::new(fc), self.from_sessions.clone())
             .with_transport(spec.transport.clone());

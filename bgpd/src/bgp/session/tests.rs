@@ -65,7 +65,7 @@ async fn a_peer_that_stops_reading_is_dropped_after_the_hold_time() {
     let mut config = FsmConfig::new(Asn(64512), Ipv4Addr::new(10, 0, 0, 1), Asn(64512));
     config.hold_time = 3;
     let (to_speaker, mut from_session) = mpsc::channel(64);
-    let (commands, commands_rx) = mpsc::unbounded_channel();
+    let (commands, commands_rx) = super::super::mailbox::mailbox();
     let session = Session::new(PeerId(1), remote, Fsm::new(config), to_speaker);
     tokio::spawn(session.run(commands_rx));
 
@@ -148,13 +148,13 @@ fn spawn_speaking(
     remote: SocketAddr,
 ) -> (
     mpsc::Receiver<FromSession>,
-    mpsc::UnboundedSender<ToSession>,
+    super::super::mailbox::Sender<ToSession>,
 ) {
     let mut config = FsmConfig::new(Asn(64512), router_id, Asn(64512));
     // Long enough that a test never sees a retry: every connection is one of the first.
     config.connect_retry = Duration::from_secs(30);
     let (to_speaker, from_session) = mpsc::channel(64);
-    let (commands, commands_rx) = mpsc::unbounded_channel();
+    let (commands, commands_rx) = super::super::mailbox::mailbox();
     let session = Session::new(PeerId(1), remote, Fsm::new(config), to_speaker);
     tokio::spawn(session.run(commands_rx));
     (from_session, commands)
@@ -274,4 +274,27 @@ async fn a_connection_during_the_idle_hold_is_taken_at_the_restart() {
         "the session connected out as well"
     );
     drop(commands);
+}
+
+#[test]
+fn timers_fire_in_a_fixed_order_and_a_stopped_one_not_at_all() {
+    use super::super::fsm::Timer;
+    use super::Timers;
+    let now = Instant::now();
+    let mut t = Timers::default();
+    assert_eq!(t.next(), None);
+    t.set(Timer::Stable, now - Duration::from_secs(1));
+    t.set(Timer::Hold, now);
+    t.set(Timer::Keepalive, now + Duration::from_secs(5));
+    assert_eq!(t.next(), Some(now - Duration::from_secs(1)));
+    assert!(t.is_running(Timer::Keepalive) && !t.is_running(Timer::IdleHold));
+    let due: Vec<Timer> = t.due(now).collect();
+    assert_eq!(due, vec![Timer::Hold, Timer::Stable]);
+    // Handling the first stopped the second: it does not fire.
+    assert!(t.take_due(Timer::Hold, now));
+    t.stop(Timer::Stable);
+    assert!(!t.take_due(Timer::Stable, now));
+    // Not yet due: stays.
+    assert!(!t.take_due(Timer::Keepalive, now));
+    assert_eq!(t.next(), Some(now + Duration::from_secs(5)));
 }
