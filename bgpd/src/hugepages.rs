@@ -87,18 +87,10 @@ mod tests {
     /// The kernel's own word on the mapping that holds `addr`: its `THPeligible` line.
     fn thp_eligible(addr: usize) -> Option<bool> {
         let smaps = std::fs::read_to_string("/proc/self/smaps").ok()?;
-        let mut inside = false;
-        for line in smaps.lines() {
-            if let Some((range, _)) = line.split_once(' ')
-                && let Some((a, b)) = range.split_once('-')
-                && let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))
-            {
-                inside = (a..b).contains(&addr);
-            } else if inside && let Some(v) = line.strip_prefix("THPeligible:") {
-                return Some(v.trim() == "1");
-            }
-        }
-        None
+        crate::resident::parse_smaps(&smaps)
+            .into_iter()
+            .find(|m| (m.start..m.end).contains(&addr))?
+            .thp_eligible
     }
 
     #[test]

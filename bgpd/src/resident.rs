@@ -1,6 +1,7 @@
 //! Gives the kernel back the memory a running bgpd no longer uses, once start-up is over:
-//! the pages of its own code and read-only data that only start-up touched, and the free
-//! pages the C library's allocator keeps.
+//! the pages of its own code and read-only data that only start-up touched, the main
+//! thread's stack below the frames in use, and the free pages the C library's allocator
+//! keeps.
 //!
 //! **Why.** A node's resident memory is mostly bgpd's code: configuration, SQLite's schema,
 //! the gRPC and HTTP stacks, the registration run once, and the kernel maps a 64 KiB window
@@ -12,8 +13,10 @@
 //! **Boundaries.** Only mappings of the bgpd executable that are not writable and hold no
 //! private (anonymous) page are released: for those the file's content is the memory's
 //! content, so nothing is lost. The relocated read-only data (written at start, then
-//! protected) holds private pages and is left alone, as is all writable memory. Everything
-//! here is advice: on failure the pages simply stay.
+//! protected) holds private pages and is left alone, as is all writable memory but one
+//! range: the main thread's stack below the caller's frame (less a margin for the calls
+//! made from there), which holds nothing live and reads as zeros when it is used again.
+//! Everything here is advice: on failure the pages simply stay.
 
 use std::time::Duration;
 
@@ -29,6 +32,8 @@ pub struct Mapping {
     /// Private (copy-on-write or anonymous) memory in the mapping, in KiB.
     pub anonymous_kib: u64,
     pub rss_kib: u64,
+    /// The kernel's `THPeligible` (whether huge pages may back the mapping), where shown.
+    pub thp_eligible: Option<bool>,
 }
 
 /// The mappings of an smaps text (`/proc/PID/smaps`); lines it does not know are skipped.
@@ -53,6 +58,7 @@ pub fn parse_smaps(text: &str) -> Vec<Mapping> {
                 path,
                 anonymous_kib: 0,
                 rss_kib: 0,
+                thp_eligible: None,
             });
             continue;
         }
@@ -65,6 +71,7 @@ pub fn parse_smaps(text: &str) -> Vec<Mapping> {
         match first {
             "Anonymous:" => last.anonymous_kib = kib,
             "Rss:" => last.rss_kib = kib,
+            "THPeligible:" => last.thp_eligible = Some(kib == 1),
             _ => {}
         }
     }
@@ -83,25 +90,63 @@ pub fn releasable<'a>(maps: &'a [Mapping], exe: &'a str) -> impl Iterator<Item =
     })
 }
 
-/// Unmaps the releasable pages of this executable (see the module's boundaries) and returns
-/// the resident KiB they held.
-pub fn release_code_pages() -> std::io::Result<u64> {
+/// The part of the main thread's stack (`[stack]` in `maps`) below `sp` less `margin`,
+/// whole pages: what no frame of a caller at `sp` holds. `None` when `sp` is not on that
+/// stack (another thread's) or nothing is left below the margin.
+pub fn stack_below(maps: &[Mapping], sp: usize, margin: usize) -> Option<(usize, usize)> {
+    const PAGE: usize = 4096;
+    let stack = maps.iter().find(|m| m.path == "[stack]")?;
+    if !(stack.start..stack.end).contains(&sp) {
+        return None;
+    }
+    let end = sp.checked_sub(margin)? & !(PAGE - 1);
+    (end > stack.start).then_some((stack.start, end))
+}
+
+/// Room left below this function's frame for the calls it makes while releasing its stack.
+const STACK_MARGIN: usize = 16 * 1024;
+
+/// What [`release_start_up_pages`] gave back, KiB resident before.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Released {
+    pub code_kib: u64,
+    pub stack_kib: u64,
+}
+
+/// Unmaps the releasable pages of this executable and, when called on the main thread, its
+/// unused stack (see the module's boundaries). Never inlined: `scripts/code-order` counts
+/// its calls to know that every node of its mesh has released its start-up pages.
+#[inline(never)]
+pub fn release_start_up_pages() -> std::io::Result<Released> {
     let exe = std::fs::read_link("/proc/self/exe")?;
     let maps = parse_smaps(&std::fs::read_to_string("/proc/self/smaps")?);
-    let mut released = 0;
+    let dontneed = |start: usize, end: usize| {
+        // SAFETY: callers pass a range whose content is not needed (see each call).
+        unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED) == 0 }
+    };
+    let mut released = Released::default();
     for m in releasable(&maps, &exe.to_string_lossy()) {
-        // SAFETY: the range is a whole mapping of the executable file that nothing writes
-        // and that holds no private page, so dropping its pages loses no content: the next
-        // access reads the same bytes back from the file.
-        let rc = unsafe {
-            libc::madvise(
-                m.start as *mut libc::c_void,
-                m.end - m.start,
-                libc::MADV_DONTNEED,
-            )
-        };
-        if rc == 0 {
-            released += m.rss_kib;
+        // A whole mapping of the executable file that nothing writes and that holds no
+        // private page: the next access reads the same bytes back from the file.
+        if dontneed(m.start, m.end) {
+            released.code_kib += m.rss_kib;
+        }
+    }
+    let here = 0u8;
+    let sp = std::hint::black_box(&here) as *const u8 as usize;
+    if let Some((start, end)) = stack_below(&maps, sp, STACK_MARGIN) {
+        let before = maps
+            .iter()
+            .find(|m| m.path == "[stack]")
+            .map_or(0, |m| m.rss_kib);
+        // Below this frame by more than the margin: no live frame is there, and the pages
+        // read as zeros when the stack grows into them again.
+        if dontneed(start, end) {
+            let after = parse_smaps(&std::fs::read_to_string("/proc/self/smaps")?)
+                .into_iter()
+                .find(|m| m.path == "[stack]")
+                .map_or(before, |m| m.rss_kib);
+            released.stack_kib = before.saturating_sub(after);
         }
     }
     Ok(released)
@@ -131,9 +176,13 @@ pub async fn run(mut started: watch::Receiver<bool>) {
     }
     tokio::time::sleep(SETTLE).await;
     trim_heap();
-    match release_code_pages() {
-        Ok(kib) => tracing::info!(kib, "start-up's code pages released"),
-        Err(e) => tracing::info!(error = %e, "start-up's code pages kept"),
+    match release_start_up_pages() {
+        Ok(r) => tracing::info!(
+            code_kib = r.code_kib,
+            stack_kib = r.stack_kib,
+            "start-up's code and stack pages released"
+        ),
+        Err(e) => tracing::info!(error = %e, "start-up's pages kept"),
     }
 }
 
@@ -159,6 +208,7 @@ Anonymous:            12 kB
 55d0c1000000-55d0c1100000 rw-p 00000000 00:00 0                          [heap]
 Rss:                 468 kB
 Anonymous:           468 kB
+THPeligible:           1
 7f0000000000-7f0000010000 r--s 00000000 fe:00 42                         /tmp/store.db-shm
 Rss:                  32 kB
 Anonymous:             0 kB
@@ -181,6 +231,10 @@ Anonymous:             4 kB
         assert_eq!((maps[1].rss_kib, maps[1].anonymous_kib), (2384, 0));
         assert_eq!((maps[2].rss_kib, maps[2].anonymous_kib), (188, 188));
         assert_eq!(maps[4].path, "[heap]");
+        assert_eq!(
+            (maps[4].thp_eligible, maps[1].thp_eligible),
+            (Some(true), None)
+        );
         assert_eq!(maps[7].path, "");
         assert_eq!(maps[7].anonymous_kib, 4);
     }
@@ -196,12 +250,31 @@ Anonymous:             4 kB
     }
 
     #[test]
+    fn only_the_main_stack_below_the_caller_less_a_margin_is_released() {
+        let maps =
+            parse_smaps("7ffe46640000-7ffe46661000 rw-p 00000000 00:00 0 [stack]\nRss: 100 kB\n");
+        let sp = 0x7ffe4665a1b0;
+        // Whole pages, below sp by at least the margin.
+        assert_eq!(
+            stack_below(&maps, sp, 0x4000),
+            Some((0x7ffe46640000, 0x7ffe46656000))
+        );
+        // Another thread's stack, or no room below the margin: nothing.
+        assert_eq!(stack_below(&maps, 0x7f00_0000_0000, 0x4000), None);
+        assert_eq!(stack_below(&maps, 0x7ffe46642000, 0x4000), None);
+        assert_eq!(stack_below(&parse_smaps(SMAPS), sp, 0x4000), None);
+    }
+
+    #[test]
     fn released_code_runs_again() {
         // This test binary's own code and constants are dropped, then used: the pages come
         // back from the file with the same content.
         let before: Vec<u8> = SMAPS.as_bytes().to_vec();
-        let released = release_code_pages().expect("smaps is readable");
-        assert!(released > 0, "a running test binary has resident code");
+        let released = release_start_up_pages().expect("smaps is readable");
+        assert!(
+            released.code_kib > 0,
+            "a running test binary has resident code"
+        );
         assert_eq!(SMAPS.as_bytes(), &before[..]);
         assert_eq!(parse_smaps(SMAPS).len(), 8);
     }
