@@ -573,7 +573,15 @@ fn run_one(rt: &tokio::runtime::Runtime, args: &Args, n: usize, imp: Impl) -> Re
     let want = (n - 1) * mesh::BLOCKS_PER_NODE;
     let converged = converge(rt, &mut probes, want, t0, args, imp);
     let (at, slowest) = match converged {
-        Ok(c) => c,
+        Ok(c) => {
+            // Said now (the row comes after the idle minute): scripts/code-order waits for it.
+            eprintln!(
+                "scale_bench: N={n} {}: converged; idle for {} s",
+                imp.name(),
+                args.settle_secs + args.idle_secs
+            );
+            c
+        }
         Err(e) if INTERRUPTED.load(Ordering::SeqCst) => return Err(format!("N={n}: {e}")),
         Err(e) => {
             let why = daemons.exited().map_or(String::new(), |(i, s)| {
