@@ -193,9 +193,22 @@ pub enum FromSession {
 /// The deadlines of the FSM's running timers, one slot per kind: a handful of kinds, so an
 /// array in the session rather than a map of its own on the heap for every session.
 #[derive(Debug, Default)]
-struct Timers([Option<Instant>; 6]);
+struct Timers([Option<Instant>; Timers::KINDS]);
 
 impl Timers {
+    const KINDS: usize = 6;
+
+    /// Every kind, each at its slot (a test checks the two agree; `slot`'s match is
+    /// exhaustive, so a new kind must be given a slot, and then a place here).
+    const ALL: [Timer; Self::KINDS] = [
+        Timer::ConnectRetry,
+        Timer::Hold,
+        Timer::Keepalive,
+        Timer::IdleHold,
+        Timer::Stable,
+        Timer::CollisionWait,
+    ];
+
     fn slot(t: Timer) -> usize {
         match t {
             Timer::ConnectRetry => 0,
@@ -206,15 +219,6 @@ impl Timers {
             Timer::CollisionWait => 5,
         }
     }
-
-    const ALL: [Timer; 6] = [
-        Timer::ConnectRetry,
-        Timer::Hold,
-        Timer::Keepalive,
-        Timer::IdleHold,
-        Timer::Stable,
-        Timer::CollisionWait,
-    ];
 
     fn set(&mut self, t: Timer, at: Instant) {
         self.0[Self::slot(t)] = Some(at);

@@ -297,4 +297,8 @@ fn timers_fire_in_a_fixed_order_and_a_stopped_one_not_at_all() {
     // Not yet due: stays.
     assert!(!t.take_due(Timer::Keepalive, now));
     assert_eq!(t.next(), Some(now + Duration::from_secs(5)));
+    // Every kind has its own slot, and the list of kinds names each at its slot.
+    for (i, k) in Timers::ALL.iter().enumerate() {
+        assert_eq!(Timers::slot(*k), i, "{k:?}");
+    }
 }
