@@ -287,6 +287,23 @@ impl SqliteStore {
         &self.inner.path
     }
 
+    /// Gives back the memory both connections hold for pages they have read (SQLite's page
+    /// cache), for a process that has gone quiet: an idle bgpd's queries read a few pages
+    /// every 30 s, while the cache keeps every page read since the file last changed.
+    /// Pages are read again, from the OS's cache, when a query needs them.
+    pub async fn release_memory(&self) -> Result<()> {
+        let inner = self.inner.clone();
+        blocking(move || {
+            for conn in [&inner.writer, &inner.reader] {
+                let conn = conn.lock().unwrap_or_else(|p| p.into_inner());
+                conn.execute_batch("PRAGMA shrink_memory")
+                    .map_err(backend)?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
     async fn with_reader<T: Send + 'static>(
         &self,
         f: impl FnOnce(&mut Connection) -> rusqlite::Result<T> + Send + 'static,
@@ -843,6 +860,48 @@ mod tests {
         };
         assert_eq!(rc, rusqlite::ffi::SQLITE_OK);
         assert_eq!(high, 0, "a connection used lookaside memory");
+    }
+
+    #[tokio::test]
+    async fn released_memory_is_the_page_cache_and_reads_go_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = SqliteStore::open(dir.path().join("s.db"), SqliteOptions::default())
+            .await
+            .unwrap();
+        // Enough rows for a few dozen pages, all read back into the reader's cache.
+        for i in 0..64 {
+            store
+                .create(&format!("k/{i:03}"), vec![7; 1500])
+                .await
+                .unwrap();
+        }
+        assert_eq!(store.list("k/").await.unwrap().items.len(), 64);
+        let cached = || {
+            let (mut cur, mut high) = (0, 0);
+            let conn = store.inner.reader.lock().unwrap();
+            // SAFETY: the open connection's handle and two out-parameters of ours.
+            let rc = unsafe {
+                rusqlite::ffi::sqlite3_db_status(
+                    conn.handle(),
+                    rusqlite::ffi::SQLITE_DBSTATUS_CACHE_USED,
+                    &mut cur,
+                    &mut high,
+                    0,
+                )
+            };
+            assert_eq!(rc, rusqlite::ffi::SQLITE_OK);
+            cur
+        };
+        let before = cached();
+        assert!(
+            before > 64 * 1024,
+            "the reader caches the pages it read: {before} B"
+        );
+        store.release_memory().await.unwrap();
+        let after = cached();
+        assert!(after < before / 4, "page cache {before} B -> {after} B");
+        // Nothing is lost: the next read reads the pages again.
+        assert_eq!(store.list("k/").await.unwrap().items.len(), 64);
     }
 
     #[test]
