@@ -65,7 +65,7 @@ pub async fn run(config: Config, path: Option<std::path::PathBuf>) -> Result<(),
         bgp.clone(),
         start_up_over_tx,
     ));
-    tokio::spawn(crate::resident::run(start_up_over));
+    tokio::spawn(crate::resident::run(start_up_over, datastore.clone()));
     let info = DaemonInfo {
         node: config.node.name.clone(),
         datastore,

@@ -1,6 +1,7 @@
-//! Gives the kernel back the memory a running bgpd no longer uses, once start-up is over:
-//! the pages of its own code and read-only data that only start-up touched, the main
-//! thread's stack below the frames in use, and the free pages the C library's allocator
+//! Gives the kernel back the memory a running bgpd no longer uses, once start-up is over and
+//! again after each burst of work (a big mesh converging, a full table arriving): the pages
+//! of its own code and read-only data that only that work touched, the main thread's stack
+//! below the frames in use, SQLite's page cache and the free pages the C library's allocator
 //! keeps.
 //!
 //! **Why.** A node's resident memory is mostly bgpd's code: configuration, SQLite's schema,
@@ -9,6 +10,11 @@
 //! process's life although most are never run again. Unmapping them (`MADV_DONTNEED`) costs
 //! nothing that matters: they stay in the page cache, and code that runs again is mapped
 //! again at its next call (a minor fault), so what stays resident is what the node runs.
+//!
+//! **When.** Once, [`SETTLE`] after start-up is over; then whenever a look at the process's
+//! CPU time ([`LOOK_EVERY`]) finds a quiet period after a busy one ([`Bursts`]): in a mesh of
+//! a few hundred nodes the sessions converge well after start-up, and what converging ran
+//! stayed mapped. An idle node is never busy, so it releases nothing more.
 //!
 //! **Boundaries.** Only mappings of the bgpd executable that are not writable and hold no
 //! private (anonymous) page are released: for those the file's content is the memory's
@@ -21,6 +27,8 @@
 use std::time::Duration;
 
 use tokio::sync::watch;
+
+use crate::datastore::DatastoreHandle;
 
 /// One mapping of `/proc/self/smaps`: what [`releasable`] decides on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -106,10 +114,12 @@ pub fn stack_below(maps: &[Mapping], sp: usize, margin: usize) -> Option<(usize,
 /// Room left below this function's frame for the calls it makes while releasing its stack.
 const STACK_MARGIN: usize = 16 * 1024;
 
-/// What [`release_start_up_pages`] gave back, KiB resident before.
+/// What [`release_unused_pages`] gave back.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Released {
+    /// Code and read-only data, KiB resident before.
     pub code_kib: u64,
+    /// The stack range advised, KiB (what of it was resident is not read again).
     pub stack_kib: u64,
 }
 
@@ -117,7 +127,7 @@ pub struct Released {
 /// unused stack (see the module's boundaries). Never inlined: `scripts/code-order` counts
 /// its calls to know that every node of its mesh has released its start-up pages.
 #[inline(never)]
-pub fn release_start_up_pages() -> std::io::Result<Released> {
+pub fn release_unused_pages() -> std::io::Result<Released> {
     let exe = std::fs::read_link("/proc/self/exe")?;
     let maps = parse_smaps(&std::fs::read_to_string("/proc/self/smaps")?);
     let dontneed = |start: usize, end: usize| {
@@ -135,18 +145,10 @@ pub fn release_start_up_pages() -> std::io::Result<Released> {
     let here = 0u8;
     let sp = std::hint::black_box(&here) as *const u8 as usize;
     if let Some((start, end)) = stack_below(&maps, sp, STACK_MARGIN) {
-        let before = maps
-            .iter()
-            .find(|m| m.path == "[stack]")
-            .map_or(0, |m| m.rss_kib);
         // Below this frame by more than the margin: no live frame is there, and the pages
         // read as zeros when the stack grows into them again.
         if dontneed(start, end) {
-            let after = parse_smaps(&std::fs::read_to_string("/proc/self/smaps")?)
-                .into_iter()
-                .find(|m| m.path == "[stack]")
-                .map_or(before, |m| m.rss_kib);
-            released.stack_kib = before.saturating_sub(after);
+            released.stack_kib = ((end - start) / 1024) as u64;
         }
     }
     Ok(released)
@@ -168,21 +170,82 @@ pub fn trim_heap() {
 /// started: it lies among the start-up code, see `scripts/code-order`.)
 pub const SETTLE: Duration = Duration::from_secs(5);
 
+/// How often the process's CPU time is looked at, after the first release, for a burst of
+/// work that has ended. An idle process is woken this often for one `clock_gettime`.
+pub const LOOK_EVERY: Duration = Duration::from_secs(30);
+
+/// Finds the ends of bursts of work from the CPU time of successive look periods: a period is
+/// busy when the process used at least a thousandth of a core (30 ms in 30 s: an idle node
+/// with 200 sessions uses some 5 ms, a node converging in a 200-node mesh some 200 ms), and
+/// the pages are released after the first quiet period that follows a busy one. Steady work
+/// releases nothing until it stops; each burst is released once.
+#[derive(Debug, Default)]
+pub struct Bursts {
+    busy_since_release: bool,
+}
+
+impl Bursts {
+    /// One look: `cpu` used over `period`. Whether to release now.
+    pub fn look(&mut self, cpu: Duration, period: Duration) -> bool {
+        if cpu * 1000 >= period {
+            self.busy_since_release = true;
+            return false;
+        }
+        std::mem::take(&mut self.busy_since_release)
+    }
+}
+
+/// CPU time used by this process so far, all threads.
+pub fn process_cpu_time() -> Duration {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a plain syscall writing to our timespec.
+    if unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut t) } != 0 {
+        return Duration::ZERO;
+    }
+    Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+}
+
+/// Gives back what the work just done alone used (`after`: what that was, for the log):
+/// the datastore's cache, the allocator's free pages, then the unused pages.
+async fn release(datastore: &DatastoreHandle, after: &str) {
+    if let Some(store) = datastore.store()
+        && let Err(e) = store.release_memory().await
+    {
+        tracing::debug!(error = %e, "the datastore's cache kept");
+    }
+    trim_heap();
+    match release_unused_pages() {
+        Ok(r) => tracing::info!(
+            code_kib = r.code_kib,
+            stack_kib = r.stack_kib,
+            "unused code and stack pages released after {after}"
+        ),
+        Err(e) => tracing::info!(error = %e, "unused pages kept after {after}"),
+    }
+}
+
 /// Waits until start-up is over (`started`: the first cluster state this node applied) and
-/// [`SETTLE`] more, then gives back what start-up alone used.
-pub async fn run(mut started: watch::Receiver<bool>) {
+/// [`SETTLE`] more, then gives back what start-up alone used; afterwards, what each burst of
+/// work alone used (see [`Bursts`]).
+pub async fn run(mut started: watch::Receiver<bool>, datastore: DatastoreHandle) {
     if started.wait_for(|s| *s).await.is_err() {
         return;
     }
     tokio::time::sleep(SETTLE).await;
-    trim_heap();
-    match release_start_up_pages() {
-        Ok(r) => tracing::info!(
-            code_kib = r.code_kib,
-            stack_kib = r.stack_kib,
-            "start-up's code and stack pages released"
-        ),
-        Err(e) => tracing::info!(error = %e, "start-up's pages kept"),
+    release(&datastore, "start-up").await;
+    let mut bursts = Bursts::default();
+    let (mut at, mut cpu) = (tokio::time::Instant::now(), process_cpu_time());
+    loop {
+        tokio::time::sleep(LOOK_EVERY).await;
+        let (now, cpu_now) = (tokio::time::Instant::now(), process_cpu_time());
+        if bursts.look(cpu_now.saturating_sub(cpu), now - at) {
+            release(&datastore, "a burst of work").await;
+        }
+        // The release's own work is not the next period's.
+        (at, cpu) = (tokio::time::Instant::now(), process_cpu_time());
     }
 }
 
@@ -270,12 +333,48 @@ Anonymous:             4 kB
         // This test binary's own code and constants are dropped, then used: the pages come
         // back from the file with the same content.
         let before: Vec<u8> = SMAPS.as_bytes().to_vec();
-        let released = release_start_up_pages().expect("smaps is readable");
+        let released = release_unused_pages().expect("smaps is readable");
         assert!(
             released.code_kib > 0,
             "a running test binary has resident code"
         );
         assert_eq!(SMAPS.as_bytes(), &before[..]);
         assert_eq!(parse_smaps(SMAPS).len(), 8);
+    }
+
+    #[test]
+    fn each_burst_is_released_once_when_it_has_ended() {
+        let period = LOOK_EVERY;
+        let idle = Duration::from_millis(5);
+        let busy = Duration::from_millis(200);
+        let mut b = Bursts::default();
+        // Idle from the start: nothing to release.
+        assert!(!b.look(idle, period));
+        assert!(!b.look(Duration::ZERO, period));
+        // Busy, still busy, then quiet: once, at the end.
+        assert!(!b.look(busy, period));
+        assert!(!b.look(busy, period));
+        assert!(b.look(idle, period));
+        assert!(!b.look(idle, period));
+        // The bound is a thousandth of the period, whatever the period.
+        assert!(!b.look(period / 1000, period));
+        assert!(b.look(period / 1000 - Duration::from_nanos(1), period));
+        assert!(!b.look(Duration::from_millis(2), Duration::from_secs(1)));
+        assert!(b.look(Duration::ZERO, Duration::from_secs(1)));
+    }
+
+    #[test]
+    fn the_process_cpu_time_counts_work() {
+        let before = process_cpu_time();
+        let mut x = 0u64;
+        let start = std::time::Instant::now();
+        while start.elapsed() < Duration::from_millis(30) {
+            x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+        }
+        let used = process_cpu_time() - before;
+        assert!(
+            used >= Duration::from_millis(20),
+            "30 ms of work counted {used:?}"
+        );
     }
 }
