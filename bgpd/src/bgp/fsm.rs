@@ -96,6 +96,10 @@ pub struct FsmConfig {
     /// `connect_retry` before the doubling starts: peers that start together refuse
     /// connections until they listen, and a refusal costs nothing.
     pub connect_retry_fast: u32,
+    /// When set, a refused attempt is retried after this (jittered) instead of the back-off:
+    /// for a peer that connects to us itself once it listens (another node), whose own
+    /// attempt at its start is what brings the session up.
+    pub refused_retry: Option<Duration>,
     /// First idle hold after a session error; doubled per consecutive error up to the max.
     pub idle_hold: Duration,
     pub idle_hold_max: Duration,
@@ -122,6 +126,7 @@ impl FsmConfig {
             connect_retry: Duration::from_secs(5),
             connect_retry_max: Duration::from_secs(120),
             connect_retry_fast: 0,
+            refused_retry: None,
             idle_hold: Duration::from_secs(1),
             idle_hold_max: Duration::from_secs(60),
             jitter_seed: 0x9e37_79b9_7f4a_7c15,
@@ -196,6 +201,8 @@ pub enum Event {
     Accepted,
     /// The connection attempt failed, or the connection closed.
     ConnectionFailed,
+    /// The connection attempt was refused: nothing listens at the peer's port (yet).
+    ConnectionRefused,
     ConnectionClosed,
     /// A decoded message on the current connection.
     Message(Decoded),
@@ -356,7 +363,7 @@ impl Fsm {
                 out.push(Action::StopTimer(Timer::IdleHold));
             }
             Event::Connected | Event::Accepted => self.connected_event(&mut out),
-            Event::ConnectionFailed => match self.state {
+            Event::ConnectionFailed | Event::ConnectionRefused => match self.state {
                 State::Connect | State::Active => {
                     // Try again after the back-off; the passive side keeps waiting.
                     self.state = if self.config.passive {
@@ -364,7 +371,10 @@ impl Fsm {
                     } else {
                         State::Connect
                     };
-                    let d = self.retry_delay();
+                    let d = match self.config.refused_retry {
+                        Some(d) if matches!(event, Event::ConnectionRefused) => self.jitter(d),
+                        _ => self.retry_delay(),
+                    };
                     out.push(Action::StartTimer(Timer::ConnectRetry, d));
                 }
                 State::Idle => {}

@@ -440,7 +440,12 @@ impl Session {
                         Err(e) => {
                             tracing::debug!(peer = %self.remote, error = %e, "connect failed");
                             self.connect_failed(e.to_string());
-                            Box::pin(self.feed(Event::ConnectionFailed)).await;
+                            let event = if e.kind() == std::io::ErrorKind::ConnectionRefused {
+                                Event::ConnectionRefused
+                            } else {
+                                Event::ConnectionFailed
+                            };
+                            Box::pin(self.feed(event)).await;
                         }
                     }
                     // Ours connected: the waiting one collides with it; ours failed: the

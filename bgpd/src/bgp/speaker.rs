@@ -189,10 +189,15 @@ impl PeerSpec {
         fc.connect_retry_max = std::time::Duration::from_secs(5);
         if self.peer_connects {
             // Both nodes of a pair connect, and each listens before it does: of two nodes
-            // that start, the later one's attempt finds the other listening. Our refused
-            // attempt is retried at Calico's BIRD `connect retry time 5` (jittered): retrying
-            // sooner was only refused again (at 200 nodes, well over half of all connects were).
+            // that start, the later one's attempt finds the other listening. So a refused
+            // attempt (the peer is not listening yet) is retried only after 30 s, a safety
+            // net: retried every 5 s it was refused again, or collided with the peer's own
+            // attempt at its start (at 200 nodes a third of all connects were refused and a
+            // third of the accepted connections collided, and the slowest runs had most).
+            // Other failures (a timeout) are retried at Calico's BIRD `connect retry time 5`
+            // (jittered).
             fc.connect_retry = fc.connect_retry_max;
+            fc.refused_retry = Some(std::time::Duration::from_secs(30));
         } else {
             // A peer that does not connect to us is found only by retrying: soon at first,
             // every 0.5 s for 5 s (it is likely starting too; doubling at once left us
@@ -1583,20 +1588,24 @@ mod tests {
         s.parse().unwrap()
     }
 
-    /// The ConnectRetry intervals of a peer's first `n` refused attempts.
-    fn retries(spec: &PeerSpec, n: usize) -> Vec<std::time::Duration> {
+    /// The ConnectRetry intervals of a peer's first `n` attempts that end with `failure`.
+    fn retries(
+        spec: &PeerSpec,
+        n: usize,
+        failure: super::super::fsm::Event,
+    ) -> Vec<std::time::Duration> {
         use super::super::fsm::{Action, Event, Timer};
         let mut fsm = Fsm::new(spec.fsm_config(Asn(64512), Ipv4Addr::new(10, 0, 0, 1)));
         let mut out = Vec::new();
         let mut actions = fsm.handle(Event::Start);
         while out.len() < n {
             assert!(actions.contains(&Action::Connect), "{actions:?}");
-            actions = fsm.handle(Event::ConnectionFailed);
+            actions = fsm.handle(failure.clone());
             let d = actions.iter().find_map(|a| match a {
                 Action::StartTimer(Timer::ConnectRetry, d) => Some(*d),
                 _ => None,
             });
-            out.push(d.expect("a refused attempt is retried"));
+            out.push(d.expect("a failed attempt is retried"));
             actions = fsm.handle(Event::TimerExpired(Timer::ConnectRetry));
         }
         out
@@ -1604,10 +1613,11 @@ mod tests {
 
     #[test]
     fn a_node_that_connects_to_us_is_retried_slowly_a_router_soon() {
+        use super::super::fsm::Event;
         use std::time::Duration;
         let mut node = PeerSpec::new(Ipv4Addr::new(10, 0, 0, 2), Asn(64512));
         node.peer_connects = true;
-        let r = retries(&node, 30);
+        let r = retries(&node, 30, Event::ConnectionFailed);
         assert!(
             r.iter()
                 .all(|d| (Duration::from_millis(3750)..=Duration::from_secs(5)).contains(d)),
@@ -1615,21 +1625,31 @@ mod tests {
         );
         // Jittered: nodes refused together do not all come back together.
         assert!(r.windows(2).any(|w| w[0] != w[1]), "{r:?}");
+        // Refused: the node is not listening yet, and connects to us once it does.
+        let r = retries(&node, 30, Event::ConnectionRefused);
+        assert!(
+            r.iter()
+                .all(|d| (Duration::from_millis(22_500)..=Duration::from_secs(30)).contains(d)),
+            "{r:?}"
+        );
+        assert!(r.windows(2).any(|w| w[0] != w[1]), "{r:?}");
         let router = PeerSpec::new(Ipv4Addr::new(192, 0, 2, 1), Asn(65000));
-        let r = retries(&router, 30);
-        // Every 0.5 s for 5 s (a refused attempt and the retry after it are two timer
-        // starts), then doubling to 5 s.
-        let (fast, slow) = r.split_at(10);
-        assert!(
-            fast.iter().all(|d| *d <= Duration::from_millis(500)),
-            "{r:?}"
-        );
-        let slow_range = Duration::from_millis(501)..=Duration::from_secs(5);
-        assert!(slow.iter().all(|d| slow_range.contains(d)), "{r:?}");
-        assert!(
-            slow.last().unwrap() >= &Duration::from_millis(3750),
-            "{r:?}"
-        );
+        for failure in [Event::ConnectionFailed, Event::ConnectionRefused] {
+            let r = retries(&router, 30, failure);
+            // Every 0.5 s for 5 s (a refused attempt and the retry after it are two timer
+            // starts), then doubling to 5 s.
+            let (fast, slow) = r.split_at(10);
+            assert!(
+                fast.iter().all(|d| *d <= Duration::from_millis(500)),
+                "{r:?}"
+            );
+            let slow_range = Duration::from_millis(501)..=Duration::from_secs(5);
+            assert!(slow.iter().all(|d| slow_range.contains(d)), "{r:?}");
+            assert!(
+                slow.last().unwrap() >= &Duration::from_millis(3750),
+                "{r:?}"
+            );
+        }
     }
 
     #[test]

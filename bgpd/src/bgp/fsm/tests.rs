@@ -788,3 +788,38 @@ fn the_first_retries_stay_at_the_base_interval_then_back_off() {
     assert!(ds[8] >= Duration::from_millis(3750), "{ds:?}");
     assert!(ds.iter().all(|d| *d <= Duration::from_secs(5)));
 }
+
+#[test]
+fn a_refused_attempt_waits_the_refused_retry_where_one_is_set() {
+    // Without one, a refusal is a failure like any other.
+    let mut f = Fsm::new(cfg());
+    let start = timer(&f.handle(Event::Start), Timer::ConnectRetry).unwrap();
+    let refused = timer(&f.handle(Event::ConnectionRefused), Timer::ConnectRetry).unwrap();
+    let mut g = Fsm::new(cfg());
+    g.handle(Event::Start);
+    let failed = timer(&g.handle(Event::ConnectionFailed), Timer::ConnectRetry).unwrap();
+    assert_eq!(refused, failed);
+    assert!(start <= refused, "{start:?} {refused:?}");
+
+    let mut c = cfg();
+    c.connect_retry_max = Duration::from_secs(5);
+    c.refused_retry = Some(Duration::from_secs(30));
+    let mut f = Fsm::new(c);
+    f.handle(Event::Start);
+    for _ in 0..5 {
+        let a = f.handle(Event::ConnectionRefused);
+        let d = timer(&a, Timer::ConnectRetry).unwrap();
+        assert!(
+            (Duration::from_millis(22_500)..=Duration::from_secs(30)).contains(&d),
+            "{d:?}"
+        );
+        assert_eq!(f.state(), State::Connect);
+        assert!(
+            f.handle(Event::TimerExpired(Timer::ConnectRetry))
+                .contains(&Action::Connect)
+        );
+    }
+    // A timeout or an unreachable peer is retried at the usual interval.
+    let d = timer(&f.handle(Event::ConnectionFailed), Timer::ConnectRetry).unwrap();
+    assert!(d <= Duration::from_secs(5), "{d:?}");
+}
