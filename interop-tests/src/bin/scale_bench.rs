@@ -78,6 +78,10 @@ struct Args {
     /// of none.
     #[arg(long)]
     bird_log: bool,
+    /// Keep each run's directory (the daemons' logs and configurations) and say where; a
+    /// failed run's is always kept.
+    #[arg(long)]
+    keep: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -627,6 +631,13 @@ fn run_one(rt: &tokio::runtime::Runtime, args: &Args, n: usize, imp: Impl) -> Re
     drop(probes);
     drop(daemons);
     drop(mesh);
+    if args.keep {
+        eprintln!(
+            "scale_bench: N={n} {}: logs in {}",
+            imp.name(),
+            dir.keep().display()
+        );
+    }
     Ok(Row {
         n,
         imp,
