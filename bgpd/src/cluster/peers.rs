@@ -12,10 +12,11 @@
 //!   which replace a global one for the same address; an explicit peering replaces a derived
 //!   one;
 //! - between two nodes both sides connect (`peer_connects`), and a refused attempt is
-//!   retried after 5 s: of two nodes that start, the later one's attempt succeeds. Calico's
-//!   templates make one side passive instead (the lexically larger address string waits),
-//!   which leaves the early node retrying against a peer that is not up yet; collisions of
-//!   the two connections are resolved by RFC 4271's rule.
+//!   retried only after 30 s (other failures after 5 s): of two nodes that start, the later
+//!   one's attempt succeeds. Calico's templates make one side passive instead (the
+//!   lexically larger address string waits), which leaves the early node retrying against
+//!   a peer that is not up yet; collisions of the two connections are resolved by RFC
+//!   4271's rule.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
