@@ -847,19 +847,18 @@ mod tests {
             r.get::<_, i64>(0)
         })
         .unwrap();
+        let (_, high) = db_status(&conn, rusqlite::ffi::SQLITE_DBSTATUS_LOOKASIDE_HIT);
+        assert_eq!(high, 0, "a connection used lookaside memory");
+    }
+
+    /// A connection's statistic `op` (`sqlite3_db_status`): current and highest value.
+    fn db_status(conn: &Connection, op: std::ffi::c_int) -> (std::ffi::c_int, std::ffi::c_int) {
         let (mut cur, mut high) = (0, 0);
         // SAFETY: the open connection's handle and two out-parameters of ours.
-        let rc = unsafe {
-            rusqlite::ffi::sqlite3_db_status(
-                conn.handle(),
-                rusqlite::ffi::SQLITE_DBSTATUS_LOOKASIDE_HIT,
-                &mut cur,
-                &mut high,
-                0,
-            )
-        };
+        let rc =
+            unsafe { rusqlite::ffi::sqlite3_db_status(conn.handle(), op, &mut cur, &mut high, 0) };
         assert_eq!(rc, rusqlite::ffi::SQLITE_OK);
-        assert_eq!(high, 0, "a connection used lookaside memory");
+        (cur, high)
     }
 
     #[tokio::test]
@@ -877,20 +876,8 @@ mod tests {
         }
         assert_eq!(store.list("k/").await.unwrap().items.len(), 64);
         let cached = || {
-            let (mut cur, mut high) = (0, 0);
             let conn = store.inner.reader.lock().unwrap();
-            // SAFETY: the open connection's handle and two out-parameters of ours.
-            let rc = unsafe {
-                rusqlite::ffi::sqlite3_db_status(
-                    conn.handle(),
-                    rusqlite::ffi::SQLITE_DBSTATUS_CACHE_USED,
-                    &mut cur,
-                    &mut high,
-                    0,
-                )
-            };
-            assert_eq!(rc, rusqlite::ffi::SQLITE_OK);
-            cur
+            db_status(&conn, rusqlite::ffi::SQLITE_DBSTATUS_CACHE_USED).0
         };
         let before = cached();
         assert!(
