@@ -125,7 +125,7 @@ pub struct Released {
 
 /// Unmaps the releasable pages of this executable and, when called on the main thread, its
 /// unused stack (see the module's boundaries). Never inlined: `scripts/code-order` counts
-/// its calls to know that every node of its mesh has released its start-up pages.
+/// its calls (a node's first, 5 s after start-up; a next one no sooner than 30 s later).
 #[inline(never)]
 pub fn release_unused_pages() -> std::io::Result<Released> {
     let exe = std::fs::read_link("/proc/self/exe")?;
