@@ -125,7 +125,8 @@ pub struct Released {
 
 /// Unmaps the releasable pages of this executable and, when called on the main thread, its
 /// unused stack (see the module's boundaries). Never inlined: `scripts/code-order` counts
-/// its calls (a node's first, 5 s after start-up; a next one no sooner than 30 s later).
+/// its calls (a node's first two, at once and 5 s after start-up; a next one no sooner than
+/// 30 s later).
 #[inline(never)]
 pub fn release_unused_pages() -> std::io::Result<Released> {
     let exe = std::fs::read_link("/proc/self/exe")?;
@@ -164,10 +165,10 @@ pub fn trim_heap() {
     }
 }
 
-/// How long after start-up is over the pages are released: time for the node's sessions to
-/// come up and exchange their routes, so that what is mapped again afterwards is what a
-/// running node runs. (Released at once, most of the code came back while the sessions
-/// started: it lies among the start-up code, see `scripts/code-order`.)
+/// How long after start-up is over the pages are released a second time: time for the
+/// node's sessions to come up and exchange their routes, so that what is mapped again
+/// afterwards is what a running node runs. (The first release, at once, gives back what
+/// start-up alone ran; `scripts/code-order` lays the sessions' code before it.)
 pub const SETTLE: Duration = Duration::from_secs(5);
 
 /// How often the process's CPU time is looked at, after the first release, for a burst of
@@ -227,15 +228,18 @@ async fn release(datastore: &DatastoreHandle, after: &str) {
     }
 }
 
-/// Waits until start-up is over (`started`: the first cluster state this node applied) and
-/// [`SETTLE`] more, then gives back what start-up alone used; afterwards, what each burst of
-/// work alone used (see [`Bursts`]).
+/// Waits until start-up is over (`started`: the first cluster state this node applied), then
+/// gives back what start-up alone used: at once, before the sessions map their code (a
+/// 10-node mesh converges within a tenth of a second, and start-up's pages were most of its
+/// memory then), and again [`SETTLE`] later, what the sessions' start alone used;
+/// afterwards, what each burst of work alone used (see [`Bursts`]).
 pub async fn run(mut started: watch::Receiver<bool>, datastore: DatastoreHandle) {
     if started.wait_for(|s| *s).await.is_err() {
         return;
     }
-    tokio::time::sleep(SETTLE).await;
     release(&datastore, "start-up").await;
+    tokio::time::sleep(SETTLE).await;
+    release(&datastore, "the sessions' start").await;
     let mut bursts = Bursts::default();
     let (mut at, mut cpu) = (tokio::time::Instant::now(), process_cpu_time());
     loop {
