@@ -82,6 +82,15 @@ struct Args {
     /// failed run's is always kept.
     #[arg(long)]
     keep: bool,
+    /// bgpd: start node 0 alone and the other nodes this many seconds later, so that what
+    /// node 0 runs once its start-up is over, as the mesh forms, comes apart from its
+    /// start-up (`scripts/code-order`). Convergence is timed from the others' start.
+    #[arg(long, default_value_t = 0)]
+    first_alone_secs: u64,
+    /// bgpd: the executable of every node but node 0 (default: node 0's, built beside
+    /// scale_bench); `scripts/code-order` gives them a copy its probes do not count.
+    #[arg(long)]
+    peer_bgpd: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -496,9 +505,16 @@ fn seed(mesh: &Mesh, spec: &str) -> Result<(), String> {
         .map_err(|e| format!("entering the hub namespace: {e}"))?
 }
 
-/// Starts one bgpd per node on the seeded datastore.
-fn start_bgpd(mesh: &Mesh, dir: &Path, spec: &str) -> Result<(Daemons, Vec<Probe>), String> {
+/// Starts one bgpd per node on the seeded datastore (node 0 first and alone for
+/// `--first-alone-secs`); the instant the timed start began.
+fn start_bgpd(
+    mesh: &Mesh,
+    dir: &Path,
+    spec: &str,
+    args: &Args,
+) -> Result<(Daemons, Vec<Probe>, Instant), String> {
     let bgpd = lab::try_binary("bgpd")?;
+    let peer_bgpd = args.peer_bgpd.clone().unwrap_or_else(|| bgpd.clone());
     let datastore = match spec.split_once(':') {
         Some(("sqlite", path)) => format!("[datastore]\nkind = \"sqlite\"\npath = \"{path}\"\n"),
         Some(("etcd", url)) => format!("[datastore]\nkind = \"etcd\"\nendpoints = [\"{url}\"]\n"),
@@ -522,8 +538,13 @@ fn start_bgpd(mesh: &Mesh, dir: &Path, spec: &str) -> Result<(Daemons, Vec<Probe
     }
     let mut daemons = Daemons(Vec::new());
     let mut probes = Vec::new();
+    let mut t0 = Instant::now();
     for (i, (node, (d, socket))) in mesh.nodes.iter().zip(configs).enumerate() {
-        let mut cmd = node.ns.command(&bgpd);
+        if i == 1 && args.first_alone_secs > 0 {
+            sleep_interruptible(Duration::from_secs(args.first_alone_secs))?;
+            t0 = Instant::now();
+        }
+        let mut cmd = node.ns.command(if i == 0 { &bgpd } else { &peer_bgpd });
         cmd.arg("--config")
             .arg(d.join("bgpd.toml"))
             .stdout(Stdio::null())
@@ -546,7 +567,7 @@ fn start_bgpd(mesh: &Mesh, dir: &Path, spec: &str) -> Result<(Daemons, Vec<Probe
             client: None,
         });
     }
-    Ok((daemons, probes))
+    Ok((daemons, probes, t0))
 }
 
 /// One N, one implementation: topology, daemons, convergence, idle, teardown.
@@ -570,8 +591,9 @@ fn run_one(rt: &tokio::runtime::Runtime, args: &Args, n: usize, imp: Impl) -> Re
             }
             let spec = store_spec(args.store, dir.path());
             seed(&mesh, &spec)?;
-            t0 = Instant::now();
-            start_bgpd(&mesh, dir.path(), &spec)?
+            let (daemons, probes, at) = start_bgpd(&mesh, dir.path(), &spec, args)?;
+            t0 = at;
+            (daemons, probes)
         }
     };
     let want = (n - 1) * mesh::BLOCKS_PER_NODE;
