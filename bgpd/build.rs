@@ -6,9 +6,10 @@
 //! - `code-order.txt` lists the functions a node runs (recorded by `scripts/code-order`),
 //!   and the linker puts them first, together; those a running node runs after start-up
 //!   come first of all, for they are what is mapped again once `bgpd::resident` has
-//!   released start-up's pages. Names missing from the binary (the list is
-//!   older than a dependency or toolchain update) are skipped: the order only changes where
-//!   code lies, never what it does. `scripts/code-order check` says how current it is.
+//!   released start-up's pages, then those its sessions run as the mesh forms (released
+//!   once more five seconds after start-up), then start-up's own. Names missing from the
+//!   binary (the list is older than a dependency or toolchain update) are skipped: the
+//!   order only changes where code lies, never what it does. `scripts/code-order check` says how current it is.
 //! - Relative relocations are packed (DT_RELR, glibc ≥ 2.36): start-up (the static-pie
 //!   self-relocation, see `.cargo/config.toml`) reads a few KiB instead of 270 KiB of
 //!   `.rela.dyn`.
