@@ -9,7 +9,8 @@
 //!   released start-up's pages, then those its sessions run as the mesh forms (released
 //!   once more five seconds after start-up), then start-up's own. Names missing from the
 //!   binary (the list is older than a dependency or toolchain update) are skipped: the
-//!   order only changes where code lies, never what it does. `scripts/code-order check` says how current it is.
+//!   order only changes where code lies, never what it does. `scripts/code-order check`
+//!   says how current it is.
 //! - Relative relocations are packed (DT_RELR, glibc ≥ 2.36): start-up (the static-pie
 //!   self-relocation, see `.cargo/config.toml`) reads a few KiB instead of 270 KiB of
 //!   `.rela.dyn`.
