@@ -514,7 +514,7 @@ fn start_bgpd(
     args: &Args,
 ) -> Result<(Daemons, Vec<Probe>, Instant), String> {
     let bgpd = lab::try_binary("bgpd")?;
-    let peer_bgpd = args.peer_bgpd.clone().unwrap_or_else(|| bgpd.clone());
+    let peer_bgpd = args.peer_bgpd.as_deref().unwrap_or(&bgpd);
     let datastore = match spec.split_once(':') {
         Some(("sqlite", path)) => format!("[datastore]\nkind = \"sqlite\"\npath = \"{path}\"\n"),
         Some(("etcd", url)) => format!("[datastore]\nkind = \"etcd\"\nendpoints = [\"{url}\"]\n"),
@@ -544,7 +544,7 @@ fn start_bgpd(
             sleep_interruptible(Duration::from_secs(args.first_alone_secs))?;
             t0 = Instant::now();
         }
-        let mut cmd = node.ns.command(if i == 0 { &bgpd } else { &peer_bgpd });
+        let mut cmd = node.ns.command(if i == 0 { &bgpd } else { peer_bgpd });
         cmd.arg("--config")
             .arg(d.join("bgpd.toml"))
             .stdout(Stdio::null())
