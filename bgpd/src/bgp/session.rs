@@ -180,7 +180,9 @@ pub enum FromSession {
     Update {
         id: PeerId,
         epoch: u64,
-        update: UpdateDecode,
+        /// Boxed: an UPDATE's parts are most of this enum's size otherwise, and the speaker's
+        /// queue allocates room for 32 messages at a time (15 KB a block unboxed, 2.5 KB boxed).
+        update: Box<UpdateDecode>,
     },
     /// The peer asked for our routes of a family again (ROUTE-REFRESH).
     Refresh {
@@ -855,7 +857,7 @@ impl Session {
                     .send(FromSession::Update {
                         id: self.id,
                         epoch: self.epoch,
-                        update,
+                        update: Box::new(update),
                     })
                     .await;
             }

@@ -1376,6 +1376,7 @@ impl Speaker {
                 if p.epoch != Some(epoch) {
                     return;
                 }
+                let update = *update;
                 let (mut withdrawn, mut withdrawn6) =
                     split_families(update.update.withdrawn_routes());
                 let bgp_wire::Update {
