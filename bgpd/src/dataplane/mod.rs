@@ -29,6 +29,12 @@ const HISTORY: usize = 1024;
 /// copy of what changed, and a node converging in a big mesh changes every route once. A
 /// client resuming from further back gets a snapshot, which it reconciles the same way.
 const HISTORY_ITEMS: usize = 256;
+/// Live updates a watching client's task may fall behind by before it is sent a snapshot
+/// instead. The channel sets aside a slot for each from the start (32 bytes each: 32 KB
+/// for the history's 1024, in every bgpd); the task only moves updates on to the client's
+/// own queue, so it falls behind only when that queue is full, and then resuming from a
+/// snapshot is the cheaper way anyway.
+const LIVE_LAG: usize = 128;
 
 /// Which part of the desired state a change is to.
 #[derive(Clone, Copy)]
@@ -95,7 +101,7 @@ impl Hub {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_micros() as u64)
             .unwrap_or(1);
-        let (tx, _) = broadcast::channel(HISTORY);
+        let (tx, _) = broadcast::channel(LIVE_LAG);
         Self {
             state: Arc::new(Mutex::new(HubState {
                 ipam: Desired::new(),
