@@ -3,12 +3,12 @@
 
 use std::time::{Duration, Instant};
 
-use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 
 use crate::api::{Api, ApiError, DaemonInfo};
 use crate::config::Config;
 use crate::datastore;
+use crate::signals::{Signal, Signals};
 
 /// How long in-flight requests and streams get to finish after a stop signal.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
@@ -30,9 +30,8 @@ pub enum DaemonError {
 /// Runs bgpd until a stop signal. SIGHUP reloads `path` (see [`reload`]).
 pub async fn run(config: Config, path: Option<std::path::PathBuf>) -> Result<(), DaemonError> {
     let started = Instant::now();
-    let mut sigterm = signal(SignalKind::terminate()).map_err(DaemonError::Signals)?;
-    let mut sigint = signal(SignalKind::interrupt()).map_err(DaemonError::Signals)?;
-    let mut sighup = signal(SignalKind::hangup()).map_err(DaemonError::Signals)?;
+    let mut signals = Signals::catch(&[Signal::Terminate, Signal::Interrupt, Signal::Hangup])
+        .map_err(DaemonError::Signals)?;
 
     // The datastore first: a SQLite file that cannot be used stops bgpd before it serves.
     let datastore = datastore::start(&config.datastore)
@@ -95,9 +94,11 @@ pub async fn run(config: Config, path: Option<std::path::PathBuf>) -> Result<(),
     loop {
         tokio::select! {
             result = &mut server => return flatten(result),
-            _ = sigterm.recv() => { tracing::info!("SIGTERM: stopping"); break }
-            _ = sigint.recv() => { tracing::info!("SIGINT: stopping"); break }
-            _ = sighup.recv() => reload(&mut running, path.as_deref(), &speaker).await,
+            Some(signal) = signals.next() => match signal {
+                Signal::Terminate => { tracing::info!("SIGTERM: stopping"); break }
+                Signal::Interrupt => { tracing::info!("SIGINT: stopping"); break }
+                Signal::Hangup => reload(&mut running, path.as_deref(), &speaker).await,
+            },
         }
     }
     // Close the BGP sessions first: without a NOTIFICATION where graceful restart is on, so

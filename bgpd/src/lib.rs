@@ -33,6 +33,7 @@ pub mod observe;
 pub mod registration;
 pub mod resident;
 pub mod routewriter;
+pub mod signals;
 
 /// The version of margay this binary was built from.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -1195,11 +1195,11 @@ async fn stream_loop(
 
 /// Runs routewriter until SIGTERM or SIGINT. Needs the multi-threaded runtime.
 pub async fn run(config: Config) -> Result<(), AgentError> {
-    use tokio::signal::unix::{SignalKind, signal};
+    use crate::signals::{Signal, Signals};
     let cfg = config.routewriter.clone();
     let metrics = Metrics::new();
-    let mut sigterm = signal(SignalKind::terminate()).map_err(AgentError::Signal)?;
-    let mut sigint = signal(SignalKind::interrupt()).map_err(AgentError::Signal)?;
+    let mut signals =
+        Signals::catch(&[Signal::Terminate, Signal::Interrupt]).map_err(AgentError::Signal)?;
     if let Some(addr) = cfg.metrics_listen {
         let listener = metrics::bind(addr)
             .await
@@ -1230,12 +1230,9 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
     );
     loop {
         tokio::select! {
-            _ = sigterm.recv() => {
-                info!("SIGTERM: exiting and leaving the kernel as it is");
-                break;
-            }
-            _ = sigint.recv() => {
-                info!("SIGINT: exiting and leaving the kernel as it is");
+            Some(signal) = signals.next() => {
+                let name = if signal == Signal::Terminate { "SIGTERM" } else { "SIGINT" };
+                info!("{name}: exiting and leaving the kernel as it is");
                 break;
             }
             Some(u) = updates.recv() => {
