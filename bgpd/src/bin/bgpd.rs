@@ -23,15 +23,9 @@ struct Args {
 static ALLOCATOR: bgpd::hugepages::HugePageAllocator = bgpd::hugepages::HugePageAllocator;
 
 fn main() -> ExitCode {
-    let args = Args::parse();
-    let config = match Config::load(args.config.as_deref()) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("bgpd: {e}");
-            return ExitCode::FAILURE;
-        }
+    let Some((config, path)) = configure() else {
+        return ExitCode::FAILURE;
     };
-    bgpd::logging::init(config.log.level);
     let runtime = match runtime() {
         Ok(rt) => rt,
         Err(e) => {
@@ -39,11 +33,31 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(bgpd::daemon::run(config, args.config)) {
+    // Boxed, and the arguments read in a function of their own: `main`'s frame stays at
+    // the bottom of the stack for the process's life, under every task the runtime polls,
+    // so what it holds is resident for good (it was 16 KB with both inline).
+    match runtime.block_on(Box::pin(bgpd::daemon::run(config, path))) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("bgpd: {e}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// The configuration (and its file, to read again on SIGHUP), logging set up; `None` after
+/// saying why not.
+#[inline(never)]
+fn configure() -> Option<(Config, Option<PathBuf>)> {
+    let args = Args::parse();
+    match Config::load(args.config.as_deref()) {
+        Ok(config) => {
+            bgpd::logging::init(config.log.level);
+            Some((config, args.config))
+        }
+        Err(e) => {
+            eprintln!("bgpd: {e}");
+            None
         }
     }
 }
