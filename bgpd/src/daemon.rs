@@ -95,9 +95,11 @@ pub async fn run(config: Config, path: Option<std::path::PathBuf>) -> Result<(),
         tokio::select! {
             result = &mut server => return flatten(result),
             Some(signal) = signals.next() => match signal {
-                Signal::Terminate => { tracing::info!("SIGTERM: stopping"); break }
-                Signal::Interrupt => { tracing::info!("SIGINT: stopping"); break }
                 Signal::Hangup => reload(&mut running, path.as_deref(), &speaker).await,
+                Signal::Terminate | Signal::Interrupt => {
+                    tracing::info!("{}: stopping", signal.name());
+                    break;
+                }
             },
         }
     }

@@ -28,6 +28,15 @@ pub enum Signal {
 }
 
 impl Signal {
+    /// The signal's usual name, for logs: `SIGTERM`, `SIGINT`, `SIGHUP`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Signal::Terminate => "SIGTERM",
+            Signal::Interrupt => "SIGINT",
+            Signal::Hangup => "SIGHUP",
+        }
+    }
+
     fn number(self) -> libc::c_int {
         match self {
             Signal::Terminate => libc::SIGTERM,
@@ -160,6 +169,10 @@ mod tests {
         for s in [Signal::Terminate, Signal::Interrupt, Signal::Hangup] {
             assert_eq!(Signal::from_number(s.number()), Some(s));
         }
+        assert_eq!(
+            [Signal::Terminate, Signal::Interrupt, Signal::Hangup].map(Signal::name),
+            ["SIGTERM", "SIGINT", "SIGHUP"]
+        );
         assert_eq!(Signal::from_number(libc::SIGUSR1), None);
     }
 }

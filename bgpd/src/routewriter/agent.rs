@@ -1231,8 +1231,7 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
     loop {
         tokio::select! {
             Some(signal) = signals.next() => {
-                let name = if signal == Signal::Terminate { "SIGTERM" } else { "SIGINT" };
-                info!("{name}: exiting and leaving the kernel as it is");
+                info!("{}: exiting and leaving the kernel as it is", signal.name());
                 break;
             }
             Some(u) = updates.recv() => {
