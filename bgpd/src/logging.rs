@@ -44,9 +44,9 @@ pub fn init(level: LogLevel) {
 }
 
 /// A subscriber that writes each enabled event as one line to `out`.
-pub struct LineLogger<F> {
-    pub max: LevelFilter,
-    pub out: F,
+struct LineLogger<F> {
+    max: LevelFilter,
+    out: F,
 }
 
 impl<F: Fn(&str) + Send + Sync + 'static> Subscriber for LineLogger<F> {

@@ -198,12 +198,19 @@ impl Bursts {
 
 /// CPU time used by this process so far, all threads.
 pub fn process_cpu_time() -> Duration {
+    cpu_time(libc::CLOCK_PROCESS_CPUTIME_ID)
+}
+
+/// The time of a CPU-time clock (`CLOCK_PROCESS_CPUTIME_ID`, `CLOCK_THREAD_CPUTIME_ID`);
+/// zero if it cannot be read.
+#[inline]
+pub fn cpu_time(clock: libc::clockid_t) -> Duration {
     let mut t = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
     // SAFETY: a plain syscall writing to our timespec.
-    if unsafe { libc::clock_gettime(libc::CLOCK_PROCESS_CPUTIME_ID, &mut t) } != 0 {
+    if unsafe { libc::clock_gettime(clock, &mut t) } != 0 {
         return Duration::ZERO;
     }
     Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
