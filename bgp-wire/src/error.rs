@@ -1,10 +1,11 @@
 //! Errors: every decode error names the NOTIFICATION (code, subcode, data) that RFC 4271 §6
 //! (and RFC 4760, 5492, 7313) assigns to it, so the session can answer a peer straight from
 //! the error. UPDATE errors are further classified by RFC 7606 (see [`Disposition`]).
+//!
+//! Above `types` only: the NOTIFICATION message itself, and [`DecodeError::notification`]
+//! which builds it, are in the `notification` module, which builds on this one.
 
 use std::fmt;
-
-use crate::notification::Notification;
 
 /// What went wrong, as far as the NOTIFICATION is concerned: one variant per (code, subcode).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -158,15 +159,6 @@ impl DecodeError {
             data: data.to_vec(),
         }
     }
-
-    /// The NOTIFICATION message that answers this error.
-    pub fn notification(&self) -> Notification {
-        Notification {
-            code: self.kind.code(),
-            subcode: self.kind.subcode(),
-            data: self.data.clone(),
-        }
-    }
 }
 
 /// Why encoding failed. Encoders never write a partial message: on error the caller's buffer
@@ -288,16 +280,5 @@ mod tests {
         for (kind, code, subcode) in cases {
             assert_eq!((kind.code(), kind.subcode()), (code, subcode), "{kind:?}");
         }
-    }
-
-    #[test]
-    fn notification_carries_the_data() {
-        let e = DecodeError::with_data(ErrorKind::BadMessageLength, "short", &[0, 18]);
-        let n = e.notification();
-        assert_eq!(
-            (n.code, n.subcode, n.data.as_slice()),
-            (1, 2, &[0u8, 18][..])
-        );
-        assert_eq!(e.to_string(), "bad message length (1/2): short");
     }
 }

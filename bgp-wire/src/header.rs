@@ -3,14 +3,11 @@
 
 use crate::cursor::Put;
 use crate::error::{DecodeError, EncodeError, ErrorKind};
-use crate::session::SessionParams;
+use crate::params::SessionParams;
+use crate::types::MAX_MESSAGE_LEN;
 
 /// Octets in the fixed header.
 pub const HEADER_LEN: usize = 19;
-/// Largest message without the extended-message capability (RFC 4271).
-pub const MAX_MESSAGE_LEN: usize = 4096;
-/// Largest message once extended messages are negotiated (RFC 8654).
-pub const MAX_EXTENDED_MESSAGE_LEN: usize = 65535;
 
 const MARKER: [u8; 16] = [0xFF; 16];
 
@@ -227,7 +224,7 @@ mod tests {
             panic!()
         };
         assert_eq!(e.kind, ErrorKind::ConnectionNotSynchronized);
-        assert_eq!((e.notification().code, e.notification().subcode), (1, 1));
+        assert_eq!((e.kind.code(), e.kind.subcode()), (1, 1));
     }
 
     #[test]

@@ -21,6 +21,11 @@
 //! and [`attributes`]. Prefixes: [`Ipv4Prefix`], [`Ipv6Prefix`], [`NlriIter`]. Session state:
 //! [`SessionParams`]. Adj-RIB-Out packing: [`pack`].
 //!
+//! **Layers.** Modules depend only on modules below them, never in a cycle: `cursor` and
+//! `types`; `params` (the negotiated [`SessionParams`]) and `error`; `nlri` and `header`
+//! (framing); the messages `notification`, `open`, `route_refresh`; `session` (negotiation
+//! from two OPENs) and `attributes`; `update`; `message` (any message); `pack` on top.
+//!
 //! **Typical use** (the session task):
 //!
 //! ```
@@ -60,6 +65,7 @@ mod nlri;
 mod notification;
 mod open;
 pub mod pack;
+mod params;
 mod route_refresh;
 mod session;
 mod types;
@@ -71,8 +77,7 @@ pub use attributes::{
 };
 pub use error::{AttrProblem, DecodeError, Disposition, EncodeError, ErrorKind, ProblemKind};
 pub use header::{
-    HEADER_LEN, Header, MAX_EXTENDED_MESSAGE_LEN, MAX_MESSAGE_LEN, MessageType, Split,
-    encode_keepalive, parse_header, split_message,
+    HEADER_LEN, Header, MessageType, Split, encode_keepalive, parse_header, split_message,
 };
 pub use message::{Decoded, Message, decode_message};
 pub use nlri::{
@@ -82,9 +87,10 @@ pub use notification::{
     CEASE, FSM_ERROR, HOLD_TIMER_EXPIRED, MAX_SHUTDOWN_COMMUNICATION, Notification, cease,
 };
 pub use open::{BGP_VERSION, Capability, ExtNextHop, GrFamily, GracefulRestart, Open};
+pub use params::SessionParams;
 pub use route_refresh::{RefreshSubtype, RouteRefresh};
-pub use session::SessionParams;
 pub use types::{
-    Afi, Asn, Community, ExtCommunity, Family, LargeCommunity, Origin, ParseError, Safi,
+    Afi, Asn, Community, ExtCommunity, Family, LargeCommunity, MAX_EXTENDED_MESSAGE_LEN,
+    MAX_MESSAGE_LEN, Origin, ParseError, Safi,
 };
 pub use update::{Update, UpdateDecode, UpdateParts, decode_update, split_update};

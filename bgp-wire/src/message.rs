@@ -4,8 +4,8 @@ use crate::error::{DecodeError, Disposition, EncodeError, ErrorKind};
 use crate::header::{self, HEADER_LEN, MessageType};
 use crate::notification::Notification;
 use crate::open::Open;
+use crate::params::SessionParams;
 use crate::route_refresh::RouteRefresh;
-use crate::session::SessionParams;
 use crate::update::{Update, UpdateDecode, decode_update};
 
 /// A message to send.

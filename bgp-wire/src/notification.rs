@@ -1,4 +1,6 @@
-//! NOTIFICATION (RFC 4271 §4.5), with the shutdown communication of RFC 8203 / RFC 9003.
+//! NOTIFICATION (RFC 4271 §4.5), with the shutdown communication of RFC 8203 / RFC 9003,
+//! its error codes, and the NOTIFICATION that answers a [`DecodeError`]
+//! ([`DecodeError::notification`]).
 
 use crate::cursor::{Put, Reader};
 use crate::error::{DecodeError, EncodeError, ErrorKind};
@@ -103,6 +105,17 @@ impl Notification {
     }
 }
 
+impl DecodeError {
+    /// The NOTIFICATION message that answers this error.
+    pub fn notification(&self) -> Notification {
+        Notification {
+            code: self.kind.code(),
+            subcode: self.kind.subcode(),
+            data: self.data.clone(),
+        }
+    }
+}
+
 impl std::fmt::Display for Notification {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "code {} subcode {}", self.code, self.subcode)?;
@@ -121,7 +134,8 @@ impl std::fmt::Display for Notification {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::header::{HEADER_LEN, MAX_MESSAGE_LEN};
+    use crate::header::HEADER_LEN;
+    use crate::types::MAX_MESSAGE_LEN;
 
     #[test]
     fn round_trip_with_arbitrary_data() {
@@ -166,6 +180,17 @@ mod tests {
             Notification::new(6, 3, vec![1, b'a']).shutdown_communication(),
             None
         );
+    }
+
+    #[test]
+    fn notification_carries_the_data() {
+        let e = DecodeError::with_data(ErrorKind::BadMessageLength, "short", &[0, 18]);
+        let n = e.notification();
+        assert_eq!(
+            (n.code, n.subcode, n.data.as_slice()),
+            (1, 2, &[0u8, 18][..])
+        );
+        assert_eq!(e.to_string(), "bad message length (1/2): short");
     }
 
     #[test]

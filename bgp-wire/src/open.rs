@@ -1,6 +1,9 @@
 //! OPEN (RFC 4271 §4.2) with capabilities (RFC 5492) and extended optional parameters
 //! (RFC 9072).
 //!
+//! Why this file is long: one message and its capabilities, each with its decoder, encoder and the
+//! checks RFC 5492/9072 ask for; the tests of each capability sit with it.
+//!
 //! Decoding checks what a message alone can tell (version, AS 0, hold time 1 or 2, BGP
 //! identifier 0, parameter framing). Checks that need the local configuration (the expected
 //! peer AS, our own identifier, required capabilities) belong to the session, which builds
@@ -10,8 +13,8 @@ use std::net::Ipv4Addr;
 
 use crate::cursor::{Put, Reader};
 use crate::error::{DecodeError, EncodeError, ErrorKind};
-use crate::header::{self, MAX_MESSAGE_LEN, MessageType};
-use crate::types::{Afi, Asn, Family, Safi};
+use crate::header::{self, MessageType};
+use crate::types::{Afi, Asn, Family, MAX_MESSAGE_LEN, Safi};
 
 /// The BGP version we speak.
 pub const BGP_VERSION: u8 = 4;

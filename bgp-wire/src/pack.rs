@@ -16,7 +16,7 @@ use crate::cursor::Put;
 use crate::error::EncodeError;
 use crate::header::{self, HEADER_LEN, MessageType};
 use crate::nlri::{Ipv4Prefix, NlriPrefix};
-use crate::session::SessionParams;
+use crate::params::SessionParams;
 use crate::types::{Family, Safi};
 use crate::update::{check_next_hop, fit_u16};
 
@@ -297,12 +297,12 @@ fn close(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::attributes::AsPath;
+    use crate::attributes::{AsPath, MpNlri};
+    use crate::header::{Split, split_message};
     use crate::message::{Decoded, decode_message};
     use crate::nlri::Ipv6Prefix;
-    use crate::split_message;
     use crate::types::{Asn, Origin};
-    use crate::{Split, Update};
+    use crate::update::Update;
     use std::net::Ipv4Addr;
 
     fn attrs() -> PathAttributes {
@@ -434,9 +434,7 @@ mod tests {
             assert_eq!(u.attributes, expect);
             let r = u.mp_reach.as_ref().unwrap();
             assert_eq!(r.next_hop, nh);
-            let crate::MpNlri::Ipv6(v) = &r.nlri else {
-                panic!()
-            };
+            let MpNlri::Ipv6(v) = &r.nlri else { panic!() };
             got.extend_from_slice(v);
         }
         assert_eq!(got, v6s(1500));
@@ -473,7 +471,7 @@ mod tests {
         let ups = decode_all(&out, &s);
         assert_eq!(
             ups[0].mp_reach.as_ref().unwrap().nlri,
-            crate::MpNlri::Ipv4(v4s(10))
+            MpNlri::Ipv4(v4s(10))
         );
     }
 

@@ -2,8 +2,8 @@
 
 use crate::cursor::{Put, Reader};
 use crate::error::{DecodeError, EncodeError, ErrorKind};
-use crate::header::{self, MAX_MESSAGE_LEN, MessageType};
-use crate::types::{Afi, Family, Safi};
+use crate::header::{self, MessageType};
+use crate::types::{Afi, Family, MAX_MESSAGE_LEN, Safi};
 
 /// The message subtype (the octet RFC 2918 called "Reserved").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

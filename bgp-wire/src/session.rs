@@ -1,44 +1,12 @@
-//! What the two OPENs negotiated, as far as the wire format is concerned.
+//! Negotiation: what the two OPENs agreed on, as far as the wire format is concerned
+//! ([`SessionParams::negotiate`]).
+//!
+//! The resulting options are defined in `params`, below the codecs that use them; this
+//! module sits above OPEN, whose capabilities it reads.
 
-use crate::header::{MAX_EXTENDED_MESSAGE_LEN, MAX_MESSAGE_LEN};
 use crate::open::{Capability, Open};
+use crate::params::SessionParams;
 use crate::types::{Afi, Family};
-
-/// The negotiated state decoding and encoding depend on.
-///
-/// `Default` is the state before (or without) any capability: 2-octet AS numbers, 4096-octet
-/// messages, IPv4 unicast only.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct SessionParams {
-    /// Both sides sent the 4-octet AS capability (RFC 6793).
-    pub four_octet_as: bool,
-    /// Both sides sent the extended message capability (RFC 8654): UPDATEs and NOTIFICATIONs
-    /// up to 65535 octets.
-    pub extended_message: bool,
-    /// IPv4 unicast routes are accepted in MP_REACH_NLRI / MP_UNREACH_NLRI. (The classic
-    /// NLRI fields are always IPv4 unicast and always accepted.)
-    pub ipv4_unicast: bool,
-    /// IPv6 unicast was negotiated.
-    pub ipv6_unicast: bool,
-    /// We announced that we accept IPv4 routes with an IPv6 next hop (RFC 8950).
-    pub ipv4_ext_next_hop: bool,
-    /// The peer is external (eBGP outside our confederation): LOCAL_PREF, ORIGINATOR_ID and
-    /// CLUSTER_LIST from it are discarded, confederation segments in AS_PATH are malformed.
-    pub external: bool,
-}
-
-impl Default for SessionParams {
-    fn default() -> Self {
-        SessionParams {
-            four_octet_as: false,
-            extended_message: false,
-            ipv4_unicast: true,
-            ipv6_unicast: false,
-            ipv4_ext_next_hop: false,
-            external: false,
-        }
-    }
-}
 
 /// Families an OPEN offers: its multiprotocol capabilities, or IPv4 unicast if it has none
 /// (RFC 4760 §8).
@@ -52,15 +20,6 @@ fn offered(open: &Open) -> impl Iterator<Item = Family> + '_ {
 }
 
 impl SessionParams {
-    /// The largest message the session may send or receive.
-    pub fn max_message_len(&self) -> usize {
-        if self.extended_message {
-            MAX_EXTENDED_MESSAGE_LEN
-        } else {
-            MAX_MESSAGE_LEN
-        }
-    }
-
     /// Negotiate from the OPEN we sent and the OPEN we received.
     pub fn negotiate(local: &Open, remote: &Open, external: bool) -> Self {
         let both = |code: u8| local.has(code) && remote.has(code);

@@ -1,7 +1,15 @@
-//! Identities and small values: AS numbers, address families, communities.
+//! Identities and small values: AS numbers, address families, communities, and the message
+//! size limits that framing, the session parameters and the encoders share.
+//!
+//! The bottom layer with `cursor`: it depends on no other module of the crate.
 
 use std::fmt;
 use std::str::FromStr;
+
+/// Largest message without the extended-message capability (RFC 4271).
+pub const MAX_MESSAGE_LEN: usize = 4096;
+/// Largest message once extended messages are negotiated (RFC 8654).
+pub const MAX_EXTENDED_MESSAGE_LEN: usize = 65535;
 
 /// An AS number. Always held as 4 octets; whether it goes on the wire as 2 or 4 depends on
 /// the session (RFC 6793).

@@ -1,5 +1,8 @@
 //! UPDATE (RFC 4271 §4.3) with RFC 7606 revised error handling.
 //!
+//! Why this file is long: UPDATE decoding and RFC 7606's per-attribute dispositions are one walk
+//! over the message; splitting it would split the walk.
+//!
 //! Decoding never fails outright: it returns what it could parse plus a [`Disposition`]
 //! (use it, treat its routes as withdrawn, or reset the session) and the attributes it
 //! discarded, each with its reason.
@@ -13,7 +16,7 @@ use crate::cursor::{Put, Reader};
 use crate::error::{AttrProblem, DecodeError, Disposition, EncodeError, ErrorKind, ProblemKind};
 use crate::header::{self, MessageType};
 use crate::nlri::{Ipv4Prefix, Prefix, decode_nlri, encode_nlri};
-use crate::session::SessionParams;
+use crate::params::SessionParams;
 use crate::types::{Afi, Asn, Family, Origin, Safi};
 
 /// An UPDATE message.
@@ -119,8 +122,8 @@ impl Update {
 
     /// Append the whole message (header included). Attributes are written with
     /// MP_UNREACH_NLRI and MP_REACH_NLRI first (RFC 7606 §5.1), the rest by type code.
-    /// The message must fit `session.max_message_len()`; see [`crate::pack`] for splitting
-    /// many routes over several messages.
+    /// The message must fit `session.max_message_len()`; the `pack` module (built on this
+    /// one) splits many routes over several messages.
     pub fn encode(&self, session: &SessionParams, out: &mut Vec<u8>) -> Result<(), EncodeError> {
         let start = header::begin(out, MessageType::Update);
         let r = self.encode_body(session, out);

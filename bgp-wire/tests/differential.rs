@@ -1,5 +1,8 @@
 //! Differential tests against zettabgp 0.6, an independent implementation.
 //!
+//! Why this file is long: one case per message kind and attribute, each cross-checked against
+//! zettabgp; the cases share the strategies and adapters above them.
+//!
 //! zettabgp panics on malformed input, so it only ever sees valid messages: ours (random,
 //! via proptest) and the fixtures in `tests/fixtures` (BIRD / FRR / GoBGP shaped). Where it
 //! is known to differ (no confederation segments, no link-local next hop, NOTIFICATION data

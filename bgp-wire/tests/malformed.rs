@@ -1,5 +1,8 @@
 //! Malformed input: every case of anchors.md §B.4 (the ones that broke zettabgp) and the
 //! RFC 7606 dispositions, each checked for the exact error / disposition, never a panic.
+//!
+//! Why this file is long: one case per malformation of anchors.md §B.4 and per RFC 7606
+//! disposition, each a few lines; together they are the codec's contract for bad input.
 
 mod common;
 

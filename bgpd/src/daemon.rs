@@ -3,12 +3,12 @@
 
 use std::time::{Duration, Instant};
 
+use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 
 use crate::api::{Api, ApiError, DaemonInfo};
 use crate::config::Config;
 use crate::datastore;
-use crate::signals::{Signal, Signals};
 
 /// How long in-flight requests and streams get to finish after a stop signal.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
@@ -20,7 +20,7 @@ pub enum DaemonError {
     #[error("cannot open the datastore: {0}")]
     Datastore(#[source] ipam::store::StoreError),
     #[error("cannot start BGP: {0}")]
-    Bgp(#[from] crate::bgp::SpeakerError),
+    Bgp(#[from] crate::speaker::SpeakerError),
     #[error(transparent)]
     Metrics(#[from] crate::metrics::MetricsError),
     #[error("cannot install the signal handlers: {0}")]
@@ -30,8 +30,9 @@ pub enum DaemonError {
 /// Runs bgpd until a stop signal. SIGHUP reloads `path` (see [`reload`]).
 pub async fn run(config: Config, path: Option<std::path::PathBuf>) -> Result<(), DaemonError> {
     let started = Instant::now();
-    let mut signals = Signals::catch(&[Signal::Terminate, Signal::Interrupt, Signal::Hangup])
-        .map_err(DaemonError::Signals)?;
+    let mut terminate = signal(SignalKind::terminate()).map_err(DaemonError::Signals)?;
+    let mut interrupt = signal(SignalKind::interrupt()).map_err(DaemonError::Signals)?;
+    let mut hangup = signal(SignalKind::hangup()).map_err(DaemonError::Signals)?;
 
     // The datastore first: a SQLite file that cannot be used stops bgpd before it serves.
     let datastore = datastore::start(&config.datastore)
@@ -46,10 +47,9 @@ pub async fn run(config: Config, path: Option<std::path::PathBuf>) -> Result<(),
         registered_tx,
     ));
     let dataplane = crate::dataplane::Hub::new();
-    let (start_up_over_tx, start_up_over) = tokio::sync::watch::channel(false);
     // The speaker always runs (it serves the Bgp API); it binds the BGP port only once it
     // has a peer, so nodes without peers never contend for port 179.
-    let bgp = crate::bgp::start_from_config(
+    let bgp = crate::peering::start_from_config(
         &config.bgp,
         config.node.address.map(|a| a.addr()),
         config.node.address6.map(|a| a.addr()),
@@ -62,9 +62,7 @@ pub async fn run(config: Config, path: Option<std::path::PathBuf>) -> Result<(),
         datastore.clone(),
         dataplane.clone(),
         bgp.clone(),
-        start_up_over_tx,
     ));
-    tokio::spawn(crate::resident::run(start_up_over, datastore.clone()));
     let info = DaemonInfo {
         node: config.node.name.clone(),
         datastore,
@@ -94,13 +92,15 @@ pub async fn run(config: Config, path: Option<std::path::PathBuf>) -> Result<(),
     loop {
         tokio::select! {
             result = &mut server => return flatten(result),
-            Some(signal) = signals.next() => match signal {
-                Signal::Hangup => reload(&mut running, path.as_deref(), &speaker).await,
-                Signal::Terminate | Signal::Interrupt => {
-                    tracing::info!("{}: stopping", signal.name());
-                    break;
-                }
-            },
+            Some(()) = hangup.recv() => reload(&mut running, path.as_deref(), &speaker).await,
+            Some(()) = terminate.recv() => {
+                tracing::info!("SIGTERM: stopping");
+                break;
+            }
+            Some(()) = interrupt.recv() => {
+                tracing::info!("SIGINT: stopping");
+                break;
+            }
         }
     }
     // Close the BGP sessions first: without a NOTIFICATION where graceful restart is on, so
@@ -132,7 +132,7 @@ pub async fn run(config: Config, path: Option<std::path::PathBuf>) -> Result<(),
 async fn reload(
     running: &mut Config,
     path: Option<&std::path::Path>,
-    speaker: &crate::bgp::SpeakerHandle,
+    speaker: &crate::speaker::SpeakerHandle,
 ) {
     let new = match Config::load(path) {
         Ok(c) => c,
@@ -141,7 +141,7 @@ async fn reload(
             return;
         }
     };
-    match crate::bgp::reload(speaker, &running.bgp, &new.bgp).await {
+    match crate::peering::reload(speaker, &running.bgp, &new.bgp).await {
         Ok(mut report) => {
             for (name, changed) in [
                 ("node", running.node != new.node),

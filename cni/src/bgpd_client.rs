@@ -166,14 +166,13 @@ impl Bgpd {
         if let Some(c) = &self.channel {
             return Ok(c.clone());
         }
-        let connecting = bgpd::ctl::connect_unix(&self.socket);
+        let connecting = proto::client::connect_unix(&self.socket);
         match tokio::time::timeout(self.timeout, connecting).await {
             Ok(Ok(c)) => {
                 self.channel = Some(c.clone());
                 Ok(c)
             }
-            Ok(Err(bgpd::ctl::CtlError::Unreachable { reason, .. })) => Err(reason),
-            Ok(Err(e)) => Err(e.to_string()),
+            Ok(Err(proto::client::Unreachable { reason, .. })) => Err(reason),
             Err(_) => Err(format!("connecting took longer than {:?}", self.timeout)),
         }
     }

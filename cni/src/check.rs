@@ -10,9 +10,9 @@ use std::net::IpAddr;
 use netlink_packet_route::AddressFamily;
 use tokio::runtime::Runtime;
 
+use crate::attachment::{host_ifname, open_netns};
 use crate::delegate;
 use crate::ipam_plugin;
-use crate::main_plugin::{host_ifname, open_netns};
 use crate::names::{GATEWAY_V4, GATEWAY_V6, HOST_MAC, format_mac};
 use crate::netlink::{Link, Netlink, NlError, RouteEntry};
 use crate::spec::NetConf;

@@ -12,11 +12,11 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use bgpd::routewriter::sysctl::{SysctlError, Sysctls};
+use routewriter::sysctl::{SysctlError, Sysctls};
 
 use crate::names::{GATEWAY_V4, GATEWAY_V6, HOST_MAC, format_mac};
 use crate::netlink::{self, Link, Netlink, NlError};
-use crate::netns::{Netns, NetnsError};
+use crate::netns::{Netns, NetnsError, netns_error};
 use crate::spec::config::Encap;
 use crate::spec::error::{CniError, code};
 
@@ -43,7 +43,7 @@ pub enum DataplaneError {
 impl DataplaneError {
     pub fn to_cni(&self) -> CniError {
         match self {
-            DataplaneError::Netns(e) => crate::main_plugin::netns_error(e),
+            DataplaneError::Netns(e) => netns_error(e),
             _ => CniError::new(code::KERNEL, self.to_string()),
         }
     }

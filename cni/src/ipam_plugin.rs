@@ -62,7 +62,7 @@ pub fn attributes(conf: &NetConf, env: &Env) -> HashMap<String, String> {
     if conf.plugin_type == "margay" {
         a.insert(
             WORKLOAD_INTERFACE.into(),
-            crate::main_plugin::host_ifname(conf, env),
+            crate::attachment::host_ifname(conf, env),
         );
     }
     a

@@ -6,6 +6,8 @@
 //! - `plugin` (this file): one invocation: stdin and environment in, one JSON document out.
 //! - `main_plugin`: ADD/DEL/GC/STATUS of `margay`; `check`: its CHECK.
 //! - `ipam_plugin`: `margay-ipam`, also run in-process by `margay`.
+//! - `attachment`: what both plugins know of one attachment: its host interface's name and its
+//!   namespace.
 //! - `dataplane`: the veth pair, addresses, routes and sysctls, with rollback.
 //! - `netlink`, `netns`: the kernel and namespace plumbing.
 //! - `bgpd_client`, `retry`: the bounded gRPC calls to bgpd.
@@ -13,6 +15,7 @@
 //! - `names`: Calico's interface names, MAC and gateways.
 //! - `install`: the install command; `logging`: log lines to a file or stderr.
 
+pub mod attachment;
 pub mod bgpd_client;
 pub mod check;
 pub mod dataplane;

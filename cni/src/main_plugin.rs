@@ -9,11 +9,12 @@ use std::time::Instant;
 use ipnet::IpNet;
 use tokio::runtime::Runtime;
 
+use crate::attachment::{host_ifname, open_netns};
 use crate::dataplane::{self, Plan};
 use crate::delegate;
 use crate::ipam_plugin;
 use crate::names::{self, GATEWAY_V4, GATEWAY_V6, HOST_MAC};
-use crate::netns::{Netns, NetnsError};
+use crate::netns::{Netns, NetnsError, netns_error};
 use crate::spec::NetConf;
 use crate::spec::env::{Command, Env};
 use crate::spec::error::{CniError, code};
@@ -23,29 +24,6 @@ use crate::spec::result::{CniResult, Interface, IpConfig, Route};
 enum Ipam {
     Ours(crate::bgpd_client::Bgpd),
     Delegate(std::path::PathBuf),
-}
-
-/// The host-side interface name of this attachment.
-pub fn host_ifname(conf: &NetConf, env: &Env) -> String {
-    names::host_ifname(
-        &conf.interface_prefix,
-        env.args.workload_key().as_deref(),
-        &env.container_id,
-    )
-}
-
-pub fn open_netns(env: &Env) -> Result<Netns, CniError> {
-    let path = env.netns.as_deref().unwrap_or(std::path::Path::new(""));
-    Netns::open(path).map_err(|e| netns_error(&e))
-}
-
-pub fn netns_error(e: &NetnsError) -> CniError {
-    let code = match e {
-        NetnsError::Gone(_) => code::UNKNOWN_CONTAINER,
-        NetnsError::NotNetns(_) | NetnsError::Ours(_) => code::INVALID_ENVIRONMENT,
-        NetnsError::Open { .. } | NetnsError::Enter { .. } => code::IO,
-    };
-    CniError::new(code, e.to_string())
 }
 
 pub fn add(rt: &Runtime, conf: &NetConf, env: &Env, stdin: &[u8]) -> Result<CniResult, CniError> {
@@ -332,21 +310,5 @@ mod tests {
         assert_eq!(r[1].gw, Some(IpAddr::V6(GATEWAY_V6)));
         assert!(default_routes(&[]).is_empty());
         assert_eq!(gateway_for(v6), IpAddr::V6(GATEWAY_V6));
-    }
-
-    #[test]
-    fn namespace_errors_map_to_spec_codes() {
-        assert_eq!(
-            netns_error(&NetnsError::Gone("/x".into())).code,
-            code::UNKNOWN_CONTAINER
-        );
-        assert_eq!(
-            netns_error(&NetnsError::NotNetns("/x".into())).code,
-            code::INVALID_ENVIRONMENT
-        );
-        assert_eq!(
-            netns_error(&NetnsError::Ours("/x".into())).code,
-            code::INVALID_ENVIRONMENT
-        );
     }
 }

@@ -3,7 +3,7 @@
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 
-use bgpd::routewriter::mac::sha1;
+use proto::mac::sha1;
 
 /// Every host-side veth has this MAC (Calico's): pods resolve their gateway to it.
 pub const HOST_MAC: [u8; 6] = [0xee; 6];

@@ -4,6 +4,9 @@
 //! a handful of requests and exits, and the async `rtnetlink` handle would add a connection
 //! task per socket for nothing.
 //!
+//! Why this file is long: the client (batches, dumps, error decoding) and the builders of every
+//! request the plugin sends (veth, addresses, routes, neighbours) share its message helpers.
+//!
 //! A socket belongs to the network namespace of the thread that opened it, for its whole life:
 //! open one per namespace (see `netns`).
 

@@ -1,5 +1,6 @@
 //! The container's network namespace: opening CNI_NETNS (and telling "gone" from "not a
-//! namespace"), and entering it for a while on the calling thread.
+//! namespace"), entering it for a while on the calling thread, and the CNI error code of each
+//! way that fails ([`netns_error`]).
 //!
 //! The plugin does its namespace work on one thread (the runtime is current-thread), so
 //! `setns` there is safe: nothing else runs on that thread while it is inside.
@@ -9,6 +10,8 @@ use std::io;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+
+use crate::spec::error::{CniError, code};
 
 /// The magic number of nsfs, the file system namespace files live on.
 const NSFS_MAGIC: i64 = 0x6e73_6673;
@@ -25,6 +28,16 @@ pub enum NetnsError {
     Open { path: PathBuf, source: io::Error },
     #[error("cannot enter the network namespace {path}: {source}")]
     Enter { path: PathBuf, source: io::Error },
+}
+
+/// The CNI error for a namespace that cannot be opened or entered.
+pub fn netns_error(e: &NetnsError) -> CniError {
+    let code = match e {
+        NetnsError::Gone(_) => code::UNKNOWN_CONTAINER,
+        NetnsError::NotNetns(_) | NetnsError::Ours(_) => code::INVALID_ENVIRONMENT,
+        NetnsError::Open { .. } | NetnsError::Enter { .. } => code::IO,
+    };
+    CniError::new(code, e.to_string())
 }
 
 /// An open network namespace file.
@@ -142,5 +155,21 @@ mod tests {
     fn our_own_namespace_is_refused() {
         let e = Netns::open(Path::new("/proc/self/ns/net")).err().unwrap();
         assert!(matches!(e, NetnsError::Ours(_)), "{e}");
+    }
+
+    #[test]
+    fn namespace_errors_map_to_spec_codes() {
+        assert_eq!(
+            netns_error(&NetnsError::Gone("/x".into())).code,
+            code::UNKNOWN_CONTAINER
+        );
+        assert_eq!(
+            netns_error(&NetnsError::NotNetns("/x".into())).code,
+            code::INVALID_ENVIRONMENT
+        );
+        assert_eq!(
+            netns_error(&NetnsError::Ours("/x".into())).code,
+            code::INVALID_ENVIRONMENT
+        );
     }
 }

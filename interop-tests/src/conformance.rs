@@ -1,6 +1,9 @@
 //! The datastore contract's conformance suite. Every backend runs the same cases; each case
 //! works under its own key prefix, so the cases can share one store, and checks revisions only
 //! relative to what it read itself.
+//!
+//! Why this file is long: the whole datastore contract, one case per promise, run against every
+//! backend.
 
 use std::future::Future;
 use std::pin::Pin;

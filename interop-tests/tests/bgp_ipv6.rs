@@ -2,6 +2,9 @@
 //! fd99::1), the peer in `b` (10.99.0.2 and fd99::2), one veth between them; eBGP, the peer in
 //! AS 65000. Each case in its own pair of namespaces; needs root, BIRD 2 and FRR. It proves:
 //!
+//! Why this file is long: one case per IPv6 behaviour against BIRD 2 and FRR, sharing the
+//! pair-of-namespaces set-up.
+//!
 //! - BIRD 2 over an IPv6 session (TCP over IPv6): IPv6 /122 blocks both ways, with the right
 //!   next hops (global, and the link-local one RFC 2545 asks for on a shared link) and AS
 //!   paths, and withdrawals both ways.

@@ -14,7 +14,7 @@ use tonic_health::pb::health_client::HealthClient;
 fn health_says_serving() {
     let d = Daemon::start("");
     runtime().block_on(async {
-        let channel = bgpd::ctl::connect_unix(&d.socket).await.unwrap();
+        let channel = proto::client::connect_unix(&d.socket).await.unwrap();
         let mut health = HealthClient::new(channel);
         for service in ["", "margay.v1.Daemon"] {
             let r = health
@@ -45,7 +45,7 @@ macro_rules! reflected_services {
             use tonic_reflection::pb::$version::server_reflection_client::ServerReflectionClient;
             use tonic_reflection::pb::$version::server_reflection_request::MessageRequest;
             use tonic_reflection::pb::$version::server_reflection_response::MessageResponse;
-            let channel = bgpd::ctl::connect_unix($socket).await.unwrap();
+            let channel = proto::client::connect_unix($socket).await.unwrap();
             let request = ServerReflectionRequest {
                 host: String::new(),
                 message_request: Some(MessageRequest::ListServices(String::new())),
@@ -101,7 +101,7 @@ fn reflection_lists_every_service_of_the_contract() {
 fn filters_are_served_and_what_is_not_built_answers_unimplemented() {
     let d = Daemon::start("");
     runtime().block_on(async {
-        let channel = bgpd::ctl::connect_unix(&d.socket).await.unwrap();
+        let channel = proto::client::connect_unix(&d.socket).await.unwrap();
         let mut client = proto::v1::bgp_client::BgpClient::new(channel);
         // Every scope has rules, ending in an unconditional one.
         let rules = client
@@ -193,7 +193,7 @@ fn sigterm_and_sigint_stop_it_and_remove_the_socket() {
         let rt = runtime();
         // A client that stays connected after its request must not hold up the stop.
         let _channel = rt.block_on(async {
-            let channel = bgpd::ctl::connect_unix(&d.socket).await.unwrap();
+            let channel = proto::client::connect_unix(&d.socket).await.unwrap();
             DaemonClient::new(channel.clone())
                 .get_status(GetStatusRequest {})
                 .await
@@ -285,7 +285,7 @@ fn environment_overrides_reach_the_daemon() {
         std::thread::sleep(Duration::from_millis(20));
     }
     let status = runtime().block_on(async {
-        let channel = bgpd::ctl::connect_unix(&socket).await.unwrap();
+        let channel = proto::client::connect_unix(&socket).await.unwrap();
         DaemonClient::new(channel)
             .get_status(GetStatusRequest {})
             .await

@@ -97,7 +97,7 @@ async fn until(
 fn the_stream_follows_ipam_and_resumes_by_revision() {
     let d = Daemon::start(POOL);
     runtime().block_on(async {
-        let ch = bgpd::ctl::connect_unix(&d.socket).await.unwrap();
+        let ch = proto::client::connect_unix(&d.socket).await.unwrap();
         let mut dp = DataplaneClient::new(ch.clone());
         let mut ipam = IpamClient::new(ch.clone());
         let mut nodes = NodesClient::new(ch.clone());

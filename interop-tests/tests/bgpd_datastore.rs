@@ -17,7 +17,7 @@ fn status_json(d: &Daemon) -> serde_json::Value {
 
 fn health(d: &Daemon) -> ServingStatus {
     runtime().block_on(async {
-        let channel = bgpd::ctl::connect_unix(&d.socket).await.unwrap();
+        let channel = proto::client::connect_unix(&d.socket).await.unwrap();
         HealthClient::new(channel)
             .check(HealthCheckRequest {
                 service: String::new(),

@@ -46,7 +46,7 @@ fn fails(d: &Daemon, args: &[&str]) -> String {
 fn the_node_and_the_default_pool_exist_after_start() {
     let d = Daemon::start(DEFAULT_POOL);
     runtime().block_on(async {
-        let channel = bgpd::ctl::connect_unix(&d.socket).await.unwrap();
+        let channel = proto::client::connect_unix(&d.socket).await.unwrap();
         // Registration runs next to the API: give it a moment.
         let mut node = None;
         for _ in 0..100 {
@@ -276,7 +276,7 @@ fn bgpctl_ipam_assign_show_release_check_gc() {
 fn status_codes_follow_the_contract() {
     let d = Daemon::start("");
     runtime().block_on(async {
-        let channel = bgpd::ctl::connect_unix(&d.socket).await.unwrap();
+        let channel = proto::client::connect_unix(&d.socket).await.unwrap();
         let mut pools = PoolsClient::new(channel.clone());
         let mut ipam = IpamClient::new(channel.clone());
         let pool = |name: &str, cidr: &str| pb::IpPool {

@@ -58,7 +58,7 @@ async fn status_over_tcp(
     let channel = endpoint
         .connect()
         .await
-        .map_err(|e| bgpd::ctl::error_chain(&e))?;
+        .map_err(|e| proto::client::error_chain(&e))?;
     DaemonClient::new(channel)
         .get_status(GetStatusRequest {})
         .await

@@ -303,7 +303,7 @@ fn the_cluster_brain_with_a_tor_and_real_daemons() {
     let latency = rt.block_on(async {
         let mut clients = Vec::new();
         for n in [&n1, &n2] {
-            let ch = bgpd::ctl::connect_unix(&n.socket).await.unwrap();
+            let ch = proto::client::connect_unix(&n.socket).await.unwrap();
             clients.push(proto::v1::bgp_client::BgpClient::new(ch));
         }
         let deadline = Instant::now() + CONVERGE;

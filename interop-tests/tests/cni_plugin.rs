@@ -2,6 +2,9 @@
 //! Calico wires it and reachable, CHECK, DEL (twice, after the namespace is gone), rollback of
 //! a failed ADD, the spec's error codes for bad input, the versions 0.4.0 / 1.0.0 / 1.1.0 with
 //! GC and STATUS, and IPAM delegated to the reference host-local plugin.
+//!
+//! Why this file is long: one case per CNI behaviour the spec and Calico define, sharing the pod
+//! lab set-up.
 
 mod cni_lab;
 

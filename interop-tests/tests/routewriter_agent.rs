@@ -3,6 +3,9 @@
 //! runs on a unix socket, and every result is read back with iproute2 (`ip route`, `ip -d
 //! link`, `bridge fdb`, `ip neigh`) and nft, not with routewriter's own netlink code.
 //!
+//! Why this file is long: one case per kind of kernel object and fault, sharing the node namespace
+//! and Dataplane server set-up.
+//!
 //! Topology of most tests: node namespace `n` with uplink `eth0` 10.0.0.1/24, a peer namespace
 //! `x` on the other end (10.0.0.2/24), pods in namespaces of their own behind `cali*` veths.
 
@@ -241,7 +244,7 @@ fn rm_route(dest: &str) -> DesiredKey {
 }
 
 fn mac_of(node: &str) -> String {
-    bgpd::routewriter::mac::format_mac(&bgpd::routewriter::mac::vtep_mac(node))
+    proto::mac::format_mac(&proto::mac::vtep_mac(node))
 }
 
 // ---------------------------------------------------------------------------------------------

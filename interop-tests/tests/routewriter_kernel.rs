@@ -4,12 +4,12 @@
 
 use std::net::Ipv4Addr;
 
-use bgpd::routewriter::desired::{DevId, Kind, Prefix4, RouteSpec};
-use bgpd::routewriter::kernel::Kernel;
-use bgpd::routewriter::reconcile::{
+use interop_tests::lab::netns::{Netns, VethPair};
+use routewriter::desired::{DevId, Kind, Prefix4, RouteSpec};
+use routewriter::kernel::Kernel;
+use routewriter::reconcile::{
     ActualRoute, RT_SCOPE_LINK, RTN_BLACKHOLE, RTN_UNICAST, RouteOp, Why,
 };
-use interop_tests::lab::netns::{Netns, VethPair};
 
 fn p(s: &str) -> Prefix4 {
     Prefix4::parse(s).unwrap()

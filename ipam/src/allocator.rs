@@ -4,6 +4,9 @@
 //! crash between two steps never leaves an address without its handle or the other way round.
 //! A lost race re-reads and retries, a bounded number of times.
 //!
+//! Why this file is long: every IPAM operation is a read-check-write transaction on the same
+//! blocks, affinities and handles; they share the retry loop and the transaction helpers.
+//!
 //! Claiming a block goes pending → confirmed (create the affinity pending, then create the block
 //! and confirm the affinity in one transaction); releasing one goes confirmed → pending deletion
 //! → gone. Only confirmed affinities are used for allocation and advertised.

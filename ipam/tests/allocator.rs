@@ -1,6 +1,8 @@
 //! The allocator's rules one by one, on a SQLite store: pools, claims and their states, the
 //! block limit, borrowing and strict affinity, dual stack all-or-nothing, release guards,
 //! GC, node removal, and bad input that writes nothing.
+//!
+//! Why this file is long: one short test per allocator rule, sharing the store set-up above them.
 
 use std::collections::{BTreeMap, HashSet};
 use std::net::IpAddr;

@@ -1,6 +1,11 @@
 //! margay's gRPC contract, version 1: the `.proto` files under `margay/v1` and the tonic/prost
 //! code generated from them. Everything that crosses a process boundary between bgpd, bgpctl,
-//! routewriter and the CNI plugins is defined here; this crate holds no logic.
+//! routewriter and the CNI plugins is defined here. Beside the generated code, only what every
+//! side of the contract must agree on: how a client reaches bgpd's socket (`client`) and how a
+//! node's VTEP MAC is derived and written (`mac`).
+
+pub mod client;
+pub mod mac;
 
 pub mod v1 {
     tonic::include_proto!("margay.v1");

@@ -38,9 +38,8 @@ fetch_bird2() {
   rm -rf "$tmp"
 }
 
-# Where cargo puts the binaries of a profile (debug, release): .cargo/config.toml names the
-# host target, so they sit under its tuple.
-target_dir() { printf '%s/target/%s/%s' "$MARGAY_ROOT" "$(rustc -vV | sed -n 's/^host: //p')" "$1"; }
+# Where cargo puts the binaries of a profile (debug, release).
+target_dir() { printf '%s/target/%s' "$MARGAY_ROOT" "$1"; }
 
 # cargo with the project's build settings: two jobs, the committed lock file.
 cargo_build() { cargo build -j2 --locked "$@"; }

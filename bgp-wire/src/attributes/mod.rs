@@ -2,9 +2,9 @@
 //!
 //! `PathAttributes` is what a route carries apart from its prefix; it is `Eq + Hash` so the
 //! RIB can keep one copy per distinct set. NLRI-bearing attributes (MP_REACH_NLRI,
-//! MP_UNREACH_NLRI) are not part of it: they live in [`crate::Update`]. Neither are AS4_PATH
-//! and AS4_AGGREGATOR: they are wire artefacts of 2-octet sessions, merged on decode and
-//! re-created on encode.
+//! MP_UNREACH_NLRI) are not part of it: they live in the UPDATE (`bgp_wire::Update`, a layer
+//! above this module). Neither are AS4_PATH and AS4_AGGREGATOR: they are wire artefacts of
+//! 2-octet sessions, merged on decode and re-created on encode.
 
 pub mod as_path;
 pub mod mp;
@@ -13,7 +13,7 @@ use std::net::Ipv4Addr;
 
 use crate::cursor::{Put, Reader};
 use crate::error::EncodeError;
-use crate::session::SessionParams;
+use crate::params::SessionParams;
 use crate::types::{Asn, Community, ExtCommunity, LargeCommunity, Origin};
 
 pub use as_path::{AsPath, AsSegment, SegmentType, merge_as4_path};

@@ -6,7 +6,7 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 use crate::cursor::{Put, Reader};
 use crate::error::{DecodeError, ErrorKind};
 use crate::nlri::{Ipv4Prefix, Ipv6Prefix, NlriPrefix, decode_nlri, encode_nlri};
-use crate::session::SessionParams;
+use crate::params::SessionParams;
 use crate::types::{Afi, Family, Safi};
 
 /// A next hop as MP_REACH_NLRI carries it.

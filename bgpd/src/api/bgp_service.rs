@@ -2,6 +2,9 @@
 //! BGP configuration and `BGPPeer` resources, the generated filters. A thin adapter: the
 //! speaker task owns sessions and tables, the datastore owns the cluster resources (which the
 //! cluster brain turns into peers and policy), the dataplane hub owns the kernel table.
+//!
+//! Why this file is long: the `Bgp` service has eleven methods, and the conversions between
+//! its messages and the speaker's and datastore's types (about half the file) serve only them.
 
 use std::net::IpAddr;
 use std::pin::Pin;
@@ -25,13 +28,13 @@ use ipam::store::Store;
 use proto::v1::{FilterRule, FilterScope};
 
 use crate::api::convert;
-use crate::bgp::fsm::State;
-use crate::bgp::policy::Scope;
-use crate::bgp::rib::next_hop_addr;
-use crate::bgp::speaker::ListedRoute;
-use crate::bgp::{Announcement, PeerSpec, PeerStatus, SpeakerError, SpeakerHandle, Table};
 use crate::dataplane::Hub;
 use crate::datastore::DatastoreHandle;
+use crate::speaker::task::ListedRoute;
+use crate::speaker::{Announcement, PeerSpec, PeerStatus, SpeakerError, SpeakerHandle, Table};
+use bgp::fsm::State;
+use bgp::policy::Scope;
+use bgp::rib::next_hop_addr;
 
 /// Routes per streamed message.
 const BATCH: usize = 1000;
@@ -176,11 +179,11 @@ fn parse_prefix(s: &str) -> Result<Prefix, Status> {
 }
 
 /// `families` of a peer request; `None`: the session's own.
-fn families(names: &[String]) -> Result<Option<crate::bgp::speaker::Families>, Status> {
+fn families(names: &[String]) -> Result<Option<crate::speaker::task::Families>, Status> {
     if names.is_empty() {
         return Ok(None);
     }
-    let mut f = crate::bgp::speaker::Families::NONE;
+    let mut f = crate::speaker::task::Families::NONE;
     for n in names {
         match n.trim() {
             "ipv4" => f.ipv4 = true,
@@ -235,11 +238,11 @@ fn peer_message(spec: &PeerSpec) -> BgpPeer {
         keepalive_time_s: spec.keepalive.map_or(0, u32::from),
         port: u32::from(spec.port),
         origin: match spec.origin {
-            crate::bgp::PeerOrigin::Config => PeerOrigin::Config,
-            crate::bgp::PeerOrigin::Api => PeerOrigin::Api,
-            crate::bgp::PeerOrigin::Mesh => PeerOrigin::Mesh,
-            crate::bgp::PeerOrigin::RouteReflector => PeerOrigin::RouteReflector,
-            crate::bgp::PeerOrigin::Resource => PeerOrigin::Resource,
+            crate::speaker::PeerOrigin::Config => PeerOrigin::Config,
+            crate::speaker::PeerOrigin::Api => PeerOrigin::Api,
+            crate::speaker::PeerOrigin::Mesh => PeerOrigin::Mesh,
+            crate::speaker::PeerOrigin::RouteReflector => PeerOrigin::RouteReflector,
+            crate::speaker::PeerOrigin::Resource => PeerOrigin::Resource,
         }
         .into(),
         route_reflector_client: spec.rr_client,
@@ -461,7 +464,7 @@ impl Bgp for BgpService {
                 hold_time_s: u16_of("hold_time_s", p.hold_time_s)?,
                 max_prefixes: p.max_prefixes,
             };
-            crate::bgp::sockopt::Password::new(&r.password)
+            crate::speaker::sockopt::Password::new(&r.password)
                 .map_err(|e| Status::invalid_argument(format!("peer.password: {e}")))?;
             self.ipam()?
                 .put_bgp_peer(&r)
@@ -487,7 +490,7 @@ impl Bgp for BgpService {
                 ))),
             }
         };
-        let mut gr = crate::bgp::speaker::GracefulRestart::default();
+        let mut gr = crate::speaker::task::GracefulRestart::default();
         if p.graceful_restart_time_s != 0 {
             gr.restart_time = u16::try_from(p.graceful_restart_time_s)
                 .ok()
@@ -508,8 +511,8 @@ impl Bgp for BgpService {
                 Status::invalid_argument("peer.max_prefixes_restart_s: above 65535")
             })?),
         };
-        spec.transport = crate::bgp::sockopt::Transport {
-            password: crate::bgp::sockopt::Password::new(&p.password)
+        spec.transport = crate::speaker::sockopt::Transport {
+            password: crate::speaker::sockopt::Password::new(&p.password)
                 .map_err(|e| Status::invalid_argument(format!("peer.password: {e}")))?,
             ttl_security_hops: hops("ttl_security_hops", p.ttl_security_hops)?,
             multihop_ttl: hops("multihop_ttl", p.multihop_ttl)?,

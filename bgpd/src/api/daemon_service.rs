@@ -19,9 +19,9 @@ pub struct DaemonInfo {
     /// The desired kernel state served to routewriter.
     pub dataplane: crate::dataplane::Hub,
     /// The BGP speaker task.
-    pub bgp: crate::bgp::SpeakerHandle,
+    pub bgp: crate::speaker::SpeakerHandle,
     /// The API's call counters, read by the metrics listener.
-    pub api_stats: crate::metrics::ApiStats,
+    pub api_stats: crate::api_stats::ApiStats,
 }
 
 #[derive(Clone)]

@@ -18,14 +18,16 @@ struct Args {
     config: Option<PathBuf>,
 }
 
-/// Big tables on huge pages (see `bgpd::hugepages`).
-#[global_allocator]
-static ALLOCATOR: bgpd::hugepages::HugePageAllocator = bgpd::hugepages::HugePageAllocator;
-
 fn main() -> ExitCode {
-    let Some((config, path)) = configure() else {
-        return ExitCode::FAILURE;
+    let args = Args::parse();
+    let config = match Config::load(args.config.as_deref()) {
+        Ok(config) => config,
+        Err(e) => {
+            eprintln!("bgpd: {e}");
+            return ExitCode::FAILURE;
+        }
     };
+    daemon_common::logging::init(&config.log);
     let runtime = match runtime() {
         Ok(rt) => rt,
         Err(e) => {
@@ -33,31 +35,11 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    // Boxed, and the arguments read in a function of their own: `main`'s frame stays at
-    // the bottom of the stack for the process's life, under every task the runtime polls,
-    // so what it holds is resident for good (it was 16 KB with both inline).
-    match runtime.block_on(Box::pin(bgpd::daemon::run(config, path))) {
+    match runtime.block_on(bgpd::daemon::run(config, args.config)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("bgpd: {e}");
             ExitCode::FAILURE
-        }
-    }
-}
-
-/// The configuration (and its file, to read again on SIGHUP), logging set up; `None` after
-/// saying why not.
-#[inline(never)]
-fn configure() -> Option<(Config, Option<PathBuf>)> {
-    let args = Args::parse();
-    match Config::load(args.config.as_deref()) {
-        Ok(config) => {
-            bgpd::logging::init(config.log.level);
-            Some((config, args.config))
-        }
-        Err(e) => {
-            eprintln!("bgpd: {e}");
-            None
         }
     }
 }
@@ -73,16 +55,6 @@ const WORKER_THREADS_ENV: &str = "BGPD_WORKER_THREADS";
 /// of an idle process, for parallelism bgpd's work (one RIB task, sessions that mostly wait)
 /// seldom has. A bgpd fed a full table by a fast peer may take more with the variable.
 fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
-    // glibc gives each thread that allocates an arena of its own (up to 8 per core), and
-    // each arena keeps its own freed memory: SQLite's blocking threads kept some 350 KB
-    // free in a second arena of a 50-node mesh node. One arena: its lock is seldom
-    // contended (one runtime thread, SQLite calls serialised per connection), and a mesh
-    // converged no slower with it.
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt is called before any other thread exists; it only sets a limit.
-    unsafe {
-        libc::mallopt(libc::M_ARENA_MAX, 1);
-    }
     let workers = std::env::var(WORKER_THREADS_ENV)
         .ok()
         .and_then(|v| v.parse::<usize>().ok());

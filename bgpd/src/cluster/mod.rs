@@ -3,7 +3,7 @@
 //! without dropping the sessions a change does not concern.
 //!
 //! One task ([`run`]) follows the datastore: it lists the cluster state, then
-//! - makes sure this node has its VXLAN tunnel address (`dataplane::ensure_tunnel`),
+//! - makes sure this node has its VXLAN tunnel address (`tunnel`),
 //! - publishes the IPAM part of the desired kernel state (`dataplane::desired`),
 //! - brings the speaker in line ([`Brain::apply`]): local AS and port, the policy generated
 //!   from the pools (`bgp::policy`), the peers (`peers`), what this node originates
@@ -14,6 +14,7 @@
 
 pub mod origin;
 pub mod peers;
+pub mod tunnel;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::Ipv4Addr;
@@ -27,13 +28,12 @@ use ipam::block::{Block, BlockAffinity};
 use ipam::model::{BgpConfiguration, BgpPeer, IpPool, Node};
 use ipam::resource::{Resource, decode};
 use ipam::store::{Datastore, Listing, Store};
-use tokio::sync::watch;
 
-use crate::bgp::policy::{Policy, PolicyInputs};
-use crate::bgp::{Announcement, PeerSpec, SpeakerError, SpeakerHandle};
 use crate::config::BgpConfig;
-use crate::dataplane::{self, Hub, desired};
+use crate::dataplane::{Hub, desired};
 use crate::datastore::DatastoreHandle;
+use crate::speaker::{Announcement, PeerSpec, SpeakerError, SpeakerHandle};
+use bgp::policy::{Encap, Policy, PolicyInputs, PolicyPool};
 
 /// Changes arriving within this window are computed once.
 const DEBOUNCE: Duration = Duration::from_millis(20);
@@ -209,8 +209,9 @@ impl Brain {
         }
 
         let own = origin::own_blocks(&self.me, c);
+        let pools: Vec<PolicyPool> = c.pools.iter().map(policy_pool).collect();
         let policy = Arc::new(Policy::generate(&PolicyInputs {
-            pools: &c.pools,
+            pools: &pools,
             own_blocks: &own,
             subnet: me.ipv4.map(|n| n.trunc()),
             aggregate_to_external: settings.aggregate_pools_to_external,
@@ -328,7 +329,6 @@ pub async fn run(
     mut datastore: DatastoreHandle,
     hub: Hub,
     speaker: SpeakerHandle,
-    started: watch::Sender<bool>,
 ) {
     let mut brain = Brain::new(me, file, speaker);
     let mut backoff = Duration::from_millis(250);
@@ -340,7 +340,7 @@ pub async fn run(
             }
             continue;
         };
-        match follow(&mut brain, &store, &hub, &started).await {
+        match follow(&mut brain, &store, &hub).await {
             Ok(()) => backoff = Duration::from_millis(250),
             Err(FollowError::Bgp(SpeakerError::Stopped)) => return,
             Err(e) => {
@@ -355,14 +355,7 @@ pub async fn run(
 /// Lists, computes, applies, then waits for the next change; returns to re-list.
 /// Lists once, then follows the watch: each change updates the cache, and each burst of
 /// changes is computed and applied once. Returns (to list again) when the watch ends.
-/// `started` turns true after the first pass that applied this node's state (its sessions
-/// are configured): start-up is over.
-async fn follow(
-    brain: &mut Brain,
-    store: &Store,
-    hub: &Hub,
-    started: &watch::Sender<bool>,
-) -> Result<(), FollowError> {
+async fn follow(brain: &mut Brain, store: &Store, hub: &Hub) -> Result<(), FollowError> {
     let ipam = Ipam::new(store.clone());
     // The listing's bytes (every value, handles included) are dropped once decoded, and so
     // is each pass's copy of the state before the wait: neither is kept while idle.
@@ -377,7 +370,7 @@ async fn follow(
     loop {
         let c = cache.state();
         // When this writes (the node's tunnel address), its own event brings the next pass.
-        if !dataplane::ensure_tunnel(&ipam, &brain.me, &c).await? {
+        if !tunnel::ensure_tunnel(&ipam, &brain.me, &c).await? {
             hub.publish(desired::compute(&desired::Inputs {
                 me: &brain.me,
                 nodes: &c.nodes,
@@ -386,9 +379,6 @@ async fn follow(
                 affinities: &c.affinities,
             }));
             brain.apply(&c).await?;
-            if brain.applied.speaker.is_some() {
-                started.send_if_modified(|s| !std::mem::replace(s, true));
-            }
         }
         drop(c);
         match watch.next().await {
@@ -406,6 +396,22 @@ async fn follow(
                 Err(_) => break,
             }
         }
+    }
+}
+
+/// A datastore pool as the policy generator sees it.
+fn policy_pool(p: &ipam::model::IpPool) -> PolicyPool {
+    let encap = |m: ipam::model::EncapMode| match m {
+        ipam::model::EncapMode::Never => Encap::Never,
+        ipam::model::EncapMode::Always => Encap::Always,
+        ipam::model::EncapMode::CrossSubnet => Encap::CrossSubnet,
+    };
+    PolicyPool {
+        name: p.name.clone(),
+        cidr: p.cidr,
+        vxlan_mode: encap(p.vxlan_mode),
+        ipip_mode: encap(p.ipip_mode),
+        disable_bgp_export: p.disable_bgp_export,
     }
 }
 

@@ -24,9 +24,9 @@ use std::net::{IpAddr, Ipv4Addr};
 use bgp_wire::Asn;
 use ipam::model::{BgpConfiguration, BgpPeer, Node};
 
-use crate::bgp::policy::PeerClass;
-use crate::bgp::sockopt::{Password, Transport};
-use crate::bgp::{PeerOrigin, PeerSpec};
+use crate::speaker::sockopt::{Password, Transport};
+use crate::speaker::{PeerOrigin, PeerSpec};
+use bgp::policy::PeerClass;
 
 /// BIRD's default hold time, which Calico keeps.
 pub const DEFAULT_HOLD: u16 = 240;

@@ -8,34 +8,15 @@ use std::path::{Path, PathBuf};
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use serde::Deserialize;
 
+pub use daemon_common::config::{
+    ConfigError, LogConfig, LogFormat, LogLevel, field, hostname, load_layers,
+};
 /// Where bgpd serves its API when the configuration says nothing.
-pub const DEFAULT_SOCKET: &str = "/run/margay/bgpd.sock";
+pub use proto::client::DEFAULT_SOCKET;
 /// Where the embedded datastore lives when the configuration says nothing.
 pub const DEFAULT_SQLITE_PATH: &str = "/var/lib/margay/store.db";
 /// Calico's default cluster AS.
 pub const DEFAULT_AS: u32 = 64512;
-
-#[derive(Debug, thiserror::Error)]
-pub enum ConfigError {
-    #[error("cannot read configuration {path}: {source}")]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: config::ConfigError,
-    },
-    #[error("invalid configuration: {0}")]
-    Invalid(config::ConfigError),
-    #[error("invalid configuration: {field}: {reason}")]
-    Field { field: &'static str, reason: String },
-}
-
-/// A `Field` error: the key and what is wrong with it.
-pub fn field(field: &'static str, reason: impl Into<String>) -> ConfigError {
-    ConfigError::Field {
-        field,
-        reason: reason.into(),
-    }
-}
 
 /// The whole configuration of one bgpd.
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
@@ -316,23 +297,6 @@ impl Default for BgpConfig {
     }
 }
 
-#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "lowercase")]
-pub enum LogLevel {
-    Error,
-    Warn,
-    #[default]
-    Info,
-    Debug,
-    Trace,
-}
-
-#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
-#[serde(default, deny_unknown_fields)]
-pub struct LogConfig {
-    pub level: LogLevel,
-}
-
 impl Config {
     /// Reads `path` (when given) and the process environment's `MARGAY_` variables.
     pub fn load(path: Option<&Path>) -> Result<Self, ConfigError> {
@@ -420,7 +384,7 @@ impl Config {
                     ),
                 ));
             }
-            crate::bgp::sockopt::Password::new(&p.password)
+            crate::speaker::sockopt::Password::new(&p.password)
                 .map_err(|e| field("bgp.peers", format!("peer {}: password: {e}", p.address)))?;
             if let IpAddr::V6(a) = p.address
                 && a.is_unicast_link_local()
@@ -493,56 +457,6 @@ impl Config {
         }
         Ok(())
     }
-}
-
-/// The host name, or "" when the kernel has none.
-/// The file at `path` (when given) under the process's (or the given) `MARGAY_` environment:
-/// the loading every margay daemon shares. `list_keys` are read from the environment as
-/// comma-separated lists.
-pub fn load_layers<T: serde::de::DeserializeOwned>(
-    path: Option<&Path>,
-    env: Option<config::Map<String, String>>,
-    list_keys: &[&str],
-) -> Result<T, ConfigError> {
-    let mut builder = config::Config::builder();
-    if let Some(path) = path {
-        // Read the file ourselves so a missing file is an error that names it.
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read {
-            path: path.to_owned(),
-            source: config::ConfigError::Foreign(Box::new(e)),
-        })?;
-        builder = builder.add_source(config::File::from_str(&text, config::FileFormat::Toml));
-    }
-    let mut environment = config::Environment::with_prefix("MARGAY")
-        .prefix_separator("_")
-        .separator("__")
-        .try_parsing(true)
-        .source(env);
-    // A list separator without list keys would split every value.
-    if !list_keys.is_empty() {
-        environment = environment.list_separator(",");
-        for key in list_keys {
-            environment = environment.with_list_parse_key(key);
-        }
-    }
-    let raw = builder
-        .add_source(environment)
-        .build()
-        .map_err(ConfigError::Invalid)?;
-    raw.try_deserialize().map_err(|e| match path {
-        Some(path) => ConfigError::Read {
-            path: path.to_owned(),
-            source: e,
-        },
-        None => ConfigError::Invalid(e),
-    })
-}
-
-/// The host name, lower case (as Kubernetes node names), or "" when the kernel has none.
-pub fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_lowercase())
-        .unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -9,15 +9,14 @@
 //!   datastore supervisor running), else 503 with the reasons.
 //! - `GET /status`: one JSON object (node, datastore, readiness, sessions).
 //!
-//! Boundaries: this module reads through the daemon's handles (speaker, datastore, API
-//! counters) and owns nothing but a short cache of the IPAM usage; every read has a time
-//! limit, so a stuck part makes a scrape say so rather than hang.
+//! Boundaries: this module reads through the daemon's handles (`api::DaemonInfo`: speaker,
+//! datastore, the API's call counters of `crate::api_stats`) and owns nothing but a short
+//! cache of the IPAM usage; every read has a time limit, so a stuck part makes a scrape say
+//! so rather than hang.
 //!
-//! - `grpc`: the tower layer counting the API's calls.
 //! - `ready`: readiness and liveness as pure verdicts.
 //! - `render`: the Prometheus text of a snapshot.
 
-pub mod grpc;
 pub mod ready;
 pub mod render;
 
@@ -28,14 +27,13 @@ use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
 use tokio::sync::Mutex;
 
-pub use grpc::ApiStats;
 use ready::{PeerRow, Verdict};
 use render::{IpamView, PoolRow, Snapshot};
 
 use crate::api::DaemonInfo;
 use crate::config::MetricsConfig;
 use crate::datastore::DatastoreState;
-use crate::observe::http::{self, Request, Response};
+use daemon_common::observe::http::{self, Request, Response};
 
 /// How long the speaker gets to list its sessions; longer counts as not answering.
 pub const SPEAKER_TIMEOUT: Duration = Duration::from_secs(2);

@@ -32,13 +32,13 @@ pub struct PeerRow {
 }
 
 impl PeerRow {
-    pub fn from_status(p: &crate::bgp::PeerStatus) -> Self {
+    pub fn from_status(p: &crate::speaker::PeerStatus) -> Self {
         Self {
             name: p.spec.name(),
             address: p.spec.address.to_string(),
             asn: p.spec.asn.0,
             state: p.state.name(),
-            established: p.state == crate::bgp::fsm::State::Established,
+            established: p.state == bgp::fsm::State::Established,
             received: p.received,
             accepted: p.accepted,
             advertised: p.advertised,

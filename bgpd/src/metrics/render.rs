@@ -5,10 +5,10 @@
 
 use std::collections::BTreeMap;
 
-use super::grpc::{BUCKETS, MethodStats};
 use super::ready::PeerRow;
-use crate::bgp::fsm::State;
-use crate::observe::prom::{Exposition, Kind};
+use crate::api_stats::{BUCKETS, MethodStats};
+use bgp::fsm::State;
+use daemon_common::observe::prom::{Exposition, Kind};
 
 /// Every FSM state, so that each has its gauge even at zero.
 const STATES: [State; 6] = [
@@ -259,7 +259,7 @@ mod tests {
     }
 
     fn snapshot() -> Snapshot {
-        let stats = super::super::grpc::ApiStats::default();
+        let stats = crate::api_stats::ApiStats::default();
         stats.record(
             "margay.v1.Ipam/AutoAssign",
             tonic::Code::Ok,

@@ -3,6 +3,9 @@
 //! (Calico's names where Calico has one). Parsing is pure: bytes in, a validated [`NetConf`] or
 //! the CNI error the runtime should see out. Each refusal names the key.
 //!
+//! Why this file is long: the network configuration of the CNI spec and Calico's plugin keys, each
+//! parsed and validated with a clear error, with the tests of each.
+//!
 //! Codes: not JSON or a key of the wrong JSON type: 6; `cniVersion` margay does not speak: 1;
 //! a value that is invalid: 7; a feature margay knows and does not offer (`ipMasq: true`,
 //! `device_type: netkit`): 2.

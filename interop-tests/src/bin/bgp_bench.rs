@@ -2,6 +2,9 @@
 //! BIRD 1.6, FRR (bgpd -Z) and GoBGP, each alone in fresh namespaces, fed the same packed
 //! UPDATEs by our own feeder and drained by our own collector (both on `bgp_wire`).
 //!
+//! Why this file is long: one benchmark run end to end: the feeder, the collector and the set-up of
+//! five implementations, which must do the same work.
+//!
 //! **Ingest.** The feeder (a thread in the feeder's namespace) opens an iBGP session to the
 //! receiver (AS 64512, passive there), hands N pre-encoded /26 prefixes with 1 or 1,000
 //! distinct attribute sets (`bgp_wire::pack`), then End-of-RIB, to TCP in one write.
@@ -337,7 +340,7 @@ fn start(kind: Kind, mode: Mode, ns: &Netns) -> Result<Receiver, String> {
                 .build()
                 .map_err(|e| e.to_string())?;
             let channel = rt
-                .block_on(bgpd::ctl::connect_unix(&socket))
+                .block_on(proto::client::connect_unix(&socket))
                 .map_err(|e| e.to_string())?;
             let mut client = proto::v1::bgp_client::BgpClient::new(channel);
             rt.block_on(bgpd_settings(&mut client, adv))?;

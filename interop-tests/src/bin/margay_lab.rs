@@ -1,5 +1,8 @@
 //! `margay-lab`: a local margay cluster in network namespaces, on one machine, as root.
 //!
+//! Why this file is long: the lab's whole life (up, check, status, down) over one topology; its
+//! steps share the topology's names.
+//!
 //! `up` builds nothing itself (scripts/up builds first) and brings up: three nodes on one L2
 //! segment and a fourth in another subnet behind a router namespace; on each node bgpd and
 //! routewriter, all sharing one embedded SQLite datastore; the default pool 172.20.0.0/16
@@ -652,7 +655,7 @@ fn grpc_delete_node(via: &str, node: &str) -> Result<(), String> {
         .build()
         .map_err(|e| e.to_string())?;
     rt.block_on(async {
-        let ch = bgpd::ctl::connect_unix(&socket(via))
+        let ch = proto::client::connect_unix(&socket(via))
             .await
             .map_err(|e| e.to_string())?;
         proto::v1::nodes_client::NodesClient::new(ch)

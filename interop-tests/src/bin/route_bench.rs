@@ -22,15 +22,15 @@ use std::path::Path;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use bgpd::routewriter::agent::Agent;
-use bgpd::routewriter::config::RoutewriterConfig;
-use bgpd::routewriter::metrics::Metrics;
 use clap::Parser;
 use interop_tests::lab::netns::{Netns, VethPair};
 use proto::v1::{
     DataplaneUpdate, DesiredItem, DesiredKey, KernelRoute, RouteKind, desired_item::Item,
     desired_key::Key,
 };
+use routewriter::agent::Agent;
+use routewriter::config::RoutewriterConfig;
+use routewriter::metrics::Metrics;
 
 #[derive(Parser)]
 #[command(about = "routewriter's route programming against ip -batch")]

@@ -1,6 +1,9 @@
 //! `scale_bench`: the node-to-node mesh at scale, bgpd against BIRD 1.6 configured the way
 //! Calico's confd configures it (issue #10).
 //!
+//! Why this file is long: one benchmark run end to end for both implementations: set-up, the
+//! convergence and idle measurements, the table.
+//!
 //! For each N and each implementation, in fresh namespaces (see `lab::mesh`: N nodes on one
 //! bridge, 10.77.0.0/16, four /26 blocks each of 172.20.0.0/16, a /14 beyond 256 nodes), it
 //! starts one daemon per node and measures:
@@ -82,15 +85,6 @@ struct Args {
     /// failed run's is always kept.
     #[arg(long)]
     keep: bool,
-    /// bgpd: start node 0 alone and the other nodes this many seconds later, so that what
-    /// node 0 runs once its start-up is over, as the mesh forms, comes apart from its
-    /// start-up (`scripts/code-order`). Convergence is timed from the others' start.
-    #[arg(long, default_value_t = 0)]
-    first_alone_secs: u64,
-    /// bgpd: the executable of every node but node 0 (default: node 0's, built beside
-    /// scale_bench); `scripts/code-order` gives them a copy its probes do not count.
-    #[arg(long)]
-    peer_bgpd: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -192,7 +186,7 @@ impl Probe {
                 client,
             } => {
                 if client.is_none() {
-                    *client = bgpd::ctl::connect_unix(socket)
+                    *client = proto::client::connect_unix(socket)
                         .await
                         .ok()
                         .map(BgpClient::new);
@@ -505,16 +499,13 @@ fn seed(mesh: &Mesh, spec: &str) -> Result<(), String> {
         .map_err(|e| format!("entering the hub namespace: {e}"))?
 }
 
-/// Starts one bgpd per node on the seeded datastore (node 0 first and alone for
-/// `--first-alone-secs`); the instant the timed start began.
+/// Starts one bgpd per node on the seeded datastore; the instant the timed start began.
 fn start_bgpd(
     mesh: &Mesh,
     dir: &Path,
     spec: &str,
-    args: &Args,
 ) -> Result<(Daemons, Vec<Probe>, Instant), String> {
     let bgpd = lab::try_binary("bgpd")?;
-    let peer_bgpd = args.peer_bgpd.as_deref().unwrap_or(&bgpd);
     let datastore = match spec.split_once(':') {
         Some(("sqlite", path)) => format!("[datastore]\nkind = \"sqlite\"\npath = \"{path}\"\n"),
         Some(("etcd", url)) => format!("[datastore]\nkind = \"etcd\"\nendpoints = [\"{url}\"]\n"),
@@ -538,13 +529,9 @@ fn start_bgpd(
     }
     let mut daemons = Daemons(Vec::new());
     let mut probes = Vec::new();
-    let mut t0 = Instant::now();
+    let t0 = Instant::now();
     for (i, (node, (d, socket))) in mesh.nodes.iter().zip(configs).enumerate() {
-        if i == 1 && args.first_alone_secs > 0 {
-            sleep_interruptible(Duration::from_secs(args.first_alone_secs))?;
-            t0 = Instant::now();
-        }
-        let mut cmd = node.ns.command(if i == 0 { &bgpd } else { peer_bgpd });
+        let mut cmd = node.ns.command(&bgpd);
         cmd.arg("--config")
             .arg(d.join("bgpd.toml"))
             .stdout(Stdio::null())
@@ -591,7 +578,7 @@ fn run_one(rt: &tokio::runtime::Runtime, args: &Args, n: usize, imp: Impl) -> Re
             }
             let spec = store_spec(args.store, dir.path());
             seed(&mesh, &spec)?;
-            let (daemons, probes, at) = start_bgpd(&mesh, dir.path(), &spec, args)?;
+            let (daemons, probes, at) = start_bgpd(&mesh, dir.path(), &spec)?;
             t0 = at;
             (daemons, probes)
         }
@@ -600,7 +587,7 @@ fn run_one(rt: &tokio::runtime::Runtime, args: &Args, n: usize, imp: Impl) -> Re
     let converged = converge(rt, &mut probes, want, t0, args, imp);
     let (at, slowest) = match converged {
         Ok(c) => {
-            // Said now (the row comes after the idle minute): scripts/code-order waits for it.
+            // Said now: the row comes only after the idle minute.
             eprintln!(
                 "scale_bench: N={n} {}: converged; idle for {} s",
                 imp.name(),

@@ -42,7 +42,7 @@ pub fn try_binary(name: &str) -> Result<PathBuf, String> {
         Ok(path)
     } else {
         Err(format!(
-            "{} is not built; run `cargo build -p bgpd` (with --release for a release run) first",
+            "{} is not built; run `cargo build --bins` (with --release for a release run) first",
             path.display()
         ))
     }

@@ -143,7 +143,15 @@ mod tests {
         std::thread::spawn(|| {
             // 30 ms of this thread's CPU time, not of the wall clock: on a loaded machine a
             // thread spinning 30 ms of wall time once ran for only 20 ms.
-            let thread_cpu = || bgpd::resident::cpu_time(libc::CLOCK_THREAD_CPUTIME_ID);
+            let thread_cpu = || {
+                let mut t = libc::timespec {
+                    tv_sec: 0,
+                    tv_nsec: 0,
+                };
+                // SAFETY: a plain syscall writing to our timespec.
+                unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
+                std::time::Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+            };
             let mut x = 0u64;
             while thread_cpu() < std::time::Duration::from_millis(30) {
                 x = std::hint::black_box(x.wrapping_add(1));

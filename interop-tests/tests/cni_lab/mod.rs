@@ -170,7 +170,9 @@ impl Node {
     pub fn handle_addresses(&self, handle: &str) -> Vec<String> {
         let rt = interop_tests::lab::bgpd::runtime();
         rt.block_on(async {
-            let ch = bgpd::ctl::connect_unix(&self.daemon.socket).await.unwrap();
+            let ch = proto::client::connect_unix(&self.daemon.socket)
+                .await
+                .unwrap();
             match proto::v1::ipam_client::IpamClient::new(ch)
                 .get_handle(proto::v1::GetHandleRequest {
                     handle: handle.to_owned(),
@@ -193,7 +195,9 @@ impl Node {
     pub fn handle_attributes(&self, handle: &str) -> std::collections::HashMap<String, String> {
         let rt = interop_tests::lab::bgpd::runtime();
         rt.block_on(async {
-            let ch = bgpd::ctl::connect_unix(&self.daemon.socket).await.unwrap();
+            let ch = proto::client::connect_unix(&self.daemon.socket)
+                .await
+                .unwrap();
             proto::v1::ipam_client::IpamClient::new(ch)
                 .get_handle(proto::v1::GetHandleRequest {
                     handle: handle.to_owned(),
@@ -385,7 +389,7 @@ pub fn reference(plugin: &str) -> PathBuf {
 
 /// The host-side interface name Calico gives `key` (`<namespace>.<pod>` or the container id).
 pub fn cali_name(key: &str) -> String {
-    let digest: String = bgpd::routewriter::mac::sha1(key.as_bytes())
+    let digest: String = proto::mac::sha1(key.as_bytes())
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect();

@@ -319,17 +319,6 @@ pub enum Store {
     Etcd(etcd::EtcdStore),
 }
 
-impl Store {
-    /// Gives back memory the backend keeps only to go faster (see
-    /// [`sqlite::SqliteStore::release_memory`]; an etcd client keeps no such cache).
-    pub async fn release_memory(&self) -> Result<()> {
-        match self {
-            Store::Sqlite(s) => s.release_memory().await,
-            Store::Etcd(_) => Ok(()),
-        }
-    }
-}
-
 macro_rules! dispatch {
     ($self:ident, $s:ident => $e:expr) => {
         match $self {

@@ -1,5 +1,8 @@
 //! The embedded backend: one SQLite file (WAL mode) that several processes of one host share.
 //!
+//! Why this file is long: the backend's schema, transactions, watch log and cross-process
+//! notification work on one connection pair and share its helpers.
+//!
 //! Layout: `kv` holds the current keys, `history` one row per change (the watch log), `meta`
 //! the store revision and the compaction point. Every write is one `BEGIN IMMEDIATE`
 //! transaction, so conditions are checked and writes made under SQLite's write lock, and a
@@ -287,23 +290,6 @@ impl SqliteStore {
         &self.inner.path
     }
 
-    /// Gives back the memory both connections hold for pages they have read (SQLite's page
-    /// cache), for a process that has gone quiet: an idle bgpd's queries read a few pages
-    /// every 30 s, while the cache keeps every page read since the file last changed.
-    /// Pages are read again, from the OS's cache, when a query needs them.
-    pub async fn release_memory(&self) -> Result<()> {
-        let inner = self.inner.clone();
-        blocking(move || {
-            for conn in [&inner.writer, &inner.reader] {
-                let conn = conn.lock().unwrap_or_else(|p| p.into_inner());
-                conn.execute_batch("PRAGMA shrink_memory")
-                    .map_err(backend)?;
-            }
-            Ok(())
-        })
-        .await
-    }
-
     async fn with_reader<T: Send + 'static>(
         &self,
         f: impl FnOnce(&mut Connection) -> rusqlite::Result<T> + Send + 'static,
@@ -335,7 +321,6 @@ fn open_connection(path: &Path, options: &SqliteOptions, init: bool) -> Result<C
             | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )
     .map_err(|e| bad(e.to_string()))?;
-    without_lookaside(&conn).map_err(backend)?;
     conn.busy_timeout(options.busy_timeout).map_err(backend)?;
     // Many processes opening one file together (a 150-node lab) meet locks SQLite does not
     // wait for (WAL recovery, the switch to WAL): every step retries within the busy timeout.
@@ -417,29 +402,6 @@ fn open_connection(path: &Path, options: &SqliteOptions, init: bool) -> Result<C
             "written by a margay with store layout {v}; this one knows layout {LAYOUT_VERSION}"
         ))),
         None => Err(bad("no layout version recorded".into())),
-    }
-}
-
-/// Turns off the connection's lookaside allocator: SQLite sets 48 KiB aside per connection
-/// and writes every slot of it at once, private memory of every process (two connections
-/// per bgpd, N bgpd per host) to speed up small allocations of queries that are rare here.
-/// Only possible before the connection has used it: right after opening.
-fn without_lookaside(conn: &Connection) -> rusqlite::Result<()> {
-    use rusqlite::ffi;
-    // SAFETY: the handle is the open connection's, used on this thread only for the call;
-    // a NULL buffer with a zero slot count is the documented way to turn lookaside off.
-    let rc = unsafe {
-        ffi::sqlite3_db_config(
-            conn.handle(),
-            ffi::SQLITE_DBCONFIG_LOOKASIDE,
-            std::ptr::null_mut::<std::ffi::c_void>(),
-            0 as std::ffi::c_int,
-            0 as std::ffi::c_int,
-        )
-    };
-    match rc {
-        ffi::SQLITE_OK => Ok(()),
-        rc => Err(rusqlite::Error::SqliteFailure(ffi::Error::new(rc), None)),
     }
 }
 
@@ -835,61 +797,6 @@ impl Datastore for SqliteStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn connections_do_without_lookaside() {
-        // Lookaside in use counts hits for every small allocation a query makes; without it
-        // there are none (and the memory is never set aside).
-        let dir = tempfile::tempdir().unwrap();
-        let conn = open_connection(&dir.path().join("s.db"), &SqliteOptions::default(), true)
-            .expect("opens");
-        conn.query_row("SELECT count(*) FROM kv WHERE key > 'a'", [], |r| {
-            r.get::<_, i64>(0)
-        })
-        .unwrap();
-        let (_, high) = db_status(&conn, rusqlite::ffi::SQLITE_DBSTATUS_LOOKASIDE_HIT);
-        assert_eq!(high, 0, "a connection used lookaside memory");
-    }
-
-    /// A connection's statistic `op` (`sqlite3_db_status`): current and highest value.
-    fn db_status(conn: &Connection, op: std::ffi::c_int) -> (std::ffi::c_int, std::ffi::c_int) {
-        let (mut cur, mut high) = (0, 0);
-        // SAFETY: the open connection's handle and two out-parameters of ours.
-        let rc =
-            unsafe { rusqlite::ffi::sqlite3_db_status(conn.handle(), op, &mut cur, &mut high, 0) };
-        assert_eq!(rc, rusqlite::ffi::SQLITE_OK);
-        (cur, high)
-    }
-
-    #[tokio::test]
-    async fn released_memory_is_the_page_cache_and_reads_go_on() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = SqliteStore::open(dir.path().join("s.db"), SqliteOptions::default())
-            .await
-            .unwrap();
-        // Enough rows for a few dozen pages, all read back into the reader's cache.
-        for i in 0..64 {
-            store
-                .create(&format!("k/{i:03}"), vec![7; 1500])
-                .await
-                .unwrap();
-        }
-        assert_eq!(store.list("k/").await.unwrap().items.len(), 64);
-        let cached = || {
-            let conn = store.inner.reader.lock().unwrap();
-            db_status(&conn, rusqlite::ffi::SQLITE_DBSTATUS_CACHE_USED).0
-        };
-        let before = cached();
-        assert!(
-            before > 64 * 1024,
-            "the reader caches the pages it read: {before} B"
-        );
-        store.release_memory().await.unwrap();
-        let after = cached();
-        assert!(after < before / 4, "page cache {before} B -> {after} B");
-        // Nothing is lost: the next read reads the pages again.
-        assert_eq!(store.list("k/").await.unwrap().items.len(), 64);
-    }
 
     #[test]
     fn every_report_is_looked_at_again_after_each_settle_delay() {

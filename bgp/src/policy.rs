@@ -1,0 +1,568 @@
+//! Route policy: which received routes the Loc-RIB may use (import), which routes go to
+//! which peer (export), and which Loc-RIB routes enter the desired kernel state (kernel).
+//!
+//! **Job.** Hold ordered rule lists, one per scope, and evaluate them: the first rule that
+//! matches decides. The same lists are what `bgpctl show filters` prints, so what an operator
+//! reads is exactly what runs (Calico's generated `bird_ipam.cfg`, as data).
+//!
+//! **Boundaries.** Pure data and pure functions. The cluster brain (bgpd) generates a
+//! [`Policy`] from the pools, given as [`PolicyPool`]s ([`Policy::generate`]); the RIB calls [`Policy::import`] and
+//! [`Policy::export`]; the speaker calls [`Policy::kernel`] for the dataplane. A speaker
+//! without a cluster (tests, a bare route server) runs [`Policy::accept_all`].
+
+use std::fmt;
+use std::net::IpAddr;
+
+use bgp_wire::Prefix;
+use ipnet::{IpNet, Ipv4Net};
+
+/// A pool's encapsulation mode (`vxlanMode`, `ipipMode`), as the datastore's `IPPool` says.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Encap {
+    #[default]
+    Never,
+    Always,
+    CrossSubnet,
+}
+
+impl Encap {
+    pub fn is_on(self) -> bool {
+        self != Encap::Never
+    }
+}
+
+/// What the rules are generated from: an IP pool, as far as routing is concerned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicyPool {
+    pub name: String,
+    pub cidr: IpNet,
+    pub vxlan_mode: Encap,
+    pub ipip_mode: Encap,
+    pub disable_bgp_export: bool,
+}
+
+impl PolicyPool {
+    /// A pool without encapsulation, exported.
+    pub fn new(name: &str, cidr: IpNet) -> Self {
+        PolicyPool {
+            name: name.to_owned(),
+            cidr,
+            vxlan_mode: Encap::Never,
+            ipip_mode: Encap::Never,
+            disable_bgp_export: false,
+        }
+    }
+}
+
+/// What kind of neighbour a peer is, for policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum PeerClass {
+    /// Another node of the cluster (mesh, route reflector).
+    Cluster,
+    /// Anything else: a ToR router, a configured or API peer.
+    External,
+}
+
+/// Where a route in the Loc-RIB came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RouteSource {
+    /// Originated on this node.
+    Local,
+    Peer(PeerClass),
+}
+
+/// The rule lists.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Scope {
+    Import,
+    ExportCluster,
+    ExportExternal,
+    Kernel,
+}
+
+/// How a kernel route is programmed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KernelVia {
+    /// Via the BGP next hop, plain IP.
+    NextHop,
+    /// Via the IPIP device to the BGP next hop, onlink.
+    Ipip,
+}
+
+/// A rule's decision.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    Accept,
+    Reject,
+    /// Kernel scope only.
+    Program(KernelVia),
+}
+
+/// How a rule matches a prefix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NetMatch {
+    /// Any prefix.
+    Any,
+    /// A default route of either family (0.0.0.0/0, ::/0).
+    Default,
+    /// Exactly this prefix.
+    Exactly(Ipv4Net),
+    /// This prefix or one inside it, with a length in `min..=32` (BIRD's `net ~ p{min,32}`).
+    Within(Ipv4Net, u8),
+}
+
+impl NetMatch {
+    /// Rules are generated from IPv4 pools: an IPv6 prefix matches only `Any` and
+    /// `Default`.
+    fn matches(&self, p: Prefix) -> bool {
+        let p = match (self, p) {
+            (NetMatch::Any, _) => return true,
+            (NetMatch::Default, p) => return p.prefix_len() == 0,
+            (_, Prefix::V6(_)) => return false,
+            (_, Prefix::V4(p)) => p,
+        };
+        match *self {
+            NetMatch::Any | NetMatch::Default => true,
+            NetMatch::Exactly(n) => n.network() == p.addr() && n.prefix_len() == p.prefix_len(),
+            NetMatch::Within(n, min) => {
+                p.prefix_len() >= n.prefix_len().max(min) && n.contains(&p.addr())
+            }
+        }
+    }
+}
+
+/// A rule: all its conditions must hold.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rule {
+    pub net: NetMatch,
+    /// `None`: any source.
+    pub source: Option<RouteSource>,
+    /// Kernel scope: the BGP next hop lies in this subnet.
+    pub next_hop_in: Option<Ipv4Net>,
+    pub action: Action,
+    pub reason: String,
+}
+
+impl Rule {
+    fn new(net: NetMatch, action: Action, reason: impl Into<String>) -> Self {
+        Rule {
+            net,
+            source: None,
+            next_hop_in: None,
+            action,
+            reason: reason.into(),
+        }
+    }
+
+    fn from(mut self, source: RouteSource) -> Self {
+        self.source = Some(source);
+        self
+    }
+
+    fn matches(&self, p: Prefix, src: RouteSource, next_hop: Option<IpAddr>) -> bool {
+        self.net.matches(p)
+            && self.source.is_none_or(|s| s == src)
+            && self
+                .next_hop_in
+                .is_none_or(|n| matches!(next_hop, Some(IpAddr::V4(h)) if n.contains(&h)))
+    }
+
+    /// The match, BIRD-like: `net ~ 172.20.0.0/16{16,32} && from cluster peers`.
+    pub fn describe_match(&self) -> String {
+        let mut parts = Vec::new();
+        match self.net {
+            NetMatch::Any => {}
+            NetMatch::Default => parts.push("net = 0.0.0.0/0 || net = ::/0".into()),
+            NetMatch::Exactly(n) => parts.push(format!("net = {n}")),
+            NetMatch::Within(n, min) => {
+                parts.push(format!("net ~ {n}{{{},32}}", n.prefix_len().max(min)))
+            }
+        }
+        match self.source {
+            None => {}
+            Some(RouteSource::Local) => parts.push("originated here".into()),
+            Some(RouteSource::Peer(PeerClass::Cluster)) => parts.push("from cluster peers".into()),
+            Some(RouteSource::Peer(PeerClass::External)) => {
+                parts.push("from external peers".into())
+            }
+        }
+        if let Some(n) = self.next_hop_in {
+            parts.push(format!("bgp_next_hop ~ {n}"));
+        }
+        if parts.is_empty() {
+            "all".into()
+        } else {
+            parts.join(" && ")
+        }
+    }
+}
+
+impl fmt::Display for Action {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Action::Accept => "accept",
+            Action::Reject => "reject",
+            Action::Program(KernelVia::NextHop) => "accept via bgp next hop",
+            Action::Program(KernelVia::Ipip) => "accept via tunl0 onlink",
+        })
+    }
+}
+
+/// The settings generation needs besides the pools.
+#[derive(Debug, Clone, Default)]
+pub struct PolicyInputs<'a> {
+    pub pools: &'a [PolicyPool],
+    /// This node's confirmed blocks.
+    pub own_blocks: &'a [Ipv4Net],
+    /// This node's subnet (for CrossSubnet).
+    pub subnet: Option<Ipv4Net>,
+    pub aggregate_to_external: bool,
+    pub external_transit: bool,
+    pub program_external_routes: bool,
+}
+
+/// The four rule lists.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Policy {
+    /// `false`: [`Policy::accept_all`], evaluation short-cuts.
+    generated: bool,
+    import: Vec<Rule>,
+    export_cluster: Vec<Rule>,
+    export_external: Vec<Rule>,
+    kernel: Vec<Rule>,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self::accept_all()
+    }
+}
+
+const CLUSTER: RouteSource = RouteSource::Peer(PeerClass::Cluster);
+const EXTERNAL: RouteSource = RouteSource::Peer(PeerClass::External);
+
+impl Policy {
+    /// No filtering: everything imported and exported (the RIB's iBGP rules still apply),
+    /// every learned route programmed via its next hop.
+    pub fn accept_all() -> Self {
+        let all = |reason: &str| vec![Rule::new(NetMatch::Any, Action::Accept, reason)];
+        Policy {
+            generated: false,
+            import: all("no cluster policy"),
+            export_cluster: all("no cluster policy"),
+            export_external: all("no cluster policy"),
+            kernel: vec![
+                Rule::new(NetMatch::Any, Action::Reject, "originated here")
+                    .from(RouteSource::Local),
+                Rule::new(
+                    NetMatch::Any,
+                    Action::Program(KernelVia::NextHop),
+                    "no cluster policy",
+                ),
+            ],
+        }
+    }
+
+    /// The policy of a node from the pools (IPv4 pools; the rules are sorted, so the same
+    /// inputs give the same output).
+    pub fn generate(inp: &PolicyInputs<'_>) -> Self {
+        let mut pools: Vec<(&PolicyPool, Ipv4Net)> = inp
+            .pools
+            .iter()
+            .filter_map(|p| match p.cidr {
+                IpNet::V4(n) => Some((p, n)),
+                IpNet::V6(_) => None,
+            })
+            .collect();
+        // Most specific first, then by address, so nested pools decide correctly.
+        pools.sort_by_key(|(_, n)| (std::cmp::Reverse(n.prefix_len()), n.network()));
+        let mut own: Vec<Ipv4Net> = inp.own_blocks.to_vec();
+        own.sort();
+        own.dedup();
+        let within = |n: Ipv4Net| NetMatch::Within(n, n.prefix_len());
+
+        let mut import = Vec::new();
+        for b in &own {
+            import.push(Rule::new(
+                NetMatch::Exactly(*b),
+                Action::Reject,
+                "own block of this node coming back",
+            ));
+        }
+        for (p, n) in &pools {
+            import.push(
+                Rule::new(
+                    within(*n),
+                    Action::Accept,
+                    format!("inside pool {}", p.name),
+                )
+                .from(CLUSTER),
+            );
+        }
+        import.push(
+            Rule::new(
+                NetMatch::Any,
+                Action::Reject,
+                "cluster peers announce only pool addresses",
+            )
+            .from(CLUSTER),
+        );
+        import.push(
+            Rule::new(
+                NetMatch::Any,
+                Action::Accept,
+                "routes from configured external peers are accepted",
+            )
+            .from(EXTERNAL),
+        );
+
+        let mut export_cluster = Vec::new();
+        if inp.aggregate_to_external {
+            for (p, n) in &pools {
+                export_cluster.push(Rule::new(
+                    NetMatch::Exactly(*n),
+                    Action::Reject,
+                    format!("aggregate of pool {} goes to external peers only", p.name),
+                ));
+            }
+        }
+        export_cluster.push(
+            Rule::new(
+                NetMatch::Any,
+                Action::Accept,
+                "originated here: own confirmed blocks, borrowed addresses, configured routes",
+            )
+            .from(RouteSource::Local),
+        );
+        for (p, n) in &pools {
+            export_cluster.push(Rule::new(
+                within(*n),
+                Action::Accept,
+                format!("inside pool {} (reflected to cluster peers)", p.name),
+            ));
+        }
+        export_cluster.push(Rule::new(
+            NetMatch::Any,
+            Action::Reject,
+            "only pool routes go to cluster peers",
+        ));
+
+        let mut export_external = vec![
+            Rule::new(NetMatch::Default, Action::Reject, "never a default route"),
+            Rule::new(
+                NetMatch::Any,
+                Action::Reject,
+                "cluster routes are announced by the node that owns them",
+            )
+            .from(CLUSTER),
+        ];
+        if !inp.external_transit {
+            export_external.push(
+                Rule::new(
+                    NetMatch::Any,
+                    Action::Reject,
+                    "learned from another external peer (external_transit off)",
+                )
+                .from(EXTERNAL),
+            );
+        }
+        for (p, n) in &pools {
+            if p.disable_bgp_export {
+                export_external.push(Rule::new(
+                    within(*n),
+                    Action::Reject,
+                    format!("pool {} has disableBGPExport", p.name),
+                ));
+            } else if inp.aggregate_to_external {
+                export_external.push(
+                    Rule::new(
+                        NetMatch::Exactly(*n),
+                        Action::Accept,
+                        format!("aggregate of pool {}", p.name),
+                    )
+                    .from(RouteSource::Local),
+                );
+                export_external.push(Rule::new(
+                    within(*n),
+                    Action::Reject,
+                    format!("pool {} is exported as one aggregate", p.name),
+                ));
+            }
+        }
+        export_external.push(
+            Rule::new(
+                NetMatch::Any,
+                Action::Accept,
+                "originated here: own confirmed blocks, borrowed addresses, configured routes",
+            )
+            .from(RouteSource::Local),
+        );
+        if inp.external_transit {
+            export_external.push(
+                Rule::new(
+                    NetMatch::Any,
+                    Action::Accept,
+                    "external transit is on (external_transit)",
+                )
+                .from(EXTERNAL),
+            );
+        }
+        export_external.push(Rule::new(NetMatch::Any, Action::Reject, "nothing else"));
+
+        let mut kernel = vec![
+            Rule::new(
+                NetMatch::Any,
+                Action::Reject,
+                "originated here (own blocks are blackholed from IPAM)",
+            )
+            .from(RouteSource::Local),
+        ];
+        for (p, n) in &pools {
+            if p.vxlan_mode.is_on() {
+                kernel.push(Rule::new(
+                    within(*n),
+                    Action::Reject,
+                    format!(
+                        "pool {} is vxlanMode {:?}: VXLAN routes come from IPAM",
+                        p.name, p.vxlan_mode
+                    ),
+                ));
+            } else if p.ipip_mode == Encap::CrossSubnet {
+                if let Some(subnet) = inp.subnet {
+                    let mut direct = Rule::new(
+                        within(*n),
+                        Action::Program(KernelVia::NextHop),
+                        format!(
+                            "pool {} is ipipMode CrossSubnet, next hop in our subnet",
+                            p.name
+                        ),
+                    );
+                    direct.next_hop_in = Some(subnet);
+                    kernel.push(direct);
+                }
+                kernel.push(Rule::new(
+                    within(*n),
+                    Action::Program(KernelVia::Ipip),
+                    format!("pool {} is ipipMode CrossSubnet", p.name),
+                ));
+            } else if p.ipip_mode == Encap::Always {
+                kernel.push(Rule::new(
+                    within(*n),
+                    Action::Program(KernelVia::Ipip),
+                    format!("pool {} is ipipMode Always", p.name),
+                ));
+            } else if let Some(subnet) = inp.subnet {
+                let mut direct = Rule::new(
+                    within(*n),
+                    Action::Program(KernelVia::NextHop),
+                    format!("pool {} has no encapsulation", p.name),
+                );
+                direct.next_hop_in = Some(subnet);
+                kernel.push(direct);
+                // A next hop beyond our subnet is not on a link of ours: the node's own
+                // routes (its default route to the router that learned the block) reach it,
+                // as BIRD's `gateway recursive` would.
+                kernel.push(Rule::new(
+                    within(*n),
+                    Action::Reject,
+                    format!(
+                        "pool {} has no encapsulation, next hop beyond our subnet: reached through the node's own routes",
+                        p.name
+                    ),
+                ));
+            } else {
+                kernel.push(Rule::new(
+                    within(*n),
+                    Action::Program(KernelVia::NextHop),
+                    format!("pool {} has no encapsulation", p.name),
+                ));
+            }
+        }
+        kernel.push(if inp.program_external_routes {
+            Rule::new(
+                NetMatch::Any,
+                Action::Program(KernelVia::NextHop),
+                "outside every pool (program_external_routes on)",
+            )
+        } else {
+            Rule::new(
+                NetMatch::Any,
+                Action::Reject,
+                "outside every pool (program_external_routes off)",
+            )
+        });
+
+        Policy {
+            generated: true,
+            import,
+            export_cluster,
+            export_external,
+            kernel,
+        }
+    }
+
+    pub fn rules(&self, scope: Scope) -> &[Rule] {
+        match scope {
+            Scope::Import => &self.import,
+            Scope::ExportCluster => &self.export_cluster,
+            Scope::ExportExternal => &self.export_external,
+            Scope::Kernel => &self.kernel,
+        }
+    }
+
+    fn decide(rules: &[Rule], p: Prefix, src: RouteSource, nh: Option<IpAddr>) -> Option<&Rule> {
+        rules.iter().find(|r| r.matches(p, src, nh))
+    }
+
+    /// Generated from pools (rules look at prefixes), rather than [`Policy::accept_all`].
+    pub fn is_generated(&self) -> bool {
+        self.generated
+    }
+
+    /// May the Loc-RIB use `prefix` received from a peer of `class`?
+    pub fn import(&self, class: PeerClass, prefix: Prefix) -> bool {
+        !self.generated
+            || Self::decide(&self.import, prefix, RouteSource::Peer(class), None)
+                .is_some_and(|r| r.action == Action::Accept)
+    }
+
+    /// May a peer of class `to` be sent the best route for `prefix` from `src`?
+    pub fn export(&self, to: PeerClass, prefix: Prefix, src: RouteSource) -> bool {
+        if !self.generated {
+            return true;
+        }
+        let rules = match to {
+            PeerClass::Cluster => &self.export_cluster,
+            PeerClass::External => &self.export_external,
+        };
+        Self::decide(rules, prefix, src, None).is_some_and(|r| r.action == Action::Accept)
+    }
+
+    /// Whether any route at all can enter the kernel table (some kernel rule programs).
+    pub fn programs_any(&self) -> bool {
+        self.kernel
+            .iter()
+            .any(|r| matches!(r.action, Action::Program(_)))
+    }
+
+    /// How the best route for `prefix` enters the kernel table, with the rule's reason;
+    /// `None`: it does not.
+    pub fn kernel(
+        &self,
+        prefix: Prefix,
+        src: RouteSource,
+        next_hop: Option<IpAddr>,
+    ) -> Option<(KernelVia, &str)> {
+        match *Self::decide(&self.kernel, prefix, src, next_hop)? {
+            Rule {
+                action: Action::Program(via),
+                ref reason,
+                ..
+            } => Some((via, reason.as_str())),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

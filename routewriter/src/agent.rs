@@ -1,0 +1,1270 @@
+//! The agent: one [`Agent`] owns the desired state, the kernel socket, nft and the sysctls,
+//! and [`run`] feeds it from three sources on a tokio runtime: the Dataplane stream (with
+//! reconnect, backoff and resume from the last revision), the netlink watch (drift made by
+//! others, repaired at once), and timers (periodic full resync, retries of refused routes).
+//!
+//! Why this file is long: the agent's state and each event it handles (stream update, netlink
+//! change, timer) change that one state; the handlers belong together.
+//!
+//! Nothing is written before the first snapshot: until bgpd has said what it wants, the kernel
+//! keeps what it has (a restart or an unreachable bgpd never flushes routes). SIGTERM ends the
+//! process and leaves everything in place, so traffic keeps flowing across a restart.
+//!
+//! The [`Agent`]'s methods are synchronous (netlink answers in microseconds, and a bulk load
+//! is best done without yielding); [`run`] calls them inside `block_in_place`, so it needs
+//! the multi-threaded runtime. Benchmarks and tests may drive an `Agent` directly.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::net::Ipv4Addr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use proto::v1::{DataplaneUpdate, WatchRequest, dataplane_client::DataplaneClient};
+use tokio::sync::mpsc;
+use tracing::{debug, error, info, warn};
+
+use super::config::{Config, RoutewriterConfig};
+use super::desired::{Defaults, DesiredState, DevId, Kind, Prefix4};
+use super::kernel::{Kernel, KernelError};
+use super::metrics::{self, Metrics};
+use super::monitor::{self, Event};
+use super::nat::{self, Nft};
+use super::reconcile::{
+    self, ActualRoute, DeviceAction, DeviceSpec, RouteContext, RouteDiffer, RouteOp, Why,
+};
+use super::sysctl::Sysctls;
+use proto::mac::vtep_mac;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error(transparent)]
+    Kernel(#[from] KernelError),
+    #[error("cannot watch netlink for changes: {0}")]
+    Monitor(std::io::Error),
+    #[error(
+        "cannot serve metrics on {addr}: {source} (is another process using it? change routewriter.metrics_listen)"
+    )]
+    Metrics {
+        addr: std::net::SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("cannot install signal handlers: {0}")]
+    Signal(std::io::Error),
+}
+
+/// A route the kernel refused, retried with exponential backoff.
+#[derive(Debug, Clone)]
+struct Failure {
+    attempts: u32,
+    next: Instant,
+    error: String,
+}
+
+/// Which repairs count as corrections in the metrics.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Count {
+    /// Desired changes, or the first convergence after start: not drift.
+    Nothing,
+    /// Everything the kernel had wrong, missing routes included.
+    All,
+    /// Wrong and stale routes, not missing ones (a link that just appeared).
+    NotMissing,
+}
+
+/// Owns everything routewriter writes.
+pub struct Agent {
+    cfg: RoutewriterConfig,
+    node: String,
+    kernel: Kernel,
+    desired: DesiredState,
+    /// Interface name → index, and back, kept from dumps and link events.
+    links: HashMap<String, u32>,
+    names: HashMap<u32, (String, bool)>,
+    failing: HashMap<Prefix4, Failure>,
+    waiting: HashSet<Prefix4>,
+    unsupported: HashMap<Prefix4, &'static str>,
+    /// Workload interfaces that appeared lately, by index: the CNI plugin writes the pod's
+    /// route before bgpd desires it, so routes on them are not deleted for a grace period
+    /// (Felix waits 10 s too).
+    new_workloads: HashMap<u32, Instant>,
+    /// Whether IPIP could not be set up (checked once: trying writes to the kernel).
+    ipip_missing: Option<String>,
+    vxlan_index: Option<u32>,
+    uplink_name: Option<String>,
+    nft: Option<Nft>,
+    sysctls: Sysctls,
+    metrics: Arc<Metrics>,
+    /// The kernel has converged to a snapshot once.
+    synced: bool,
+    /// Something left the kernel's state unknown: resync fully at the next chance.
+    need_full: bool,
+}
+
+impl Agent {
+    /// Opens the kernel socket in the calling thread's network namespace.
+    pub fn new(
+        cfg: RoutewriterConfig,
+        node: String,
+        metrics: Arc<Metrics>,
+    ) -> Result<Agent, AgentError> {
+        let kernel = Kernel::open()?;
+        let nft = cfg.nat.then(|| Nft::new(&cfg.nft, &cfg.nat_table));
+        let defaults = Defaults {
+            vxlan_device: cfg.vxlan_device.clone(),
+            ipip_device: cfg.ipip_device.clone(),
+        };
+        Ok(Agent {
+            node,
+            kernel,
+            desired: DesiredState::new(defaults),
+            links: HashMap::new(),
+            names: HashMap::new(),
+            failing: HashMap::new(),
+            waiting: HashSet::new(),
+            unsupported: HashMap::new(),
+            new_workloads: HashMap::new(),
+            ipip_missing: None,
+            vxlan_index: None,
+            uplink_name: None,
+            nft,
+            sysctls: Sysctls::default(),
+            metrics,
+            synced: false,
+            need_full: false,
+            cfg,
+        })
+    }
+
+    pub fn desired(&self) -> &DesiredState {
+        &self.desired
+    }
+
+    /// Netlink writes so far.
+    pub fn netlink_writes(&self) -> u64 {
+        self.kernel.writes()
+    }
+
+    /// Every write so far: netlink messages, nft transactions and sysctl values.
+    pub fn writes(&self) -> u64 {
+        self.kernel.writes() + self.nft.as_ref().map_or(0, |n| n.writes) + self.sysctls.writes
+    }
+
+    pub fn is_synced(&self) -> bool {
+        self.synced
+    }
+
+    /// Applies updates from the stream (several at once are merged) and writes what changed.
+    pub fn apply_updates(&mut self, updates: &[DataplaneUpdate]) {
+        let mut full = false;
+        let mut routes: Vec<Prefix4> = Vec::new();
+        let (mut vteps, mut local, mut nat) = (false, false, false);
+        let mut rejected = 0u64;
+        for u in updates {
+            let a = self.desired.apply(u);
+            if a.stale {
+                debug!(
+                    revision = u.revision,
+                    "ignoring an update at or below the applied revision"
+                );
+                continue;
+            }
+            for r in a.rejected.iter().take(20) {
+                warn!("rejected from bgpd's desired state: {r}");
+            }
+            if a.rejected.len() > 20 {
+                warn!("... and {} more rejected items", a.rejected.len() - 20);
+            }
+            rejected += a.rejected.len() as u64;
+            full |= a.snapshot;
+            routes.extend(a.routes);
+            vteps |= a.vteps;
+            local |= a.local_vtep;
+            nat |= a.nat;
+        }
+        if rejected > 0 {
+            self.metrics.update(|s| s.items_rejected += rejected);
+            self.metrics
+                .error(format!("{rejected} desired items rejected; see the log"));
+        }
+        if !self.desired.is_complete() {
+            // Changes before any snapshot are not the whole picture: write nothing yet.
+            self.publish();
+            return;
+        }
+        if full || !self.synced {
+            // What a snapshot changes is bgpd's doing, not drift.
+            self.sync_all(Count::Nothing);
+            return;
+        }
+        if local {
+            self.sync_device(Count::Nothing);
+        }
+        if local || vteps {
+            self.sync_vteps(Count::Nothing);
+        }
+        if !routes.is_empty() {
+            routes.sort_unstable();
+            routes.dedup();
+            let ops = self.ops_for(&routes);
+            self.apply_route_ops(ops, Count::Nothing);
+        }
+        if nat {
+            self.sync_nat(Count::Nothing);
+        }
+        self.publish();
+    }
+
+    /// The operations that make the kernel follow desired changes at `prefixes`.
+    fn ops_for(&self, prefixes: &[Prefix4]) -> Vec<RouteOp> {
+        let links = &self.links;
+        let desired = &self.desired;
+        let ifindex = |d: DevId| {
+            desired
+                .devices()
+                .name(d)
+                .and_then(|n| links.get(n).copied())
+        };
+        let ctx = RouteContext {
+            protocol: self.cfg.protocol,
+            table: self.cfg.table,
+            ifindex: &ifindex,
+        };
+        prefixes
+            .iter()
+            .map(|p| reconcile::op_for_change(*p, desired.route(p), &ctx))
+            .collect()
+    }
+
+    /// Reads everything and converges: links, device, VTEP entries, routes, NAT, sysctls.
+    /// What it repairs counts as drift.
+    pub fn full_sync(&mut self) {
+        self.sync_all(Count::All);
+    }
+
+    fn sync_all(&mut self, count: Count) {
+        if !self.desired.is_complete() {
+            return;
+        }
+        let start = Instant::now();
+        let count = if self.synced { count } else { Count::Nothing };
+        self.need_full = false;
+        if self.cfg.sysctls {
+            match self.sysctls.ensure_forwarding() {
+                Ok(true) if self.synced => self.metrics.correction("sysctl", 1),
+                Ok(_) => {}
+                Err(e) => self.fail(e.to_string()),
+            }
+        }
+        if let Err(e) = self.refresh_links() {
+            self.kernel_error("reading links", e);
+        }
+        self.sync_device(count);
+        self.sync_vteps(count);
+        self.sync_routes(count);
+        self.sync_nat(count);
+        if self.cfg.sysctls {
+            let workloads: Vec<String> = self
+                .links
+                .keys()
+                .filter(|n| n.starts_with(&self.cfg.workload_prefix))
+                .cloned()
+                .collect();
+            for name in workloads {
+                self.workload_sysctls(&name, count);
+            }
+        }
+        let took = start.elapsed();
+        let first = !self.synced;
+        self.synced = true;
+        self.metrics.update(|s| {
+            s.resyncs += 1;
+            s.last_resync_seconds = took.as_secs_f64();
+            s.synced = true;
+        });
+        self.publish();
+        if first {
+            info!(
+                routes = self.desired.routes().len(),
+                writes = self.writes(),
+                "converged to revision {} in {:.1} ms",
+                self.desired.revision(),
+                took.as_secs_f64() * 1e3
+            );
+        } else {
+            debug!("full resync in {:.1} ms", took.as_secs_f64() * 1e3);
+        }
+    }
+
+    /// The periodic safety net.
+    pub fn periodic_resync(&mut self) {
+        if self.desired.is_complete() {
+            self.full_sync();
+        }
+    }
+
+    /// Retries refused routes whose backoff has passed (and a pending full resync).
+    pub fn retry_due(&mut self) {
+        if self.need_full && self.desired.is_complete() {
+            self.full_sync();
+            return;
+        }
+        let now = Instant::now();
+        // Workload interfaces whose grace ended: look at their routes again.
+        let grace = Duration::from_secs(self.cfg.workload_grace_s);
+        let ended: Vec<u32> = self
+            .new_workloads
+            .iter()
+            .filter(|(_, seen)| now.duration_since(**seen) >= grace)
+            .map(|(i, _)| *i)
+            .collect();
+        for index in ended {
+            self.new_workloads.remove(&index);
+            if let Some((name, _)) = self.names.get(&index).cloned()
+                && self.synced
+            {
+                self.sync_stale_on_link(index, &name);
+            }
+        }
+        let mut due: Vec<Prefix4> = self
+            .failing
+            .iter()
+            .filter(|(_, f)| f.next <= now)
+            .map(|(p, _)| *p)
+            .collect();
+        if due.is_empty() {
+            return;
+        }
+        due.sort_unstable();
+        let ops = self.ops_for(&due);
+        self.apply_route_ops(ops, Count::Nothing);
+        self.publish();
+    }
+
+    fn refresh_links(&mut self) -> Result<(), KernelError> {
+        let links = self.kernel.links()?;
+        self.links.clear();
+        self.names.clear();
+        for l in links {
+            self.links.insert(l.name.clone(), l.index);
+            self.names.insert(l.index, (l.name, l.up));
+        }
+        Ok(())
+    }
+
+    fn fail(&self, message: String) {
+        error!("{message}");
+        self.metrics.error(message);
+    }
+
+    fn kernel_error(&mut self, what: &str, e: KernelError) {
+        if matches!(
+            e,
+            KernelError::Overrun | KernelError::DumpInterrupted | KernelError::Io(_)
+        ) {
+            self.need_full = true;
+        }
+        self.fail(format!("{what}: {e}"));
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Routes
+
+    fn sync_routes(&mut self, count: Count) {
+        let table = self.cfg.table;
+        for _attempt in 0..3 {
+            let links = &self.links;
+            let desired = &self.desired;
+            let ifindex = |d: DevId| {
+                desired
+                    .devices()
+                    .name(d)
+                    .and_then(|n| links.get(n).copied())
+            };
+            let ctx = RouteContext {
+                protocol: self.cfg.protocol,
+                table,
+                ifindex: &ifindex,
+            };
+            let mut differ = RouteDiffer::new(desired.routes(), &ctx);
+            match self.kernel.routes(table, None, |r| differ.observe(r)) {
+                Ok(()) => {
+                    let ops = differ.finish();
+                    self.apply_route_ops(ops, count);
+                    return;
+                }
+                Err(KernelError::DumpInterrupted) => continue,
+                Err(e) => {
+                    self.kernel_error("reading routes", e);
+                    return;
+                }
+            }
+        }
+        self.need_full = true;
+    }
+
+    /// Routes through one interface, after it appeared or changed.
+    fn sync_routes_on_link(&mut self, name: &str) {
+        let Some(dev) = self.desired.devices().id(name) else {
+            return;
+        };
+        let Some(&index) = self.links.get(name) else {
+            return;
+        };
+        let mut actual: Vec<ActualRoute> = Vec::new();
+        if let Err(e) = self
+            .kernel
+            .routes(self.cfg.table, Some(index), |r| actual.push(*r))
+        {
+            self.kernel_error(&format!("reading routes through {name}"), e);
+            return;
+        }
+        let links = &self.links;
+        let desired = &self.desired;
+        let ifindex = |d: DevId| {
+            desired
+                .devices()
+                .name(d)
+                .and_then(|n| links.get(n).copied())
+        };
+        let ctx = RouteContext {
+            protocol: self.cfg.protocol,
+            table: self.cfg.table,
+            ifindex: &ifindex,
+        };
+        let ops = reconcile::diff_routes_on_link(desired.routes(), dev, &actual, &ctx);
+        self.apply_route_ops(ops, Count::NotMissing);
+    }
+
+    /// Our routes through a workload interface whose grace ended, deleted if not desired.
+    fn sync_stale_on_link(&mut self, index: u32, name: &str) {
+        let mut stale = Vec::new();
+        let desired = &self.desired;
+        let res = self.kernel.routes(self.cfg.table, Some(index), |r| {
+            if r.protocol == self.cfg.protocol
+                && r.tos == 0
+                && (r.metric != 0 || desired.route(&r.prefix).is_none())
+            {
+                stale.push(RouteOp::Delete(*r));
+            }
+        });
+        match res {
+            Ok(()) => self.apply_route_ops(stale, Count::All),
+            Err(e) => self.kernel_error(&format!("reading routes through {name}"), e),
+        }
+    }
+
+    fn apply_route_ops(&mut self, ops: Vec<RouteOp>, count: Count) {
+        if ops.is_empty() {
+            return;
+        }
+        // Not desired yet, but perhaps soon: leave new workload interfaces' routes alone.
+        let ops: Vec<RouteOp> = if self.new_workloads.is_empty() {
+            ops
+        } else {
+            let grace = Duration::from_secs(self.cfg.workload_grace_s);
+            ops.into_iter()
+                .filter(|op| match op {
+                    RouteOp::Delete(r) => self
+                        .new_workloads
+                        .get(&r.oif)
+                        .is_none_or(|seen| seen.elapsed() >= grace),
+                    _ => true,
+                })
+                .collect()
+        };
+        let mut writable = Vec::with_capacity(ops.len());
+        let mut ipip_needed = 0u64;
+        for op in ops {
+            match op {
+                RouteOp::NoDevice {
+                    prefix,
+                    kind: Kind::Ipip,
+                    dev,
+                } => match self.ipip_device(dev) {
+                    Some(index) => {
+                        self.unsupported.remove(&prefix);
+                        if let Some(spec) = self.desired.route(&prefix) {
+                            writable.push(RouteOp::Write {
+                                prefix,
+                                spec: *spec,
+                                oif: index,
+                                why: Why::Missing,
+                            });
+                        }
+                    }
+                    None => {
+                        ipip_needed += 1;
+                        self.failing.remove(&prefix);
+                        self.unsupported.insert(prefix, "ipip");
+                    }
+                },
+                RouteOp::NoDevice { prefix, dev, .. } => {
+                    debug!(
+                        "route {prefix} waits for its device {}",
+                        self.desired.devices().name(dev).unwrap_or("?")
+                    );
+                    self.failing.remove(&prefix);
+                    self.waiting.insert(prefix);
+                }
+                other => {
+                    let p = other.prefix();
+                    self.waiting.remove(&p);
+                    self.unsupported.remove(&p);
+                    writable.push(other);
+                }
+            }
+        }
+        if ipip_needed > 0
+            && let Some(msg) = &self.ipip_missing
+        {
+            let msg = format!("{ipip_needed} routes need IPIP: {msg}");
+            self.fail(msg);
+        }
+        if writable.is_empty() {
+            return;
+        }
+        let started = Instant::now();
+        let refusals = match self
+            .kernel
+            .apply_routes(&writable, self.cfg.table, self.cfg.protocol)
+        {
+            Ok(r) => r,
+            Err(e) => {
+                self.kernel_error("writing routes", e);
+                return;
+            }
+        };
+        let mut refused = vec![false; writable.len()];
+        let now = Instant::now();
+        let max = Duration::from_secs(self.cfg.retry_max_s);
+        for r in &refusals {
+            refused[r.index] = true;
+            let op = &writable[r.index];
+            let p = op.prefix();
+            let text = format!("route {p} ({}): {}", self.describe(op), r.error);
+            let f = self.failing.entry(p).or_insert(Failure {
+                attempts: 0,
+                next: now,
+                error: String::new(),
+            });
+            f.attempts += 1;
+            let backoff = Duration::from_secs(1)
+                .saturating_mul(1u32 << f.attempts.min(16).saturating_sub(1))
+                .min(max);
+            f.next = now + backoff;
+            f.error = text.clone();
+            warn!(
+                "kernel refused {text}; retry in {} s (attempt {})",
+                backoff.as_secs(),
+                f.attempts
+            );
+            self.metrics.error(text);
+        }
+        let mut corrections = 0;
+        for (op, refused) in writable.iter().zip(&refused) {
+            if *refused {
+                continue;
+            }
+            self.failing.remove(&op.prefix());
+            let counts = match count {
+                Count::Nothing => false,
+                Count::All => op.is_correction(),
+                Count::NotMissing => {
+                    op.is_correction()
+                        && !matches!(
+                            op,
+                            RouteOp::Write {
+                                why: Why::Missing,
+                                ..
+                            }
+                        )
+                }
+            };
+            if counts {
+                corrections += 1;
+                info!("repaired {} ({})", op.prefix(), self.describe(op));
+            }
+        }
+        self.metrics.correction("route", corrections);
+        debug!(
+            "{} route writes, {} refused, in {:.1} ms",
+            writable.len(),
+            refusals.len(),
+            started.elapsed().as_secs_f64() * 1e3
+        );
+    }
+
+    fn describe(&self, op: &RouteOp) -> String {
+        match op {
+            RouteOp::Write { spec, oif, why, .. } => {
+                let dev = self.names.get(oif).map(|(n, _)| n.as_str()).unwrap_or("");
+                let via = spec
+                    .gateway()
+                    .map(|g| format!(" via {g}"))
+                    .unwrap_or_default();
+                let dev = if dev.is_empty() {
+                    String::new()
+                } else {
+                    format!(" dev {dev}")
+                };
+                let why = match why {
+                    Why::Missing => "missing".to_string(),
+                    Why::Differs => "differed".to_string(),
+                    Why::Foreign(p) => format!("replacing protocol {p}"),
+                    Why::Changed => "desired change".to_string(),
+                };
+                format!(
+                    "{}{via}{dev}{}, {why}",
+                    spec.kind.name(),
+                    if spec.onlink { " onlink" } else { "" }
+                )
+            }
+            RouteOp::Delete(r) => format!(
+                "delete, not desired (protocol {}, metric {})",
+                r.protocol, r.metric
+            ),
+            RouteOp::DeleteOwn { .. } => "delete".into(),
+            RouteOp::NoDevice { kind, .. } => format!("{} without its device", kind.name()),
+        }
+    }
+
+    /// The IPIP device's index, setting it up once; `None` (with the reason kept) if the
+    /// kernel cannot.
+    fn ipip_device(&mut self, dev: DevId) -> Option<u32> {
+        let name = self.desired.devices().name(dev)?.to_owned();
+        if let Some(&i) = self.links.get(&name) {
+            return Some(i);
+        }
+        if self.ipip_missing.is_some() {
+            return None;
+        }
+        match self.kernel.ensure_ipip(&name) {
+            Ok(index) => {
+                self.links.insert(name.clone(), index);
+                self.names.insert(index, (name, true));
+                Some(index)
+            }
+            Err(e) => {
+                self.ipip_missing = Some(e.to_string());
+                self.fail(e.to_string());
+                None
+            }
+        }
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // The VXLAN device and its entries
+
+    /// The uplink: the configured one, or the interface holding the node's address.
+    fn find_uplink(&mut self, underlay: Ipv4Addr) -> Result<(u32, u32, String), String> {
+        if !self.cfg.uplink.is_empty() {
+            return match self.kernel.link(&self.cfg.uplink) {
+                Ok(Some(l)) => Ok((l.index, l.mtu, l.name)),
+                Ok(None) => Err(format!(
+                    "uplink {} (routewriter.uplink) does not exist",
+                    self.cfg.uplink
+                )),
+                Err(e) => Err(format!("reading uplink {}: {e}", self.cfg.uplink)),
+            };
+        }
+        let addrs = self
+            .kernel
+            .all_addresses()
+            .map_err(|e| format!("reading addresses: {e}"))?;
+        let links = self
+            .kernel
+            .links()
+            .map_err(|e| format!("reading links: {e}"))?;
+        for (index, a, _) in addrs {
+            if a != underlay {
+                continue;
+            }
+            if let Some(l) = links
+                .iter()
+                .find(|l| l.index == index && l.name != self.cfg.vxlan_device)
+            {
+                return Ok((l.index, l.mtu, l.name.clone()));
+            }
+        }
+        Err(format!(
+            "no interface holds the node address {underlay}; set routewriter.uplink"
+        ))
+    }
+
+    fn sync_device(&mut self, count: Count) {
+        let name = self.cfg.vxlan_device.clone();
+        let Some(local) = self.desired.local_vtep().copied() else {
+            // VXLAN is not wanted: the device of that name is ours, remove it.
+            if let Ok(Some(l)) = self.kernel.link(&name)
+                && l.kind.as_deref() == Some("vxlan")
+            {
+                info!("removing {name}: no local VTEP is desired");
+                if let Err(e) = self.kernel.delete_link(l.index) {
+                    self.kernel_error(&format!("removing {name}"), e);
+                }
+            }
+            self.vxlan_index = None;
+            return;
+        };
+        let (uplink, uplink_mtu, uplink_name) = match self.find_uplink(local.underlay) {
+            Ok(u) => u,
+            Err(e) => {
+                self.fail(format!("VXLAN device {name} not programmed: {e}"));
+                return;
+            }
+        };
+        self.uplink_name = Some(uplink_name);
+        let mtu = if local.mtu != 0 {
+            local.mtu
+        } else if self.cfg.vxlan_mtu != 0 {
+            self.cfg.vxlan_mtu
+        } else {
+            uplink_mtu.saturating_sub(50).max(68)
+        };
+        let spec = DeviceSpec {
+            name: name.clone(),
+            vni: if local.vni != 0 {
+                local.vni
+            } else {
+                self.cfg.vni
+            },
+            port: if local.port != 0 {
+                local.port
+            } else {
+                self.cfg.vxlan_port
+            },
+            local: local.underlay,
+            link: uplink,
+            mac: local.mac.unwrap_or_else(|| vtep_mac(&self.node)),
+            mtu,
+        };
+        let actual = match self.kernel.link(&name) {
+            Ok(a) => a,
+            Err(e) => return self.kernel_error(&format!("reading {name}"), e),
+        };
+        let mut recreated = false;
+        let index = match reconcile::diff_device(&spec, actual.as_ref()) {
+            DeviceAction::Keep => actual.map(|a| a.index),
+            DeviceAction::Create => {
+                recreated = true;
+                // Gone after the first sync: someone deleted it.
+                if count != Count::Nothing {
+                    self.metrics.correction("device", 1);
+                }
+                self.create_device(&spec)
+            }
+            DeviceAction::Recreate(why) => {
+                warn!("recreating {name}: {why}");
+                recreated = true;
+                if count != Count::Nothing {
+                    self.metrics.correction("device", 1);
+                }
+                if let Some(a) = &actual
+                    && let Err(e) = self.kernel.delete_link(a.index)
+                {
+                    self.kernel_error(&format!("removing {name}"), e);
+                    return;
+                }
+                self.create_device(&spec)
+            }
+            DeviceAction::Fix { mtu, mac, up } => {
+                // A device that was down lost its routes (the kernel drops them silently).
+                recreated = up;
+                let index = actual.as_ref().map(|a| a.index).unwrap_or(0);
+                info!("fixing {name}: mtu {mtu:?} mac {mac:?} up {up}");
+                if count != Count::Nothing {
+                    self.metrics.correction("device", 1);
+                }
+                match self.kernel.set_link(index, mtu, mac, up) {
+                    Ok(()) => Some(index),
+                    Err(e) => {
+                        self.kernel_error(&format!("fixing {name}"), e);
+                        Some(index)
+                    }
+                }
+            }
+        };
+        let Some(index) = index else {
+            self.vxlan_index = None;
+            return;
+        };
+        self.vxlan_index = Some(index);
+        self.links.insert(name.clone(), index);
+        self.names.insert(index, (name.clone(), true));
+        match self.kernel.addresses(index) {
+            Ok(have) => {
+                let (add, del) = reconcile::diff_addresses(Some(local.tunnel), &have);
+                for (a, len) in del {
+                    if let Err(e) = self.kernel.del_address(index, a, len) {
+                        self.kernel_error(&format!("removing {a}/{len} from {name}"), e);
+                    }
+                }
+                if let Some((a, len)) = add {
+                    if count != Count::Nothing {
+                        self.metrics.correction("address", 1);
+                    }
+                    if let Err(e) = self.kernel.add_address(index, a, len) {
+                        self.kernel_error(&format!("adding {a}/{len} to {name}"), e);
+                    }
+                }
+            }
+            Err(e) => self.kernel_error(&format!("reading addresses of {name}"), e),
+        }
+        if recreated && self.synced {
+            // A new (or re-enabled) device has no routes: put them back.
+            self.sync_vteps(Count::Nothing);
+            self.sync_routes_on_link(&name);
+        }
+    }
+
+    fn create_device(&mut self, spec: &DeviceSpec) -> Option<u32> {
+        info!(
+            "creating {} vni {} port {} local {} mtu {}",
+            spec.name, spec.vni, spec.port, spec.local, spec.mtu
+        );
+        match self.kernel.create_vxlan(spec) {
+            Ok(i) => Some(i),
+            Err(e) => {
+                self.kernel_error(&format!("creating {}", spec.name), e);
+                None
+            }
+        }
+    }
+
+    fn sync_vteps(&mut self, count: Count) {
+        let Some(index) = self.vxlan_index else {
+            return;
+        };
+        let neigh = match self.kernel.neighbours(index) {
+            Ok(n) => n,
+            Err(e) => return self.kernel_error("reading VXLAN neighbours", e),
+        };
+        let fdb = match self.kernel.fdb(index) {
+            Ok(f) => f,
+            Err(e) => return self.kernel_error("reading VXLAN FDB", e),
+        };
+        let local = self.desired.local_vtep().map(|l| l.tunnel);
+        let (nops, fops) =
+            reconcile::diff_vteps(self.desired.vteps().values(), local, &neigh, &fdb);
+        if !fops.is_empty() {
+            match self.kernel.apply_fdb(index, &fops) {
+                Ok(refused) => {
+                    for r in &refused {
+                        let what = super::kernel::describe_fdb(&fops[r.index]);
+                        self.fail(format!("kernel refused {what}: {}", r.error));
+                    }
+                    if count != Count::Nothing {
+                        self.metrics
+                            .correction("fdb", (fops.len() - refused.len()) as u64);
+                        info!("repaired {} FDB entries", fops.len() - refused.len());
+                    }
+                }
+                Err(e) => self.kernel_error("writing VXLAN FDB", e),
+            }
+        }
+        if !nops.is_empty() {
+            match self.kernel.apply_neighbours(index, &nops) {
+                Ok(refused) => {
+                    for r in &refused {
+                        let what = super::kernel::describe_neigh(&nops[r.index]);
+                        self.fail(format!("kernel refused {what}: {}", r.error));
+                    }
+                    if count != Count::Nothing {
+                        self.metrics
+                            .correction("neigh", (nops.len() - refused.len()) as u64);
+                        info!("repaired {} neighbour entries", nops.len() - refused.len());
+                    }
+                }
+                Err(e) => self.kernel_error("writing VXLAN neighbours", e),
+            }
+        }
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // NAT and sysctls
+
+    fn sync_nat(&mut self, count: Count) {
+        let Some(nft) = self.nft.as_mut() else {
+            return;
+        };
+        let desired = nat::desired_from_pools(self.desired.pools());
+        match nft.sync(&desired) {
+            Ok(true) => {
+                if count != Count::Nothing {
+                    self.metrics.correction("nat", 1);
+                    info!("repaired the nftables table {}", self.cfg.nat_table);
+                }
+            }
+            Ok(false) => {}
+            Err(e) => self.fail(format!("natOutgoing not programmed: {e}")),
+        }
+    }
+
+    fn workload_sysctls(&mut self, name: &str, count: Count) {
+        match self.sysctls.ensure_workload(name) {
+            Ok(n) if n > 0 && count != Count::Nothing => {
+                self.metrics.correction("sysctl", n as u64)
+            }
+            Ok(_) => {}
+            // The interface may be gone already.
+            Err(e) => debug!("{e}"),
+        }
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Drift from the netlink watch
+
+    /// Handles a batch of netlink events: repairs what they show is wrong.
+    pub fn handle_events(&mut self, events: Vec<Event>) {
+        let mut full = false;
+        let mut device = false;
+        let mut vteps = false;
+        let mut routes_all = false;
+        // Last known state of each desired prefix touched (None: deleted).
+        let mut touched: HashMap<Prefix4, Option<ActualRoute>> = HashMap::new();
+        let mut stale: Vec<RouteOp> = Vec::new();
+        let mut links_changed: BTreeSet<String> = BTreeSet::new();
+        let mut workloads: BTreeSet<String> = BTreeSet::new();
+        for ev in events {
+            match ev {
+                Event::Overflow => full = true,
+                Event::Route { deleted, route } => {
+                    if route.tos != 0 {
+                        continue;
+                    }
+                    let desired = route.metric == 0 && self.desired.route(&route.prefix).is_some();
+                    if desired {
+                        touched.insert(route.prefix, (!deleted).then_some(route));
+                    } else if !deleted && route.protocol == self.cfg.protocol {
+                        stale.push(RouteOp::Delete(route));
+                    }
+                }
+                Event::Link {
+                    deleted,
+                    index,
+                    name,
+                    up,
+                } => {
+                    let was_up = self.names.get(&index).map(|(_, up)| *up);
+                    if deleted {
+                        self.names.remove(&index);
+                        if self.links.get(&name) == Some(&index) {
+                            self.links.remove(&name);
+                        }
+                    } else {
+                        if let Some((old, _)) = self.names.get(&index)
+                            && *old != name
+                            && self.links.get(old) == Some(&index)
+                        {
+                            let old = old.clone();
+                            self.links.remove(&old);
+                        }
+                        self.links.insert(name.clone(), index);
+                        self.names.insert(index, (name.clone(), up));
+                    }
+                    if name == self.cfg.vxlan_device || Some(index) == self.vxlan_index {
+                        device = true;
+                        vteps = true;
+                    }
+                    if self.uplink_name.as_deref() == Some(name.as_str()) {
+                        device = true;
+                    }
+                    let workload = name.starts_with(&self.cfg.workload_prefix);
+                    if workload && !deleted && was_up.is_none() {
+                        self.new_workloads.insert(index, Instant::now());
+                    }
+                    if deleted {
+                        self.new_workloads.remove(&index);
+                    }
+                    if !deleted {
+                        if self.desired.devices().id(&name).is_some() {
+                            links_changed.insert(name.clone());
+                        }
+                        if workload {
+                            workloads.insert(name.clone());
+                        }
+                    }
+                    // The kernel drops routes through a link that goes away or down without
+                    // telling anyone; routes without a device of their own may have used it.
+                    let flapped = was_up.is_some_and(|w| w != up);
+                    if !workload && (deleted || flapped) && name != self.cfg.vxlan_device {
+                        routes_all = true;
+                    }
+                }
+                Event::Neigh { ifindex, .. } => {
+                    if Some(ifindex) == self.vxlan_index {
+                        vteps = true;
+                    }
+                }
+            }
+        }
+        if !self.desired.is_complete() || !self.synced {
+            return;
+        }
+        if full {
+            info!("netlink notifications were lost; resyncing everything");
+            self.full_sync();
+            return;
+        }
+        if device {
+            self.sync_device(Count::All);
+        }
+        if vteps || device {
+            self.sync_vteps(Count::All);
+        }
+        if routes_all {
+            self.sync_routes(Count::All);
+        } else {
+            for name in &links_changed {
+                self.sync_routes_on_link(name);
+            }
+        }
+        if !stale.is_empty() {
+            self.apply_route_ops(stale, Count::All);
+        }
+        if !touched.is_empty() && !routes_all {
+            let wrong: Vec<Prefix4> = {
+                let links = &self.links;
+                let desired = &self.desired;
+                let proto = self.cfg.protocol;
+                let mut v: Vec<Prefix4> = touched
+                    .iter()
+                    .filter(|(p, now)| {
+                        let Some(spec) = desired.route(p) else {
+                            return false;
+                        };
+                        let Some(r) = now else {
+                            return true;
+                        };
+                        let oif = match spec.dev {
+                            DevId::NONE => Some(0),
+                            d => desired
+                                .devices()
+                                .name(d)
+                                .and_then(|n| links.get(n).copied()),
+                        };
+                        match oif {
+                            Some(oif) => !reconcile::route_matches(spec, oif, r, proto),
+                            None => false,
+                        }
+                    })
+                    .map(|(p, _)| *p)
+                    .collect();
+                v.sort_unstable();
+                v
+            };
+            if !wrong.is_empty() {
+                let ops: Vec<RouteOp> = self
+                    .ops_for(&wrong)
+                    .into_iter()
+                    .map(|op| match op {
+                        RouteOp::Write {
+                            prefix, spec, oif, ..
+                        } => RouteOp::Write {
+                            prefix,
+                            spec,
+                            oif,
+                            why: Why::Differs,
+                        },
+                        other => other,
+                    })
+                    .collect();
+                self.apply_route_ops(ops, Count::All);
+            }
+        }
+        if self.cfg.sysctls {
+            for name in &workloads {
+                self.workload_sysctls(name, Count::All);
+            }
+        }
+        self.publish();
+    }
+
+    /// Copies counters into the metrics.
+    fn publish(&self) {
+        let counts = self.desired.counts();
+        let mut unsupported: HashMap<&'static str, u64> = HashMap::new();
+        for f in self.unsupported.values() {
+            *unsupported.entry(f).or_insert(0) += 1;
+        }
+        let mut examples: Vec<String> = self.failing.values().map(|f| f.error.clone()).collect();
+        examples.sort();
+        examples.truncate(20);
+        let netlink = self.kernel.writes();
+        let nft = self.nft.as_ref().map_or(0, |n| n.writes);
+        let sysctl = self.sysctls.writes;
+        let vxlan = self.vxlan_index.map(|_| self.cfg.vxlan_device.clone());
+        self.metrics.update(|s| {
+            s.revision = self.desired.revision();
+            for k in Kind::ALL {
+                s.routes.insert(k.name(), counts[k as usize] as u64);
+            }
+            s.routes_failing = self.failing.len() as u64;
+            s.routes_waiting_for_device = self.waiting.len() as u64;
+            s.routes_unsupported = unsupported
+                .iter()
+                .map(|(k, v)| (k.to_string(), *v))
+                .collect();
+            s.netlink_writes = netlink;
+            s.nft_writes = nft;
+            s.sysctl_writes = sysctl;
+            s.vxlan_device = vxlan;
+            s.failing_examples = examples;
+        });
+    }
+}
+
+/// Keeps the Dataplane stream open: connects, watches from the last revision received,
+/// forwards updates, and on any failure waits (100 ms doubling up to `max`) and resumes.
+async fn stream_loop(
+    socket: PathBuf,
+    tx: mpsc::Sender<DataplaneUpdate>,
+    metrics: Arc<Metrics>,
+    max: Duration,
+) {
+    let mut last = 0u64;
+    let mut backoff = Duration::from_millis(100);
+    let mut last_error = String::new();
+    loop {
+        match proto::client::connect_unix(&socket).await {
+            Ok(channel) => {
+                let mut client = DataplaneClient::new(channel);
+                match client
+                    .watch(WatchRequest {
+                        from_revision: last,
+                    })
+                    .await
+                {
+                    Ok(resp) => {
+                        info!(
+                            from_revision = last,
+                            "watching bgpd's desired dataplane state"
+                        );
+                        metrics.update(|s| s.stream_connected = true);
+                        last_error.clear();
+                        let mut stream = resp.into_inner();
+                        loop {
+                            match stream.message().await {
+                                Ok(Some(update)) => {
+                                    last = update.revision;
+                                    backoff = Duration::from_millis(100);
+                                    if tx.send(update).await.is_err() {
+                                        return;
+                                    }
+                                }
+                                Ok(None) => {
+                                    warn!("bgpd ended the Dataplane stream; reconnecting");
+                                    break;
+                                }
+                                Err(status) => {
+                                    warn!(
+                                        "Dataplane stream failed: {}; reconnecting",
+                                        status.message()
+                                    );
+                                    break;
+                                }
+                            }
+                        }
+                        metrics.update(|s| {
+                            s.stream_connected = false;
+                            s.stream_reconnects += 1;
+                        });
+                    }
+                    Err(status) => {
+                        let text =
+                            format!("bgpd refused the Dataplane watch: {}", status.message());
+                        if text != last_error {
+                            warn!("{text}; retrying, the kernel keeps its state");
+                            metrics.error(text.clone());
+                            last_error = text;
+                        }
+                    }
+                }
+            }
+            Err(e) => {
+                let text = e.to_string();
+                if text != last_error {
+                    warn!("{text}; retrying, the kernel keeps its state");
+                    metrics.error(text.clone());
+                    last_error = text;
+                }
+            }
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(max);
+    }
+}
+
+/// Runs routewriter until SIGTERM or SIGINT. Needs the multi-threaded runtime.
+pub async fn run(config: Config) -> Result<(), AgentError> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let cfg = config.routewriter.clone();
+    let metrics = Metrics::new();
+    let mut terminate = signal(SignalKind::terminate()).map_err(AgentError::Signal)?;
+    let mut interrupt = signal(SignalKind::interrupt()).map_err(AgentError::Signal)?;
+    if let Some(addr) = cfg.metrics_listen {
+        let listener = metrics::bind(addr)
+            .await
+            .map_err(|source| AgentError::Metrics { addr, source })?;
+        tokio::spawn(metrics::serve(listener, metrics.clone()));
+    }
+    // The watch opens before the first read, so no change falls between them.
+    let mut events = monitor::start(cfg.table, 4096).map_err(AgentError::Monitor)?;
+    let mut agent = Agent::new(cfg.clone(), config.node.name.clone(), metrics.clone())?;
+    let (tx, mut updates) = mpsc::channel(64);
+    let stream = tokio::spawn(stream_loop(
+        cfg.socket.clone(),
+        tx,
+        metrics.clone(),
+        Duration::from_millis(cfg.reconnect_max_ms),
+    ));
+    let mut resync = tokio::time::interval(Duration::from_secs(cfg.resync_interval_s));
+    resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    resync.tick().await;
+    let mut retry = tokio::time::interval(Duration::from_millis(500));
+    retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    info!(
+        node = %config.node.name,
+        socket = %cfg.socket.display(),
+        protocol = cfg.protocol,
+        table = cfg.table,
+        "routewriter started; nothing is written before bgpd's first snapshot"
+    );
+    loop {
+        tokio::select! {
+            Some(()) = terminate.recv() => {
+                info!("SIGTERM: exiting and leaving the kernel as it is");
+                break;
+            }
+            Some(()) = interrupt.recv() => {
+                info!("SIGINT: exiting and leaving the kernel as it is");
+                break;
+            }
+            Some(u) = updates.recv() => {
+                let mut batch = vec![u];
+                while batch.len() < 256 {
+                    match updates.try_recv() {
+                        Ok(u) => batch.push(u),
+                        Err(_) => break,
+                    }
+                }
+                tokio::task::block_in_place(|| agent.apply_updates(&batch));
+            }
+            Some(ev) = events.recv() => {
+                let mut batch = vec![ev];
+                while batch.len() < 65_536 {
+                    match events.try_recv() {
+                        Ok(e) => batch.push(e),
+                        Err(_) => break,
+                    }
+                }
+                tokio::task::block_in_place(|| agent.handle_events(batch));
+            }
+            _ = resync.tick() => tokio::task::block_in_place(|| agent.periodic_resync()),
+            _ = retry.tick() => tokio::task::block_in_place(|| agent.retry_due()),
+        }
+    }
+    stream.abort();
+    Ok(())
+}

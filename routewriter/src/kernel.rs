@@ -1,0 +1,1227 @@
+//! The kernel side: rtnetlink reads (dumps of routes, links, addresses, neighbours, FDB) and
+//! writes, on one blocking netlink socket, every write counted.
+//!
+//! Why this file is long: every kind of kernel object routewriter owns (routes, links, addresses,
+//! neighbours, FDB) read and written over one netlink socket and its helpers.
+//!
+//! Messages are built and parsed with netlink-packet-route (and rtnetlink's link builders);
+//! the request/answer loop is ours because the `rtnetlink` handle awaits one answer per
+//! request, and a node's bulk load is 100k routes: here many requests go out in one
+//! `sendmsg` without asking for an ACK each, followed by one NOOP that does ask. The kernel
+//! handles a netlink datagram's messages in order and answers only failures, so when the
+//! NOOP's ACK comes back every message before it is done and every refusal has been read. A
+//! refusal names its request by sequence number, so one bad route fails alone.
+//!
+//! The socket is opened in the network namespace of the calling thread and stays there.
+
+use std::io;
+use std::net::{IpAddr, Ipv4Addr};
+use std::os::fd::AsRawFd;
+
+use netlink_packet_core::Emitable;
+use netlink_packet_core::Parseable;
+use netlink_packet_route::AddressFamily;
+use netlink_packet_route::address::{
+    AddressAttribute, AddressHeaderFlags, AddressMessage, AddressScope,
+};
+use netlink_packet_route::link::{
+    InfoData, InfoKind, InfoVxlan, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
+};
+use netlink_packet_route::neighbour::{
+    NeighbourAddress, NeighbourAttribute, NeighbourFlags, NeighbourMessage, NeighbourState,
+};
+use netlink_packet_route::route::{
+    RouteAddress, RouteAttribute, RouteFlags, RouteHeader, RouteMessage, RouteProtocol, RouteScope,
+    RouteType,
+};
+use netlink_sys::{Socket, protocols::NETLINK_ROUTE};
+
+use super::desired::{Kind, Prefix4};
+use super::reconcile::{
+    ActualFdb, ActualLink, ActualNeigh, ActualRoute, DeviceSpec, FdbOp, NeighOp, RouteOp,
+    VxlanParams,
+};
+use proto::mac::{Mac, format_mac};
+
+// Message types and flags (linux/rtnetlink.h, linux/netlink.h).
+pub const RTM_NEWLINK: u16 = 16;
+pub const RTM_DELLINK: u16 = 17;
+pub const RTM_GETLINK: u16 = 18;
+pub const RTM_NEWADDR: u16 = 20;
+pub const RTM_DELADDR: u16 = 21;
+pub const RTM_GETADDR: u16 = 22;
+pub const RTM_NEWROUTE: u16 = 24;
+pub const RTM_DELROUTE: u16 = 25;
+pub const RTM_GETROUTE: u16 = 26;
+pub const RTM_NEWNEIGH: u16 = 28;
+pub const RTM_DELNEIGH: u16 = 29;
+pub const RTM_GETNEIGH: u16 = 30;
+const NLMSG_NOOP: u16 = 1;
+const NLMSG_ERROR: u16 = 2;
+const NLMSG_DONE: u16 = 3;
+const NLM_F_REQUEST: u16 = 1;
+const NLM_F_ACK: u16 = 4;
+const NLM_F_DUMP_INTR: u16 = 16;
+const NLM_F_ACK_TLVS: u16 = 0x200;
+const NLM_F_DUMP: u16 = 0x300;
+const NLM_F_REPLACE: u16 = 0x100;
+const NLM_F_EXCL: u16 = 0x200;
+const NLM_F_CREATE: u16 = 0x400;
+const NLMSGERR_ATTR_MSG: u16 = 1;
+const HDR: usize = 16;
+/// One sendmsg carries at most this much (the socket's send buffer is larger).
+const BATCH_BYTES: usize = 60 * 1024;
+/// Room for a whole dump datagram (the kernel fills up to 32 KiB) and for batched refusals.
+const RECV_BYTES: usize = 256 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    #[error("cannot open a netlink socket: {0} (routewriter needs root or CAP_NET_ADMIN)")]
+    Open(io::Error),
+    #[error("netlink I/O failed: {0}")]
+    Io(io::Error),
+    #[error(
+        "the kernel's answers overflowed the netlink receive buffer: what happened is unknown until the next full resync"
+    )]
+    Overrun,
+    #[error("the kernel changed the table during a dump; try again")]
+    DumpInterrupted,
+    #[error("{what}: {error}")]
+    Refused { what: String, error: NlError },
+    #[error("kernel has no {feature} support (module {module}): {consequence}")]
+    Missing {
+        feature: &'static str,
+        module: &'static str,
+        consequence: &'static str,
+    },
+}
+
+/// The kernel's refusal of one request: errno and, when it says more, its extended message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NlError {
+    pub errno: i32,
+    pub message: String,
+}
+
+impl NlError {
+    fn new(errno: i32, message: String) -> Self {
+        NlError { errno, message }
+    }
+}
+
+impl std::fmt::Display for NlError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let os = io::Error::from_raw_os_error(self.errno);
+        if self.message.is_empty() {
+            write!(f, "{os}")
+        } else {
+            write!(f, "{os}: {}", self.message)
+        }
+    }
+}
+
+/// A refused request of a batch: which one (its index in the batch) and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub index: usize,
+    pub error: NlError,
+}
+
+/// One open rtnetlink socket with a write counter.
+pub struct Kernel {
+    sock: Socket,
+    seq: u32,
+    writes: u64,
+    tx: Vec<u8>,
+    rx: Vec<u8>,
+}
+
+impl Kernel {
+    /// Opens a socket in the calling thread's network namespace.
+    pub fn open() -> Result<Kernel, KernelError> {
+        let mut sock = Socket::new(NETLINK_ROUTE).map_err(KernelError::Open)?;
+        sock.bind_auto().map_err(KernelError::Open)?;
+        // Failures name the bad attribute; filtered dumps (table, interface) need strict checks.
+        let _ = sock.set_ext_ack(true);
+        let _ = sock.set_cap_ack(true);
+        sock.set_netlink_get_strict_chk(true)
+            .map_err(KernelError::Open)?;
+        // Room for many answers at once; as root the limit can be passed (RCVBUFFORCE).
+        set_buf(&sock, libc::SO_RCVBUFFORCE, libc::SO_RCVBUF, 8 << 20);
+        set_buf(&sock, libc::SO_SNDBUFFORCE, libc::SO_SNDBUF, 1 << 20);
+        // A kernel that never answers must not hang the agent forever.
+        let tv = libc::timeval {
+            tv_sec: 30,
+            tv_usec: 0,
+        };
+        // SAFETY: setsockopt with a valid timeval on our own socket.
+        unsafe {
+            libc::setsockopt(
+                sock.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVTIMEO,
+                &tv as *const _ as *const libc::c_void,
+                std::mem::size_of::<libc::timeval>() as libc::socklen_t,
+            );
+        }
+        Ok(Kernel {
+            sock,
+            seq: 1,
+            writes: 0,
+            tx: Vec::with_capacity(BATCH_BYTES + 4096),
+            rx: vec![0; RECV_BYTES],
+        })
+    }
+
+    /// Netlink messages sent that change kernel state (routes, links, addresses, neighbours).
+    pub fn writes(&self) -> u64 {
+        self.writes
+    }
+
+    fn next_seq(&mut self) -> u32 {
+        self.seq = self.seq.wrapping_add(1);
+        if self.seq == 0 {
+            self.seq = 1;
+        }
+        self.seq
+    }
+
+    fn send_tx(&mut self) -> Result<(), KernelError> {
+        let mut off = 0;
+        while off < self.tx.len() {
+            // SAFETY: sending from our own buffer on our own socket.
+            let n = unsafe {
+                libc::send(
+                    self.sock.as_raw_fd(),
+                    self.tx[off..].as_ptr() as *const libc::c_void,
+                    self.tx.len() - off,
+                    0,
+                )
+            };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(KernelError::Io(e));
+            }
+            // Netlink takes a datagram whole or not at all.
+            off = self.tx.len();
+        }
+        Ok(())
+    }
+
+    /// Receives one datagram into `rx`; its length.
+    fn recv(&mut self) -> Result<usize, KernelError> {
+        loop {
+            // SAFETY: receiving into our own buffer on our own socket.
+            let n = unsafe {
+                libc::recv(
+                    self.sock.as_raw_fd(),
+                    self.rx.as_mut_ptr() as *mut libc::c_void,
+                    self.rx.len(),
+                    0,
+                )
+            };
+            if n >= 0 {
+                return Ok(n as usize);
+            }
+            let e = io::Error::last_os_error();
+            match e.raw_os_error() {
+                Some(libc::EINTR) => continue,
+                Some(libc::ENOBUFS) => return Err(KernelError::Overrun),
+                _ => return Err(KernelError::Io(e)),
+            }
+        }
+    }
+
+    /// Sends one dump request and calls `f` with each answer's type and payload.
+    fn dump(
+        &mut self,
+        msg_type: u16,
+        payload: &dyn Emitable,
+        mut f: impl FnMut(u16, &[u8]),
+    ) -> Result<(), KernelError> {
+        let seq = self.next_seq();
+        self.tx.clear();
+        push_msg(
+            &mut self.tx,
+            msg_type,
+            NLM_F_REQUEST | NLM_F_DUMP,
+            seq,
+            payload,
+        );
+        self.send_tx()?;
+        let mut interrupted = false;
+        loop {
+            let n = self.recv()?;
+            let mut off = 0;
+            while let Some((hdr, payload, next)) = next_msg(&self.rx[..n], off) {
+                off = next;
+                if hdr.seq != seq {
+                    continue; // a late answer to an earlier request
+                }
+                interrupted |= hdr.flags & NLM_F_DUMP_INTR != 0;
+                match hdr.msg_type {
+                    NLMSG_DONE => {
+                        return if interrupted {
+                            Err(KernelError::DumpInterrupted)
+                        } else {
+                            Ok(())
+                        };
+                    }
+                    NLMSG_ERROR => {
+                        let err = parse_error(hdr.flags, payload);
+                        if let Some(e) = err {
+                            return Err(KernelError::Refused {
+                                what: format!("dump (message type {msg_type})"),
+                                error: e,
+                            });
+                        }
+                    }
+                    t => f(t, payload),
+                }
+            }
+        }
+    }
+
+    /// One request that changes state, answered with an ACK; counted as a write.
+    fn write_one(
+        &mut self,
+        msg_type: u16,
+        flags: u16,
+        payload: &dyn Emitable,
+        what: impl FnOnce() -> String,
+    ) -> Result<(), KernelError> {
+        let mut batch = Batch::new(self);
+        batch.push(msg_type, flags, payload)?;
+        let refusals = batch.finish()?;
+        match refusals.into_iter().next() {
+            None => Ok(()),
+            Some(r) => Err(KernelError::Refused {
+                what: what(),
+                error: r.error,
+            }),
+        }
+    }
+
+    /// A non-dump GET answered with one message; `None` when the kernel says it does not exist.
+    fn get_one(
+        &mut self,
+        msg_type: u16,
+        payload: &dyn Emitable,
+    ) -> Result<Option<Vec<u8>>, KernelError> {
+        let seq = self.next_seq();
+        self.tx.clear();
+        push_msg(&mut self.tx, msg_type, NLM_F_REQUEST, seq, payload);
+        self.send_tx()?;
+        loop {
+            let n = self.recv()?;
+            let mut off = 0;
+            while let Some((hdr, payload, next)) = next_msg(&self.rx[..n], off) {
+                off = next;
+                if hdr.seq != seq {
+                    continue;
+                }
+                if hdr.msg_type == NLMSG_ERROR {
+                    return match parse_error(hdr.flags, payload) {
+                        Some(e) if e.errno == libc::ENODEV || e.errno == libc::ENOENT => Ok(None),
+                        Some(e) => Err(KernelError::Refused {
+                            what: "get".into(),
+                            error: e,
+                        }),
+                        None => Ok(None),
+                    };
+                }
+                return Ok(Some(payload.to_vec()));
+            }
+        }
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Routes
+
+    /// Every IPv4 route of `table` (optionally only those through interface `oif`).
+    pub fn routes(
+        &mut self,
+        table: u32,
+        oif: Option<u32>,
+        mut f: impl FnMut(&ActualRoute),
+    ) -> Result<(), KernelError> {
+        let mut req = RouteMessage::default();
+        req.header.address_family = AddressFamily::Inet;
+        req.header.table = table_u8(table);
+        req.header.scope = RouteScope::Universe;
+        req.header.kind = RouteType::Unspec;
+        req.header.protocol = RouteProtocol::Unspec;
+        req.attributes.push(RouteAttribute::Table(table));
+        if let Some(oif) = oif {
+            req.attributes.push(RouteAttribute::Oif(oif));
+        }
+        self.dump(RTM_GETROUTE, &req, |t, payload| {
+            if t == RTM_NEWROUTE
+                && let Some(r) = parse_route(payload)
+            {
+                f(&r);
+            }
+        })
+    }
+
+    /// Applies route operations in batches. `NoDevice` operations are skipped (the caller
+    /// tracks them). Returns the refusals, by index into `ops`.
+    pub fn apply_routes(
+        &mut self,
+        ops: &[RouteOp],
+        table: u32,
+        protocol: u8,
+    ) -> Result<Vec<Refusal>, KernelError> {
+        let mut batch = Batch::new(self);
+        let mut index_of = Vec::with_capacity(ops.len());
+        for (i, op) in ops.iter().enumerate() {
+            let (t, flags, msg) = match op {
+                RouteOp::Write {
+                    prefix, spec, oif, ..
+                } => (
+                    RTM_NEWROUTE,
+                    NLM_F_CREATE | NLM_F_REPLACE,
+                    route_write_msg(
+                        *prefix,
+                        spec.kind,
+                        spec.gateway(),
+                        *oif,
+                        spec.onlink,
+                        table,
+                        protocol,
+                    ),
+                ),
+                RouteOp::Delete(r) => (RTM_DELROUTE, 0, route_delete_exact(r)),
+                RouteOp::DeleteOwn { prefix } => {
+                    (RTM_DELROUTE, 0, route_delete_own(*prefix, table, protocol))
+                }
+                RouteOp::NoDevice { .. } => continue,
+            };
+            batch.push(t, flags, &msg)?;
+            index_of.push(i);
+        }
+        let refusals = batch.finish()?;
+        Ok(refusals
+            .into_iter()
+            .filter_map(|r| {
+                let i = *index_of.get(r.index)?;
+                // Deleting what is already gone is what we wanted.
+                let gone = matches!(ops[i], RouteOp::Delete(_) | RouteOp::DeleteOwn { .. })
+                    && r.error.errno == libc::ESRCH;
+                (!gone).then_some(Refusal {
+                    index: i,
+                    error: r.error,
+                })
+            })
+            .collect())
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Links
+
+    /// Every link.
+    pub fn links(&mut self) -> Result<Vec<ActualLink>, KernelError> {
+        let mut out = Vec::new();
+        let req = LinkMessage::default();
+        self.dump(RTM_GETLINK, &req, |t, payload| {
+            if t == RTM_NEWLINK
+                && let Ok(m) = LinkMessage::parse(payload)
+            {
+                out.push(link_from(&m));
+            }
+        })?;
+        Ok(out)
+    }
+
+    /// One link by name.
+    pub fn link(&mut self, name: &str) -> Result<Option<ActualLink>, KernelError> {
+        let mut req = LinkMessage::default();
+        req.attributes.push(LinkAttribute::IfName(name.to_owned()));
+        Ok(self
+            .get_one(RTM_GETLINK, &req)?
+            .and_then(|p| LinkMessage::parse(&p[..]).ok())
+            .map(|m| link_from(&m)))
+    }
+
+    /// Creates the VXLAN device, up; its interface index.
+    pub fn create_vxlan(&mut self, spec: &DeviceSpec) -> Result<u32, KernelError> {
+        let msg = rtnetlink::LinkVxlan::new(&spec.name, spec.vni)
+            .dev(spec.link)
+            .port(spec.port)
+            .local(spec.local)
+            .learning(false)
+            .mtu(spec.mtu)
+            .address(spec.mac.to_vec())
+            .up()
+            .build();
+        self.write_one(RTM_NEWLINK, NLM_F_CREATE | NLM_F_EXCL, &msg, || {
+            format!("create VXLAN device {}", spec.name)
+        })?;
+        self.link(&spec.name)?
+            .map(|l| l.index)
+            .ok_or_else(|| KernelError::Refused {
+                what: format!("create VXLAN device {}", spec.name),
+                error: NlError::new(libc::ENODEV, "created but not found".into()),
+            })
+    }
+
+    /// Changes a link in place: MTU, MAC, and brings it up.
+    pub fn set_link(
+        &mut self,
+        index: u32,
+        mtu: Option<u32>,
+        mac: Option<Mac>,
+        up: bool,
+    ) -> Result<(), KernelError> {
+        let mut b = rtnetlink::LinkUnspec::new_with_index(index);
+        if let Some(mtu) = mtu {
+            b = b.mtu(mtu);
+        }
+        if let Some(mac) = mac {
+            b = b.address(mac.to_vec());
+        }
+        if up {
+            b = b.up();
+        }
+        let msg = b.build();
+        self.write_one(RTM_NEWLINK, 0, &msg, || format!("change link {index}"))
+    }
+
+    pub fn delete_link(&mut self, index: u32) -> Result<(), KernelError> {
+        let mut msg = LinkMessage::default();
+        msg.header.index = index;
+        self.write_one(RTM_DELLINK, 0, &msg, || format!("delete link {index}"))
+    }
+
+    /// Makes sure the IPIP device exists (creating it loads the `ipip` module where that can
+    /// be done); its index, or [`KernelError::Missing`] when the kernel has no IPIP.
+    pub fn ensure_ipip(&mut self, name: &str) -> Result<u32, KernelError> {
+        if let Some(l) = self.link(name)? {
+            return Ok(l.index);
+        }
+        let msg = rtnetlink::LinkIpIp::new(name).up().build();
+        match self.write_one(RTM_NEWLINK, NLM_F_CREATE | NLM_F_EXCL, &msg, || {
+            format!("create IPIP device {name}")
+        }) {
+            Ok(()) => {}
+            Err(KernelError::Refused { error, .. })
+                if error.errno == libc::EOPNOTSUPP || error.errno == libc::ENOENT =>
+            {
+                return Err(ipip_missing());
+            }
+            // The fallback device appeared meanwhile.
+            Err(KernelError::Refused { error, .. }) if error.errno == libc::EEXIST => {}
+            Err(e) => return Err(e),
+        }
+        self.link(name)?.map(|l| l.index).ok_or_else(ipip_missing)
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Addresses
+
+    /// IPv4 addresses of interface `index`.
+    pub fn addresses(&mut self, index: u32) -> Result<Vec<(Ipv4Addr, u8)>, KernelError> {
+        Ok(self
+            .all_addresses()?
+            .into_iter()
+            .filter(|(i, _, _)| *i == index)
+            .map(|(_, a, l)| (a, l))
+            .collect())
+    }
+
+    /// Every IPv4 address: interface index, address, prefix length.
+    pub fn all_addresses(&mut self) -> Result<Vec<(u32, Ipv4Addr, u8)>, KernelError> {
+        let mut req = AddressMessage::default();
+        req.header.family = AddressFamily::Inet;
+        let mut out = Vec::new();
+        self.dump(RTM_GETADDR, &req, |t, payload| {
+            if t != RTM_NEWADDR {
+                return;
+            }
+            let Ok(m) = AddressMessage::parse(payload) else {
+                return;
+            };
+            if m.header.family != AddressFamily::Inet {
+                return;
+            }
+            let local = m.attributes.iter().find_map(|a| match a {
+                AddressAttribute::Local(IpAddr::V4(a)) => Some(*a),
+                _ => None,
+            });
+            let addr = local.or_else(|| {
+                m.attributes.iter().find_map(|a| match a {
+                    AddressAttribute::Address(IpAddr::V4(a)) => Some(*a),
+                    _ => None,
+                })
+            });
+            if let Some(a) = addr {
+                out.push((m.header.index, a, m.header.prefix_len));
+            }
+        })?;
+        Ok(out)
+    }
+
+    pub fn add_address(&mut self, index: u32, addr: Ipv4Addr, len: u8) -> Result<(), KernelError> {
+        let msg = address_msg(index, addr, len);
+        self.write_one(RTM_NEWADDR, NLM_F_CREATE | NLM_F_REPLACE, &msg, || {
+            format!("add address {addr}/{len} to link {index}")
+        })
+    }
+
+    pub fn del_address(&mut self, index: u32, addr: Ipv4Addr, len: u8) -> Result<(), KernelError> {
+        let msg = address_msg(index, addr, len);
+        match self.write_one(RTM_DELADDR, 0, &msg, || {
+            format!("delete address {addr}/{len} from link {index}")
+        }) {
+            Err(KernelError::Refused { error, .. }) if error.errno == libc::EADDRNOTAVAIL => Ok(()),
+            r => r,
+        }
+    }
+
+    // -----------------------------------------------------------------------------------------
+    // Neighbours and FDB
+
+    /// IPv4 neighbour entries on interface `index`.
+    pub fn neighbours(&mut self, index: u32) -> Result<Vec<ActualNeigh>, KernelError> {
+        let mut req = NeighbourMessage::default();
+        req.header.family = AddressFamily::Inet;
+        let mut out = Vec::new();
+        self.dump(RTM_GETNEIGH, &req, |t, payload| {
+            if t != RTM_NEWNEIGH {
+                return;
+            }
+            let Ok(m) = NeighbourMessage::parse(payload) else {
+                return;
+            };
+            if m.header.ifindex != index || m.header.family != AddressFamily::Inet {
+                return;
+            }
+            let mut ip = None;
+            let mut mac = None;
+            for a in &m.attributes {
+                match a {
+                    NeighbourAttribute::Destination(NeighbourAddress::Inet(a)) => ip = Some(*a),
+                    NeighbourAttribute::LinkLayerAddress(l) => mac = mac_from(l),
+                    _ => {}
+                }
+            }
+            if let Some(ip) = ip {
+                out.push(ActualNeigh {
+                    ip,
+                    mac,
+                    permanent: m.header.state == NeighbourState::Permanent,
+                });
+            }
+        })?;
+        Ok(out)
+    }
+
+    /// Bridge FDB entries of interface `index` (the VXLAN device's own table).
+    pub fn fdb(&mut self, index: u32) -> Result<Vec<ActualFdb>, KernelError> {
+        let mut req = NeighbourMessage::default();
+        req.header.family = AddressFamily::Bridge;
+        let mut out = Vec::new();
+        self.dump(RTM_GETNEIGH, &req, |t, payload| {
+            if t != RTM_NEWNEIGH {
+                return;
+            }
+            let Ok(m) = NeighbourMessage::parse(payload) else {
+                return;
+            };
+            if m.header.ifindex != index || m.header.family != AddressFamily::Bridge {
+                return;
+            }
+            let mut dst = None;
+            let mut mac = None;
+            for a in &m.attributes {
+                match a {
+                    NeighbourAttribute::Destination(NeighbourAddress::Inet(a)) => dst = Some(*a),
+                    NeighbourAttribute::Destination(NeighbourAddress::Other(b)) if b.len() == 4 => {
+                        dst = Some(Ipv4Addr::new(b[0], b[1], b[2], b[3]))
+                    }
+                    NeighbourAttribute::LinkLayerAddress(l) => mac = mac_from(l),
+                    _ => {}
+                }
+            }
+            if let Some(mac) = mac {
+                out.push(ActualFdb {
+                    mac,
+                    dst,
+                    permanent: m.header.state == NeighbourState::Permanent,
+                });
+            }
+        })?;
+        Ok(out)
+    }
+
+    /// Applies neighbour operations on interface `index`; refusals by index into `ops`.
+    pub fn apply_neighbours(
+        &mut self,
+        index: u32,
+        ops: &[NeighOp],
+    ) -> Result<Vec<Refusal>, KernelError> {
+        let mut batch = Batch::new(self);
+        for op in ops {
+            let mut m = NeighbourMessage::default();
+            m.header.family = AddressFamily::Inet;
+            m.header.ifindex = index;
+            match op {
+                NeighOp::Set { ip, mac } => {
+                    m.header.state = NeighbourState::Permanent;
+                    m.header.kind = RouteType::Unicast;
+                    m.attributes
+                        .push(NeighbourAttribute::Destination(NeighbourAddress::Inet(*ip)));
+                    m.attributes
+                        .push(NeighbourAttribute::LinkLayerAddress(mac.to_vec()));
+                    batch.push(RTM_NEWNEIGH, NLM_F_CREATE | NLM_F_REPLACE, &m)?;
+                }
+                NeighOp::Del { ip } => {
+                    m.attributes
+                        .push(NeighbourAttribute::Destination(NeighbourAddress::Inet(*ip)));
+                    batch.push(RTM_DELNEIGH, 0, &m)?;
+                }
+            }
+        }
+        let refusals = batch.finish()?;
+        Ok(refusals
+            .into_iter()
+            .filter(|r| {
+                !(matches!(ops[r.index], NeighOp::Del { .. }) && r.error.errno == libc::ENOENT)
+            })
+            .collect())
+    }
+
+    /// Applies FDB operations on interface `index`; refusals by index into `ops`.
+    pub fn apply_fdb(&mut self, index: u32, ops: &[FdbOp]) -> Result<Vec<Refusal>, KernelError> {
+        let mut batch = Batch::new(self);
+        for op in ops {
+            let mut m = NeighbourMessage::default();
+            m.header.family = AddressFamily::Bridge;
+            m.header.ifindex = index;
+            // NTF_SELF: the entry lives in the VXLAN device's own table, not a bridge's.
+            m.header.flags = NeighbourFlags::Own;
+            match op {
+                FdbOp::Set { mac, dst } => {
+                    m.header.state = NeighbourState::Permanent;
+                    m.attributes
+                        .push(NeighbourAttribute::LinkLayerAddress(mac.to_vec()));
+                    m.attributes
+                        .push(NeighbourAttribute::Destination(NeighbourAddress::Inet(
+                            *dst,
+                        )));
+                    batch.push(RTM_NEWNEIGH, NLM_F_CREATE | NLM_F_REPLACE, &m)?;
+                }
+                FdbOp::Del { mac, dst } => {
+                    m.attributes
+                        .push(NeighbourAttribute::LinkLayerAddress(mac.to_vec()));
+                    if let Some(dst) = dst {
+                        m.attributes
+                            .push(NeighbourAttribute::Destination(NeighbourAddress::Inet(
+                                *dst,
+                            )));
+                    }
+                    batch.push(RTM_DELNEIGH, 0, &m)?;
+                }
+            }
+        }
+        let refusals = batch.finish()?;
+        Ok(refusals
+            .into_iter()
+            .filter(|r| {
+                !(matches!(ops[r.index], FdbOp::Del { .. }) && r.error.errno == libc::ENOENT)
+            })
+            .collect())
+    }
+}
+
+fn ipip_missing() -> KernelError {
+    KernelError::Missing {
+        feature: "ipip",
+        module: "ipip",
+        consequence: "pools in IPIP mode cannot be programmed",
+    }
+}
+
+fn set_buf(sock: &Socket, force: libc::c_int, plain: libc::c_int, size: libc::c_int) {
+    for opt in [force, plain] {
+        // SAFETY: setsockopt with an int on our own socket.
+        let r = unsafe {
+            libc::setsockopt(
+                sock.as_raw_fd(),
+                libc::SOL_SOCKET,
+                opt,
+                &size as *const _ as *const libc::c_void,
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        };
+        if r == 0 {
+            return;
+        }
+    }
+}
+
+/// Requests sent many to a datagram, without an ACK each; a NOOP with an ACK closes each
+/// datagram, so its ACK means "all before me are done".
+pub struct Batch<'k> {
+    k: &'k mut Kernel,
+    /// Sequence number of the batch's first request; request i has `base + i`.
+    base: u32,
+    count: usize,
+    pending_from: usize,
+    refusals: Vec<Refusal>,
+}
+
+impl<'k> Batch<'k> {
+    pub fn new(k: &'k mut Kernel) -> Self {
+        k.tx.clear();
+        let base = k.seq.wrapping_add(1);
+        Batch {
+            k,
+            base,
+            count: 0,
+            pending_from: 0,
+            refusals: Vec::new(),
+        }
+    }
+
+    pub fn push(
+        &mut self,
+        msg_type: u16,
+        flags: u16,
+        payload: &dyn Emitable,
+    ) -> Result<(), KernelError> {
+        let seq = self.base.wrapping_add(self.count as u32);
+        self.k.seq = seq;
+        push_msg(
+            &mut self.k.tx,
+            msg_type,
+            NLM_F_REQUEST | flags,
+            seq,
+            payload,
+        );
+        self.count += 1;
+        self.k.writes += 1;
+        if self.k.tx.len() >= BATCH_BYTES {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) -> Result<(), KernelError> {
+        if self.count == self.pending_from {
+            return Ok(());
+        }
+        // The barrier gets a sequence number outside the batch's range.
+        let barrier = self
+            .base
+            .wrapping_add(self.count as u32)
+            .wrapping_add(1 << 30);
+        push_msg(
+            &mut self.k.tx,
+            NLMSG_NOOP,
+            NLM_F_REQUEST | NLM_F_ACK,
+            barrier,
+            &Empty,
+        );
+        self.k.send_tx()?;
+        self.k.tx.clear();
+        loop {
+            let n = self.k.recv()?;
+            let mut off = 0;
+            let mut done = false;
+            while let Some((hdr, payload, next)) = next_msg(&self.k.rx[..n], off) {
+                off = next;
+                if hdr.msg_type != NLMSG_ERROR {
+                    continue;
+                }
+                if hdr.seq == barrier {
+                    done = true;
+                    continue;
+                }
+                let index = hdr.seq.wrapping_sub(self.base) as usize;
+                if index < self.count
+                    && let Some(error) = parse_error(hdr.flags, payload)
+                {
+                    self.refusals.push(Refusal { index, error });
+                }
+            }
+            if done {
+                break;
+            }
+        }
+        self.pending_from = self.count;
+        Ok(())
+    }
+
+    /// Sends what is left and returns every refusal, by request index.
+    pub fn finish(mut self) -> Result<Vec<Refusal>, KernelError> {
+        self.flush()?;
+        self.k.seq = self
+            .base
+            .wrapping_add(self.count as u32)
+            .wrapping_add(1 << 30);
+        Ok(std::mem::take(&mut self.refusals))
+    }
+}
+
+struct Empty;
+
+impl Emitable for Empty {
+    fn buffer_len(&self) -> usize {
+        0
+    }
+    fn emit(&self, _: &mut [u8]) {}
+}
+
+struct Hdr {
+    msg_type: u16,
+    flags: u16,
+    seq: u32,
+}
+
+fn push_msg(buf: &mut Vec<u8>, msg_type: u16, flags: u16, seq: u32, payload: &dyn Emitable) {
+    let len = HDR + payload.buffer_len();
+    let start = buf.len();
+    buf.resize(start + ((len + 3) & !3), 0);
+    buf[start..start + 4].copy_from_slice(&(len as u32).to_ne_bytes());
+    buf[start + 4..start + 6].copy_from_slice(&msg_type.to_ne_bytes());
+    buf[start + 6..start + 8].copy_from_slice(&flags.to_ne_bytes());
+    buf[start + 8..start + 12].copy_from_slice(&seq.to_ne_bytes());
+    // Port 0 is the kernel; the kernel fills in ours.
+    payload.emit(&mut buf[start + HDR..start + len]);
+}
+
+/// The message at `off` in a datagram: header, payload and the next offset.
+fn next_msg(data: &[u8], off: usize) -> Option<(Hdr, &[u8], usize)> {
+    let h = data.get(off..off + HDR)?;
+    let len = u32::from_ne_bytes([h[0], h[1], h[2], h[3]]) as usize;
+    if len < HDR || off + len > data.len() {
+        return None;
+    }
+    let hdr = Hdr {
+        msg_type: u16::from_ne_bytes([h[4], h[5]]),
+        flags: u16::from_ne_bytes([h[6], h[7]]),
+        seq: u32::from_ne_bytes([h[8], h[9], h[10], h[11]]),
+    };
+    Some((hdr, &data[off + HDR..off + len], off + ((len + 3) & !3)))
+}
+
+/// An NLMSG_ERROR payload: `None` for an ACK, the error with its extended message otherwise.
+fn parse_error(flags: u16, payload: &[u8]) -> Option<NlError> {
+    let code = i32::from_ne_bytes(payload.get(0..4)?.try_into().ok()?);
+    if code == 0 {
+        return None;
+    }
+    let mut message = String::new();
+    if flags & NLM_F_ACK_TLVS != 0 {
+        // After the code: the request's header (capped: no payload) and then attributes.
+        let orig_len = payload
+            .get(4..8)
+            .map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]) as usize)
+            .unwrap_or(HDR);
+        let tlv_start = if flags & 0x100 != 0 {
+            4 + HDR
+        } else {
+            4 + orig_len
+        };
+        let mut off = (tlv_start + 3) & !3;
+        while let Some(h) = payload.get(off..off + 4) {
+            let len = u16::from_ne_bytes([h[0], h[1]]) as usize;
+            let kind = u16::from_ne_bytes([h[2], h[3]]) & 0x3fff;
+            if len < 4 || off + len > payload.len() {
+                break;
+            }
+            if kind == NLMSGERR_ATTR_MSG {
+                let v = &payload[off + 4..off + len];
+                message =
+                    String::from_utf8_lossy(v.split(|b| *b == 0).next().unwrap_or(v)).into_owned();
+            }
+            off += (len + 3) & !3;
+        }
+    }
+    Some(NlError::new(-code, message))
+}
+
+fn table_u8(table: u32) -> u8 {
+    // Tables over 255 travel in RTA_TABLE; the header then says RT_TABLE_COMPAT.
+    u8::try_from(table).unwrap_or(252)
+}
+
+fn mac_from(l: &[u8]) -> Option<Mac> {
+    l.try_into().ok()
+}
+
+/// The kernel's form of a desired route.
+pub fn route_write_msg(
+    prefix: Prefix4,
+    kind: Kind,
+    gateway: Option<Ipv4Addr>,
+    oif: u32,
+    onlink: bool,
+    table: u32,
+    protocol: u8,
+) -> RouteMessage {
+    let mut m = RouteMessage::default();
+    m.header = RouteHeader {
+        address_family: AddressFamily::Inet,
+        destination_prefix_length: prefix.prefix_len(),
+        source_prefix_length: 0,
+        tos: 0,
+        table: table_u8(table),
+        protocol: RouteProtocol::from(protocol),
+        scope: if kind == Kind::Workload {
+            RouteScope::Link
+        } else {
+            RouteScope::Universe
+        },
+        kind: if kind == Kind::Blackhole {
+            RouteType::BlackHole
+        } else {
+            RouteType::Unicast
+        },
+        flags: if onlink {
+            RouteFlags::Onlink
+        } else {
+            RouteFlags::empty()
+        },
+    };
+    m.attributes.push(RouteAttribute::Table(table));
+    m.attributes
+        .push(RouteAttribute::Destination(RouteAddress::Inet(
+            prefix.addr(),
+        )));
+    if kind != Kind::Blackhole {
+        if let Some(g) = gateway {
+            m.attributes
+                .push(RouteAttribute::Gateway(RouteAddress::Inet(g)));
+        }
+        if oif != 0 {
+            m.attributes.push(RouteAttribute::Oif(oif));
+        }
+    }
+    m
+}
+
+/// Deletes exactly the route the kernel reported.
+fn route_delete_exact(r: &ActualRoute) -> RouteMessage {
+    let mut m = RouteMessage::default();
+    m.header.address_family = AddressFamily::Inet;
+    m.header.destination_prefix_length = r.prefix.prefix_len();
+    m.header.tos = r.tos;
+    m.header.table = table_u8(r.table);
+    m.header.protocol = RouteProtocol::from(r.protocol);
+    m.header.scope = RouteScope::NoWhere;
+    m.header.kind = RouteType::from(r.rtype);
+    m.attributes.push(RouteAttribute::Table(r.table));
+    m.attributes
+        .push(RouteAttribute::Destination(RouteAddress::Inet(
+            r.prefix.addr(),
+        )));
+    if r.metric != 0 {
+        m.attributes.push(RouteAttribute::Priority(r.metric));
+    }
+    if let Some(g) = r.gateway() {
+        m.attributes
+            .push(RouteAttribute::Gateway(RouteAddress::Inet(g)));
+    }
+    if r.oif != 0 {
+        m.attributes.push(RouteAttribute::Oif(r.oif));
+    }
+    m
+}
+
+/// Deletes our route at a prefix (metric 0), whatever its type: the kernel matches the
+/// protocol, so another protocol's route there stays.
+fn route_delete_own(prefix: Prefix4, table: u32, protocol: u8) -> RouteMessage {
+    let mut m = RouteMessage::default();
+    m.header.address_family = AddressFamily::Inet;
+    m.header.destination_prefix_length = prefix.prefix_len();
+    m.header.table = table_u8(table);
+    m.header.protocol = RouteProtocol::from(protocol);
+    m.header.scope = RouteScope::NoWhere;
+    m.header.kind = RouteType::Unspec;
+    m.attributes.push(RouteAttribute::Table(table));
+    m.attributes
+        .push(RouteAttribute::Destination(RouteAddress::Inet(
+            prefix.addr(),
+        )));
+    m
+}
+
+/// A dumped or announced route; `None` for what is not an IPv4 route.
+pub fn parse_route(payload: &[u8]) -> Option<ActualRoute> {
+    let m = RouteMessage::parse(payload).ok()?;
+    if m.header.address_family != AddressFamily::Inet {
+        return None;
+    }
+    let mut dst = Ipv4Addr::UNSPECIFIED;
+    let mut table = u32::from(m.header.table);
+    let mut gateway = 0;
+    let mut oif = 0;
+    let mut metric = 0;
+    let mut multipath = false;
+    for a in &m.attributes {
+        match a {
+            RouteAttribute::Destination(RouteAddress::Inet(d)) => dst = *d,
+            RouteAttribute::Gateway(RouteAddress::Inet(g)) => gateway = u32::from(*g),
+            RouteAttribute::Oif(i) => oif = *i,
+            RouteAttribute::Table(t) => table = *t,
+            RouteAttribute::Priority(p) => metric = *p,
+            RouteAttribute::MultiPath(_) => multipath = true,
+            _ => {}
+        }
+    }
+    Some(ActualRoute {
+        prefix: Prefix4::new(dst, m.header.destination_prefix_length)?,
+        table,
+        protocol: u8::from(m.header.protocol),
+        metric,
+        tos: m.header.tos,
+        rtype: u8::from(m.header.kind),
+        scope: u8::from(m.header.scope),
+        gateway,
+        oif,
+        onlink: m.header.flags.contains(RouteFlags::Onlink),
+        multipath,
+    })
+}
+
+/// A link's name and index from a link message (for events).
+pub fn parse_link(payload: &[u8]) -> Option<ActualLink> {
+    LinkMessage::parse(payload).ok().map(|m| link_from(&m))
+}
+
+fn link_from(m: &LinkMessage) -> ActualLink {
+    let mut l = ActualLink {
+        index: m.header.index,
+        up: m.header.flags.contains(LinkFlags::Up),
+        ..Default::default()
+    };
+    for a in &m.attributes {
+        match a {
+            LinkAttribute::IfName(n) => l.name = n.clone(),
+            LinkAttribute::Mtu(mtu) => l.mtu = *mtu,
+            LinkAttribute::Address(mac) => l.mac = mac_from(mac),
+            LinkAttribute::LinkInfo(infos) => {
+                for i in infos {
+                    match i {
+                        LinkInfo::Kind(k) => l.kind = Some(kind_name(k)),
+                        LinkInfo::Data(InfoData::Vxlan(v)) => {
+                            let mut p = VxlanParams::default();
+                            for x in v {
+                                match x {
+                                    InfoVxlan::Id(id) => p.vni = Some(*id),
+                                    InfoVxlan::Port(port) => p.port = Some(*port),
+                                    InfoVxlan::Local(a) => p.local = Some(*a),
+                                    InfoVxlan::Link(i) => p.link = Some(*i),
+                                    InfoVxlan::Learning(b) => p.learning = Some(*b),
+                                    InfoVxlan::CollectMetadata(b) => p.collect_metadata = *b,
+                                    _ => {}
+                                }
+                            }
+                            l.vxlan = Some(p);
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    l
+}
+
+fn kind_name(k: &InfoKind) -> String {
+    match k {
+        InfoKind::Vxlan => "vxlan".into(),
+        InfoKind::Veth => "veth".into(),
+        InfoKind::Bridge => "bridge".into(),
+        InfoKind::Dummy => "dummy".into(),
+        InfoKind::IpIp => "ipip".into(),
+        other => format!("{other:?}").to_lowercase(),
+    }
+}
+
+fn address_msg(index: u32, addr: Ipv4Addr, len: u8) -> AddressMessage {
+    let mut m = AddressMessage::default();
+    m.header.family = AddressFamily::Inet;
+    m.header.prefix_len = len;
+    m.header.index = index;
+    m.header.scope = AddressScope::Universe;
+    m.header.flags = AddressHeaderFlags::Permanent;
+    m.attributes.push(AddressAttribute::Local(IpAddr::V4(addr)));
+    m.attributes
+        .push(AddressAttribute::Address(IpAddr::V4(addr)));
+    m
+}
+
+/// How a neighbour/FDB operation reads in a log line.
+pub fn describe_fdb(op: &FdbOp) -> String {
+    match op {
+        FdbOp::Set { mac, dst } => format!("fdb {} dst {dst}", format_mac(mac)),
+        FdbOp::Del { mac, dst } => format!("fdb del {} dst {dst:?}", format_mac(mac)),
+    }
+}
+
+pub fn describe_neigh(op: &NeighOp) -> String {
+    match op {
+        NeighOp::Set { ip, mac } => format!("neigh {ip} lladdr {}", format_mac(mac)),
+        NeighOp::Del { ip } => format!("neigh del {ip}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_are_framed_and_found_again() {
+        let mut buf = Vec::new();
+        let m = route_write_msg(
+            Prefix4::parse("10.65.0.0/26").unwrap(),
+            Kind::Blackhole,
+            None,
+            0,
+            false,
+            254,
+            80,
+        );
+        push_msg(&mut buf, RTM_NEWROUTE, NLM_F_REQUEST, 7, &m);
+        push_msg(&mut buf, NLMSG_NOOP, NLM_F_REQUEST | NLM_F_ACK, 8, &Empty);
+        let (h, payload, next) = next_msg(&buf, 0).unwrap();
+        assert_eq!((h.msg_type, h.seq), (RTM_NEWROUTE, 7));
+        let r = parse_route(payload).unwrap();
+        assert_eq!(r.prefix.to_string(), "10.65.0.0/26");
+        assert_eq!((r.protocol, r.table, r.rtype), (80, 254, 6));
+        let (h, payload, next) = next_msg(&buf, next).unwrap();
+        assert_eq!((h.msg_type, h.seq, payload.len()), (NLMSG_NOOP, 8, 0));
+        assert!(next_msg(&buf, next).is_none());
+        // Truncated or lying lengths end the walk instead of reading past the end.
+        assert!(next_msg(&buf[..20], 0).is_none());
+        let mut bad = buf.clone();
+        bad[0..4].copy_from_slice(&4u32.to_ne_bytes());
+        assert!(next_msg(&bad, 0).is_none());
+    }
+
+    #[test]
+    fn errors_carry_the_kernels_message() {
+        let mut p = Vec::new();
+        p.extend_from_slice(&(-libc::ENETUNREACH).to_ne_bytes());
+        // Capped original header (16 bytes).
+        p.extend_from_slice(&[16, 0, 0, 0, 24, 0, 5, 0, 1, 0, 0, 0, 0, 0, 0, 0]);
+        let text = b"Nexthop has invalid gateway\0";
+        let nla_len = 4 + text.len();
+        p.extend_from_slice(&(nla_len as u16).to_ne_bytes());
+        p.extend_from_slice(&NLMSGERR_ATTR_MSG.to_ne_bytes());
+        p.extend_from_slice(text);
+        let e = parse_error(NLM_F_ACK_TLVS | 0x100, &p).unwrap();
+        assert_eq!(e.errno, libc::ENETUNREACH);
+        assert_eq!(e.message, "Nexthop has invalid gateway");
+        assert!(e.to_string().contains("Nexthop has invalid gateway"));
+        assert_eq!(parse_error(0, &0i32.to_ne_bytes()), None);
+        assert_eq!(parse_error(0, &[1, 2]), None);
+    }
+}

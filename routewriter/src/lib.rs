@@ -1,0 +1,31 @@
+//! routewriter: margay's dataplane agent (Felix's route table, VXLAN and NAT managers in one).
+//! It subscribes to bgpd's `Dataplane.Watch` stream of desired kernel state and makes the kernel
+//! match it: routes tagged with its protocol, the `vxlan.calico` device with its FDB and
+//! neighbour entries, one nftables table for natOutgoing, and the forwarding sysctls. It decides
+//! no policy: it reconciles desired against actual, repairs drift, and never touches what it does
+//! not own.
+//!
+//! - `config`: the TOML configuration (`[node]`, `[routewriter]`, `[log]`), `MARGAY_` overrides.
+//! - `desired`: the desired state built from the stream (sans-IO), with its revision for resume.
+//! - `reconcile`: the pure diff of desired against actual, as lists of operations (sans-IO).
+//! - `kernel`: rtnetlink reads and batched writes, every write counted.
+//! - `monitor`: the netlink multicast listener that reports changes made by others.
+//! - `nat`: the nftables table, driven through the `nft` binary.
+//! - `sysctl`: forwarding and the per-workload-interface settings.
+//! - `metrics`: the counters and the Prometheus text / status listener.
+//! - `agent`: the tokio wiring: stream client, monitor, periodic resync, signals.
+//! - `status`: a running agent's status, fetched from its listener and rendered (for
+//!   `routewriter status` and `bgpctl routewriter`).
+//!
+//! It talks to bgpd only over the API (`proto`), never to the datastore.
+
+pub mod agent;
+pub mod config;
+pub mod desired;
+pub mod kernel;
+pub mod metrics;
+pub mod monitor;
+pub mod nat;
+pub mod reconcile;
+pub mod status;
+pub mod sysctl;
