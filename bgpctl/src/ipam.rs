@@ -1,13 +1,25 @@
-//! `bgpctl ipam show|assign|release|check|gc`.
+//! `bgpctl ipam show|assign|release|check|gc`, for IPv4 and IPv6 alike.
 
-use clap::Subcommand;
+pub mod show;
+
+use clap::{Subcommand, ValueEnum};
 use proto::v1 as pb;
 use proto::v1::ipam_client::IpamClient;
+use proto::v1::pools_client::PoolsClient;
 use serde_json::json;
 use tonic::transport::Channel;
 
-use super::table::Table;
 use super::{CtlError, Output};
+use show::Cidr;
+
+/// Which addresses `ipam assign` asks for.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Family {
+    Ipv4,
+    Ipv6,
+    /// One of each, all or nothing.
+    Dual,
+}
 
 #[derive(Subcommand)]
 pub enum IpamCommand {
@@ -28,12 +40,15 @@ pub enum IpamCommand {
         /// The node to allocate for [default: bgpd's own].
         #[arg(long)]
         node: Option<String>,
-        /// Take it from this pool (name or CIDR).
+        /// Take it from this pool (name or CIDR); with --ip, the address must lie in it.
         #[arg(long)]
         pool: Option<String>,
         /// This very address.
         #[arg(long)]
         ip: Option<String>,
+        /// The addresses to ask for [default: the family of --pool, else ipv4].
+        #[arg(long, value_enum, conflicts_with = "ip")]
+        family: Option<Family>,
         #[arg(long)]
         json: bool,
     },
@@ -80,17 +95,41 @@ fn allocation_json(a: &pb::Allocation) -> serde_json::Value {
     })
 }
 
-fn state_name(s: i32) -> &'static str {
-    match pb::BlockState::try_from(s) {
-        Ok(pb::BlockState::Pending) => "pending",
-        Ok(pb::BlockState::Confirmed) => "confirmed",
-        Ok(pb::BlockState::PendingDeletion) => "pending-deletion",
-        _ => "-",
+/// The CIDR of a pool named by name or CIDR.
+async fn pool_cidr(mut pools: PoolsClient<Channel>, pool: &str) -> Result<Cidr, CtlError> {
+    if let Some(cidr) = Cidr::parse(pool) {
+        return Ok(cidr);
     }
+    let p = pools
+        .get_pool(pb::GetPoolRequest { name: pool.into() })
+        .await?
+        .into_inner();
+    Cidr::parse(&p.cidr)
+        .ok_or_else(|| CtlError::Invalid(format!("pool {pool} has no valid CIDR: {:?}", p.cidr)))
+}
+
+/// `--ip` must lie in `--pool`: the address decides the pool bgpd takes it from, so a
+/// mismatch is refused here rather than allocated elsewhere.
+fn check_in_pool(address: &str, pool: &str, cidr: Cidr) -> Result<(), CtlError> {
+    let addr: std::net::IpAddr = address.parse().map_err(|_| {
+        CtlError::Invalid(format!("invalid --ip: {address:?} is not an IP address"))
+    })?;
+    if cidr.contains(addr) {
+        return Ok(());
+    }
+    let family = if addr.is_ipv4() { "IPv4" } else { "IPv6" };
+    let why = if family == cidr.family() {
+        "lies outside it".to_owned()
+    } else {
+        format!("is an {family} address, the pool is {}", cidr.family())
+    };
+    Err(CtlError::Invalid(format!(
+        "invalid --ip: {address} is not in pool {pool} ({cidr}): it {why}"
+    )))
 }
 
 pub async fn run(channel: Channel, command: IpamCommand, out: &mut Output) -> Result<(), CtlError> {
-    let mut client = IpamClient::new(channel);
+    let mut client = IpamClient::new(channel.clone());
     match command {
         IpamCommand::Show {
             show_blocks,
@@ -105,83 +144,68 @@ pub async fn run(channel: Channel, command: IpamCommand, out: &mut Output) -> Re
                 .await?
                 .into_inner();
             if json {
-                return out.json(&json!({
-                    "pools": r.pools.iter().map(|p| json!({
-                        "name": p.name, "cidr": p.cidr, "size": p.size, "used": p.used, "free": p.free, "blocks": p.blocks,
-                    })).collect::<Vec<_>>(),
-                    "blocks": r.blocks.iter().map(|b| json!({
-                        "cidr": b.cidr, "pool": b.pool, "affinity": b.affinity, "state": state_name(b.state),
-                        "used": b.used, "free": b.free, "borrowed": b.borrowed,
-                    })).collect::<Vec<_>>(),
-                }));
+                out.json(&show::to_json(&r))
+            } else {
+                out.text(&show::table(&r, show_blocks))
             }
-            let mut t = Table::new(&["pool", "cidr", "ips total", "in use", "free", "blocks"]);
-            for p in &r.pools {
-                t.row(vec![
-                    p.name.clone(),
-                    p.cidr.clone(),
-                    p.size.to_string(),
-                    p.used.to_string(),
-                    p.free.to_string(),
-                    p.blocks.to_string(),
-                ]);
-            }
-            out.text(&t.render())?;
-            if show_blocks {
-                let mut t = Table::new(&[
-                    "block", "pool", "affinity", "state", "used", "free", "borrowed",
-                ]);
-                for b in &r.blocks {
-                    t.row(vec![
-                        b.cidr.clone(),
-                        b.pool.clone(),
-                        if b.affinity.is_empty() {
-                            "-".into()
-                        } else {
-                            b.affinity.clone()
-                        },
-                        state_name(b.state).into(),
-                        b.used.to_string(),
-                        b.free.to_string(),
-                        b.borrowed.to_string(),
-                    ]);
-                }
-                out.line("")?;
-                out.text(&t.render())?;
-            }
-            Ok(())
         }
         IpamCommand::Assign {
             handle,
             node,
             pool,
             ip,
+            family,
             json,
         } => {
+            let node = node.unwrap_or_default();
+            // The pool's CIDR: what its family is, and whether it holds --ip.
+            let pool_cidr = match &pool {
+                Some(p) => Some(pool_cidr(PoolsClient::new(channel.clone()), p).await?),
+                None => None,
+            };
             let allocations = match ip {
-                Some(address) => vec![
-                    client
-                        .assign_ip(pb::AssignIpRequest {
-                            address,
-                            handle,
-                            node: node.unwrap_or_default(),
-                            ..Default::default()
-                        })
-                        .await?
-                        .into_inner(),
-                ],
+                Some(address) => {
+                    if let (Some(p), Some(cidr)) = (&pool, pool_cidr) {
+                        check_in_pool(&address, p, cidr)?;
+                    }
+                    vec![
+                        client
+                            .assign_ip(pb::AssignIpRequest {
+                                address,
+                                handle,
+                                node,
+                                ..Default::default()
+                            })
+                            .await?
+                            .into_inner(),
+                    ]
+                }
                 None => {
-                    // The family follows the pool named; without one, IPv4.
-                    let v6 = pool.as_deref().is_some_and(|p| p.contains(':'));
+                    let family = family.unwrap_or(match pool_cidr {
+                        Some(c) if c.is_ipv6() => Family::Ipv6,
+                        _ => Family::Ipv4,
+                    });
+                    // The pool goes to its own family's list (for a dual request) or to the
+                    // one asked for (where bgpd refuses a pool of the other family).
+                    let v6_pool = match family {
+                        Family::Ipv4 => false,
+                        Family::Ipv6 => true,
+                        Family::Dual => pool_cidr.is_some_and(|c| c.is_ipv6()),
+                    };
                     let pools: Vec<String> = pool.into_iter().collect();
+                    let (ipv4_pools, ipv6_pools) = if v6_pool {
+                        (vec![], pools)
+                    } else {
+                        (pools, vec![])
+                    };
                     let r = client
                         .auto_assign(pb::AutoAssignRequest {
                             handle,
-                            node: node.unwrap_or_default(),
-                            num_ipv4: u32::from(!v6),
-                            num_ipv6: u32::from(v6),
-                            ipv4_pools: if v6 { vec![] } else { pools.clone() },
-                            ipv6_pools: if v6 { pools } else { vec![] },
+                            node,
+                            num_ipv4: u32::from(family != Family::Ipv6),
+                            num_ipv6: u32::from(family != Family::Ipv4),
+                            ipv4_pools,
+                            ipv6_pools,
                             ..Default::default()
                         })
                         .await?
@@ -290,5 +314,34 @@ pub async fn run(channel: Channel, command: IpamCommand, out: &mut Output) -> Re
             }
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_address_outside_the_named_pool_is_refused_with_why() {
+        let v4 = Cidr::parse("10.50.0.0/16").unwrap();
+        check_in_pool("10.50.3.4", "blue", v4).unwrap();
+        let e = check_in_pool("fd00::5", "blue", v4)
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            e,
+            "invalid --ip: fd00::5 is not in pool blue (10.50.0.0/16): it is an IPv6 address, the pool is IPv4"
+        );
+        let e = check_in_pool("10.51.0.1", "blue", v4)
+            .unwrap_err()
+            .to_string();
+        assert!(e.ends_with("it lies outside it"), "{e}");
+        let v6 = Cidr::parse("fd00:50::/64").unwrap();
+        let e = check_in_pool("10.50.0.1", "green", v6)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("is an IPv4 address, the pool is IPv6"), "{e}");
+        let e = check_in_pool("nope", "green", v6).unwrap_err().to_string();
+        assert!(e.contains("not an IP address"), "{e}");
     }
 }

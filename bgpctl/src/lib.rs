@@ -22,6 +22,9 @@ pub enum CtlError {
     Inconsistent(usize),
     #[error("{0}")]
     Routewriter(String),
+    /// A command line bgpctl refuses before asking bgpd.
+    #[error("{0}")]
+    Invalid(String),
 }
 
 /// Where a command writes its answer: text for people or one JSON document.

@@ -20,7 +20,8 @@ use ipnet::IpNet;
 use crate::block::{AffinityState, Block, BlockAffinity, Handle, Released, cidr_key};
 use crate::error::IpamError;
 use crate::model::{
-    AllowedUse, AssignmentMode, BgpConfiguration, BgpPeer, IpPool, IpamConfig, Node, overlaps,
+    AllowedUse, AssignmentMode, BgpConfiguration, BgpPeer, IpFamily, IpPool, IpamConfig, Node,
+    overlaps,
 };
 use crate::resource::{Resource, decode, encode};
 use crate::selector::Selector;
@@ -33,8 +34,22 @@ pub const RETRIES: u32 = 100;
 /// created at once cannot both pass the overlap check.
 const POOLS_GUARD: &str = "/margay/v1/meta/ippools-guard";
 const CONFIG_KEY: &str = "/margay/v1/ipam/config/default";
-/// Handles of tunnel addresses; only node removal releases them.
+/// Handles of tunnel addresses (Calico's names); only node removal releases them.
 pub const TUNNEL_HANDLE_PREFIX: &str = "vxlan-tunnel-addr-";
+pub const TUNNEL_HANDLE_PREFIX_V6: &str = "vxlan-v6-tunnel-addr-";
+
+/// The handle of `node`'s VXLAN tunnel address of `family`.
+pub fn tunnel_handle(family: IpFamily, node: &str) -> String {
+    match family {
+        IpFamily::V4 => format!("{TUNNEL_HANDLE_PREFIX}{node}"),
+        IpFamily::V6 => format!("{TUNNEL_HANDLE_PREFIX_V6}{node}"),
+    }
+}
+
+/// Whether `handle` holds a tunnel address (of either family).
+pub fn is_tunnel_handle(handle: &str) -> bool {
+    handle.starts_with(TUNNEL_HANDLE_PREFIX) || handle.starts_with(TUNNEL_HANDLE_PREFIX_V6)
+}
 
 fn now() -> u64 {
     std::time::SystemTime::now()
@@ -45,22 +60,6 @@ fn now() -> u64 {
 
 fn block_key(cidr: &IpNet) -> String {
     format!("{}{}", Block::PREFIX, cidr_key(cidr))
-}
-
-/// Which address family a request or pool is about.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Family {
-    V4,
-    V6,
-}
-
-impl Family {
-    fn of(net: &IpNet) -> Family {
-        match net {
-            IpNet::V4(_) => Family::V4,
-            IpNet::V6(_) => Family::V6,
-        }
-    }
 }
 
 /// An automatic assignment request.
@@ -76,6 +75,24 @@ pub struct AssignRequest {
     pub v6_pools: Vec<String>,
     pub use_tunnel: bool,
     pub strict_affinity: bool,
+}
+
+impl AssignRequest {
+    /// How many addresses of `family` the request asks for, and the pools it names for them.
+    pub fn wants(&self, family: IpFamily) -> (u32, &[String]) {
+        match family {
+            IpFamily::V4 => (self.num_v4, &self.v4_pools),
+            IpFamily::V6 => (self.num_v6, &self.v6_pools),
+        }
+    }
+}
+
+/// The request field that names the pools of `family`.
+fn pools_field(family: IpFamily) -> &'static str {
+    match family {
+        IpFamily::V4 => "ipv4_pools",
+        IpFamily::V6 => "ipv6_pools",
+    }
 }
 
 /// One address handed out.
@@ -135,12 +152,13 @@ enum Step {
 
 pub struct Ipam<D> {
     store: D,
-    /// The block each node allocated from last: read along with the rest of a step, so the
-    /// common case is one read and one write. Only a hint; correctness rests on the CAS.
-    hints: std::sync::Mutex<std::collections::HashMap<String, IpNet>>,
-    /// What this process last read and wrote for a node, to allocate the next address with
-    /// no read at all: the transaction re-checks every assumption (see `Fast`).
-    fast: std::sync::Mutex<std::collections::HashMap<String, Fast>>,
+    /// The block each node allocated from last in each family: read along with the rest of a
+    /// step, so the common case is one read and one write. Only a hint; correctness rests on
+    /// the CAS.
+    hints: std::sync::Mutex<std::collections::HashMap<(String, IpFamily), IpNet>>,
+    /// What this process last read and wrote for a node in each family, to allocate the next
+    /// address with no read at all: the transaction re-checks every assumption (see `Fast`).
+    fast: std::sync::Mutex<std::collections::HashMap<(String, IpFamily), Fast>>,
     /// Serialises one node's allocations within this process, so they do not race each other
     /// for the node's block (other processes still race, and lose or win by CAS).
     node_locks: std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
@@ -176,7 +194,9 @@ struct View {
 /// What a step read that a later fast allocation relies on: pools, labels, checks.
 type FastSeed = (Vec<IpPool>, BTreeMap<String, String>, Vec<Op>);
 
-/// A node's last allocation state: the view it was made under and the block as written.
+/// A node's last allocation state in one family: the view it was made under and the block as
+/// written. (One per family, so a dual-stack node's IPv4 and IPv6 requests do not evict each
+/// other's, and a dual-stack request takes the fast path too.)
 /// An allocation from it writes the block and creates the handle together with `Check`s of
 /// the pools guard, node, configuration and affinity revisions: if anything changed, the
 /// transaction fails as a conflict and the normal path reads again.
@@ -243,8 +263,10 @@ impl<D: Datastore> Ipam<D> {
     }
 
     /// Allocates for several requests of one node in one transaction from the node's cached
-    /// state: the block is written once and each request's handle created. All or none:
-    /// `None` when the cache cannot serve every request (they take the normal path).
+    /// state of each family the requests ask for: each block is written once and each
+    /// request's handle created (a dual-stack request's handle records both of its blocks).
+    /// All or none: `None` when the cache cannot serve every request (they take the normal
+    /// path).
     async fn try_fast_batch(
         &self,
         batch: &[(&AssignRequest, AllowedUse)],
@@ -253,104 +275,150 @@ impl<D: Datastore> Ipam<D> {
             return Ok(Some(vec![]));
         };
         let node = first.node.clone();
-        let Some(fast) = self
-            .fast
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(&node)
-        else {
+        if batch.iter().any(|(r, _)| r.node != node) {
             return Ok(None);
-        };
-        let mut block = fast.block.clone();
-        let mut handles = HashSet::new();
-        let mut needed = 0usize;
-        for (req, use_) in batch {
-            let (family, n, named) = match (req.num_v4, req.num_v6) {
-                (n, 0) => (Family::V4, n as usize, &req.v4_pools),
-                (0, n) => (Family::V6, n as usize, &req.v6_pools),
-                _ => return Ok(None),
-            };
-            let Ok(pools) = select_pools(&fast.pools, &fast.labels, family, named, *use_) else {
-                return Ok(None);
-            };
-            if req.node != node
-                || Family::of(&block.cidr) != family
-                || !pools.iter().any(|p| p.name == block.pool)
-                || !handles.insert(req.handle.as_str())
+        }
+        let families: Vec<IpFamily> = IpFamily::ALL
+            .into_iter()
+            .filter(|f| batch.iter().any(|(r, _)| r.wants(*f).0 > 0))
+            .collect();
+        let mut states: Vec<(IpFamily, Fast)> = {
+            let mut fast = self.fast.lock().unwrap_or_else(|p| p.into_inner());
+            if !families
+                .iter()
+                .all(|f| fast.contains_key(&(node.clone(), *f)))
             {
                 return Ok(None);
             }
-            needed += n;
+            families
+                .iter()
+                .filter_map(|f| Some((*f, fast.remove(&(node.clone(), *f))?)))
+                .collect()
+        };
+        // What every state relies on must have been read at the same revisions (one check
+        // per key: a transaction names a key once); else one of them is stale.
+        let mut checks: Vec<Op> = Vec::new();
+        for (_, state) in &states {
+            for check in &state.checks {
+                match checks.iter().find(|c| c.key() == check.key()) {
+                    Some(c) if c == check => {}
+                    Some(_) => return Ok(None),
+                    None => checks.push(check.clone()),
+                }
+            }
         }
-        if (block.free_count() as usize) < needed {
+        let Some((_, first)) = states.first() else {
             return Ok(None);
+        };
+        let (pools, labels) = (&first.pools, &first.labels);
+        let mut handles = HashSet::new();
+        for (req, use_) in batch {
+            if !handles.insert(req.handle.as_str()) {
+                self.keep_fast(&node, states);
+                return Ok(None);
+            }
+            for (family, state) in &states {
+                let (n, named) = req.wants(*family);
+                if n == 0 {
+                    continue;
+                }
+                let Ok(usable) = select_pools(pools, labels, *family, named, *use_) else {
+                    self.keep_fast(&node, states);
+                    return Ok(None);
+                };
+                if !usable.iter().any(|p| p.name == state.block.pool) {
+                    self.keep_fast(&node, states);
+                    return Ok(None);
+                }
+            }
         }
-        let mut ops = Vec::with_capacity(batch.len() + 1 + fast.checks.len());
-        let mut got = Vec::with_capacity(batch.len());
-        for (req, _) in batch {
-            let n = (req.num_v4 + req.num_v6) as usize;
-            let mine = block.allocate(n, &req.handle, &req.node, &req.attrs);
-            let mut handle = Handle {
+        for (family, state) in &states {
+            let needed: u64 = batch
+                .iter()
+                .map(|(r, _)| u64::from(r.wants(*family).0))
+                .sum();
+            if u64::from(state.block.free_count()) < needed {
+                self.keep_fast(&node, states);
+                return Ok(None);
+            }
+        }
+        let mut ops = Vec::with_capacity(batch.len() + states.len() + checks.len());
+        let mut got: Vec<Vec<Assigned>> = vec![Vec::new(); batch.len()];
+        let mut handles: Vec<Handle> = batch
+            .iter()
+            .map(|(req, _)| Handle {
                 id: req.handle.clone(),
                 ..Handle::default()
-            };
-            handle.add(&block.cidr, mine.len() as u32);
-            ops.push(Self::put(Handle::key(&req.handle), &handle, None));
-            got.push(mine);
+            })
+            .collect();
+        for (family, state) in &mut states {
+            let block = &mut state.block;
+            for (i, (req, _)) in batch.iter().enumerate() {
+                let n = req.wants(*family).0 as usize;
+                if n == 0 {
+                    continue;
+                }
+                let mine = block.allocate(n, &req.handle, &req.node, &req.attrs);
+                handles[i].add(&block.cidr, mine.len() as u32);
+                got[i].extend(mine.into_iter().map(|(address, seq)| Assigned {
+                    address,
+                    block: block.cidr,
+                    pool: block.pool.clone(),
+                    borrowed: false,
+                    handle: req.handle.clone(),
+                    seq,
+                    attrs: req.attrs.clone(),
+                }));
+            }
+            ops.push(Self::put(
+                block_key(&block.cidr),
+                &*block,
+                Some(state.block_rev),
+            ));
         }
-        ops.push(Self::put(
-            block_key(&block.cidr),
-            &block,
-            Some(fast.block_rev),
-        ));
-        ops.extend(fast.checks.iter().cloned());
+        for h in &handles {
+            ops.push(Self::put(Handle::key(&h.id), h, None));
+        }
+        ops.extend(checks);
         match self.store.txn(ops).await {
             Ok(rev) => {
-                let assigned = batch
-                    .iter()
-                    .zip(got)
-                    .map(|((req, _), mine)| {
-                        mine.into_iter()
-                            .map(|(address, seq)| Assigned {
-                                address,
-                                block: block.cidr,
-                                pool: block.pool.clone(),
-                                borrowed: false,
-                                handle: req.handle.clone(),
-                                seq,
-                                attrs: req.attrs.clone(),
-                            })
-                            .collect()
-                    })
-                    .collect();
-                let next = Fast {
-                    block,
-                    block_rev: rev,
-                    ..fast
-                };
-                self.fast
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .insert(node, next);
-                Ok(Some(assigned))
+                for (_, state) in &mut states {
+                    state.block_rev = rev;
+                }
+                self.keep_fast(&node, states);
+                Ok(Some(got))
             }
+            // The store changed: the cached states are stale, the normal path reads again.
             Err(StoreError::Conflict { .. }) => Ok(None),
             Err(e) => Err(e.into()),
         }
     }
 
-    fn hint(&self, node: &str) -> Option<IpNet> {
-        self.hints.lock().ok()?.get(node).copied()
+    /// Puts cached states back: they are what the store holds (as last written, or unused).
+    fn keep_fast(&self, node: &str, states: Vec<(IpFamily, Fast)>) {
+        let mut fast = self.fast.lock().unwrap_or_else(|p| p.into_inner());
+        for (family, state) in states {
+            fast.insert((node.to_owned(), family), state);
+        }
+    }
+
+    fn hint(&self, node: &str, family: IpFamily) -> Option<IpNet> {
+        self.hints
+            .lock()
+            .ok()?
+            .get(&(node.to_owned(), family))
+            .copied()
     }
 
     fn set_hint(&self, node: &str, cidr: IpNet) {
         if let Ok(mut h) = self.hints.lock() {
-            h.insert(node.to_owned(), cidr);
+            h.insert((node.to_owned(), IpFamily::of_net(&cidr)), cidr);
         }
     }
 
-    async fn view(&self, node: &str, handle: &str) -> Result<View, IpamError> {
-        let hint = self.hint(node);
+    /// What a step for `family` reads (the hinted block is the node's last of that family).
+    async fn view(&self, node: &str, handle: &str, family: IpFamily) -> Result<View, IpamError> {
+        let hint = self.hint(node, family);
         let mut reads = vec![
             Read::List(IpPool::PREFIX.into()),
             Read::Get(Node::key(node)),
@@ -849,75 +917,78 @@ impl<D: Datastore> Ipam<D> {
         } else {
             AllowedUse::Workload
         };
-        let split = |got: Vec<Assigned>| match got.first().map(|a| Family::of(&a.block)) {
-            Some(Family::V6) => (vec![], got),
-            _ => (got, vec![]),
+        let split = |got: Vec<Assigned>| -> (Vec<Assigned>, Vec<Assigned>) {
+            got.into_iter().partition(|a| a.address.is_ipv4())
         };
         let lock = self.node_lock(&req.node);
-        let _serial = if (req.num_v4 == 0) != (req.num_v6 == 0) {
-            // Queue, then either another request's holder of the lock serves us, or we get
-            // the lock and serve everyone queued.
-            let (answer, mut rx) = tokio::sync::oneshot::channel();
-            self.queues
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .entry(req.node.clone())
-                .or_default()
-                .push(Queued {
-                    req: req.clone(),
-                    use_,
-                    answer,
-                });
-            let mut told_slow = false;
-            let guard = tokio::select! {
-                biased;
-                r = &mut rx => match r {
-                    Ok(Some(got)) => return Ok(split(got)),
-                    _ => {
-                        told_slow = true;
-                        lock.lock().await
-                    }
-                },
-                g = lock.lock() => g,
-            };
-            if !told_slow {
-                // Our request is still queued until answered: serve the queue until it is.
-                while rx.is_empty() && self.serve_queue(&req.node).await {}
-                if let Ok(Some(got)) = rx.try_recv() {
-                    return Ok(split(got));
+        // Queue, then either another request's holder of the lock serves us, or we get the
+        // lock and serve everyone queued.
+        let (answer, mut rx) = tokio::sync::oneshot::channel();
+        self.queues
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry(req.node.clone())
+            .or_default()
+            .push(Queued {
+                req: req.clone(),
+                use_,
+                answer,
+            });
+        let mut told_slow = false;
+        let _serial = tokio::select! {
+            biased;
+            r = &mut rx => match r {
+                Ok(Some(got)) => return Ok(split(got)),
+                _ => {
+                    told_slow = true;
+                    lock.lock().await
                 }
-            }
-            guard
-        } else {
-            lock.lock().await
+            },
+            g = lock.lock() => g,
         };
+        if !told_slow {
+            // Our request is still queued until answered: serve the queue until it is.
+            while rx.is_empty() && self.serve_queue(&req.node).await {}
+            if let Ok(Some(got)) = rx.try_recv() {
+                return Ok(split(got));
+            }
+        }
         if let Some(got) = self.try_fast(req, use_).await? {
             return Ok(split(got));
         }
+        let wanted: Vec<(IpFamily, u32)> = IpFamily::ALL
+            .into_iter()
+            .map(|f| (f, req.wants(f).0))
+            .filter(|(_, n)| *n > 0)
+            .collect();
         // Read once up front so a request naming a wrong pool fails before anything is written.
-        let view = self.view(&req.node, &req.handle).await?;
-        for (n, family, named) in [
-            (req.num_v4, Family::V4, &req.v4_pools),
-            (req.num_v6, Family::V6, &req.v6_pools),
-        ] {
-            if n > 0 {
-                select_pools(&view.pools, &view.labels, family, named, use_)?;
-            }
+        let first = wanted.first().map_or(IpFamily::V4, |(f, _)| *f);
+        let view = self.view(&req.node, &req.handle, first).await?;
+        for (family, _) in &wanted {
+            select_pools(
+                &view.pools,
+                &view.labels,
+                *family,
+                req.wants(*family).1,
+                use_,
+            )?;
         }
         let mut view = Some(view);
-        let v4 = self
-            .assign_family(req, Family::V4, req.num_v4 as usize, use_, view.take())
-            .await?;
-        match self
-            .assign_family(req, Family::V6, req.num_v6 as usize, use_, view.take())
-            .await
-        {
-            Ok(v6) => Ok((v4, v6)),
-            Err(e) => {
-                self.undo(&v4).await;
-                Err(e)
+        let (mut v4, mut v6) = (Vec::new(), Vec::new());
+        for (family, n) in wanted {
+            match self
+                .assign_family(req, family, n as usize, use_, view.take())
+                .await
+            {
+                Ok(got) if family == IpFamily::V4 => v4 = got,
+                Ok(got) => v6 = got,
+                Err(e) => {
+                    self.undo(&v4).await;
+                    return Err(e);
+                }
             }
         }
+        Ok((v4, v6))
     }
 
     async fn undo(&self, assigned: &[Assigned]) {
@@ -937,7 +1008,7 @@ impl<D: Datastore> Ipam<D> {
     async fn assign_family(
         &self,
         req: &AssignRequest,
-        family: Family,
+        family: IpFamily,
         n: usize,
         use_: AllowedUse,
         mut prefetched: Option<View>,
@@ -958,7 +1029,7 @@ impl<D: Datastore> Ipam<D> {
             }
             let view = match prefetched.take() {
                 Some(v) => Ok(v),
-                None => self.view(&req.node, &req.handle).await,
+                None => self.view(&req.node, &req.handle, family).await,
             };
             let step = match view {
                 Ok(view) => self.step(req, family, use_, n - out.len(), view).await,
@@ -987,24 +1058,17 @@ impl<D: Datastore> Ipam<D> {
     async fn step(
         &self,
         req: &AssignRequest,
-        family: Family,
+        family: IpFamily,
         use_: AllowedUse,
         n: usize,
         view: View,
     ) -> Result<Step, IpamError> {
         let node = req.node.as_str();
-        let named = match family {
-            Family::V4 => &req.v4_pools,
-            Family::V6 => &req.v6_pools,
-        };
-        let pools = select_pools(&view.pools, &view.labels, family, named, use_)?;
+        let pools = select_pools(&view.pools, &view.labels, family, req.wants(family).1, use_)?;
         if pools.is_empty() {
-            let family = match family {
-                Family::V4 => "IPv4",
-                Family::V6 => "IPv6",
-            };
             return Ok(Step::Exhausted(format!(
-                "no enabled {family} pool can serve node {node} for this request"
+                "no enabled {} pool can serve node {node} for this request",
+                family.name()
             )));
         }
         let pools = pools.as_slice();
@@ -1056,7 +1120,10 @@ impl<D: Datastore> Ipam<D> {
                 }
             }
         }
-        if (affinities.len() as u32) < config.max_blocks_per_host {
+        // The limit counts the node's blocks in the pools this request may use, so one
+        // family's blocks never use up the other's (as Calico counts them).
+        let claimed = affinities.iter().filter(|(a, _)| in_pools(&a.cidr)).count() as u32;
+        if claimed < config.max_blocks_per_host {
             let blocks = self.all_blocks().await?;
             let taken: HashSet<IpNet> = blocks.iter().map(|(b, _)| b.cidr).collect();
             for pool in pools {
@@ -1077,10 +1144,11 @@ impl<D: Datastore> Ipam<D> {
                 }
             }
         }
-        let why = if (affinities.len() as u32) >= config.max_blocks_per_host {
+        let why = if claimed >= config.max_blocks_per_host {
             format!(
-                "node {node} has reached its limit of {} blocks and they are full",
-                config.max_blocks_per_host
+                "node {node} has reached its limit of {} {} blocks and they are full",
+                config.max_blocks_per_host,
+                family.name()
             )
         } else {
             format!(
@@ -1151,7 +1219,7 @@ impl<D: Datastore> Ipam<D> {
             self.fast
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .insert(req.node.clone(), fast);
+                .insert((req.node.clone(), IpFamily::of_net(&block.cidr)), fast);
         }
         Ok(Step::Allocated(
             got.into_iter()
@@ -1224,9 +1292,29 @@ impl<D: Datastore> Ipam<D> {
         let (pool, _) = pools
             .iter()
             .find(|(p, _)| p.cidr.contains(&address))
-            .ok_or_else(|| IpamError::InvalidArgument {
-                field: "address",
-                reason: format!("{address} is in no pool"),
+            .ok_or_else(|| {
+                let family = IpFamily::of(address);
+                let same: Vec<String> = pools
+                    .iter()
+                    .filter(|(p, _)| IpFamily::of_net(&p.cidr) == family)
+                    .map(|(p, _)| format!("{} {}", p.name, p.cidr))
+                    .collect();
+                IpamError::InvalidArgument {
+                    field: "address",
+                    reason: if same.is_empty() {
+                        format!(
+                            "{address} is an {} address and there is no {} pool",
+                            family.name(),
+                            family.name()
+                        )
+                    } else {
+                        format!(
+                            "{address} is in no {} pool (they are: {})",
+                            family.name(),
+                            same.join(", ")
+                        )
+                    },
+                }
             })?;
         let cidr = pool
             .block_of(address)
@@ -1565,7 +1653,7 @@ impl<D: Datastore> Ipam<D> {
             for (&o, slot) in &block.slots {
                 if slot.node == node
                     && slot.handle.starts_with(prefix)
-                    && !slot.handle.starts_with(TUNNEL_HANDLE_PREFIX)
+                    && !is_tunnel_handle(&slot.handle)
                     && !live.contains(&slot.handle)
                 {
                     dead.entry(slot.handle.clone())
@@ -1701,6 +1789,13 @@ impl<D: Datastore> Ipam<D> {
                     b.address(*o)
                 ));
             }
+            if let Some(o) = free.iter().chain(b.slots.keys()).find(|o| **o >= b.size()) {
+                report.problems.push(format!(
+                    "block {}: ordinal {o} is outside its {} addresses",
+                    b.cidr,
+                    b.size()
+                ));
+            }
             if free.len() + b.slots.len() != b.size() as usize {
                 report.problems.push(format!(
                     "block {}: {} free + {} allocated != {} addresses",
@@ -1715,13 +1810,24 @@ impl<D: Datastore> Ipam<D> {
                     .entry((slot.handle.clone(), b.cidr.to_string()))
                     .or_default() += 1;
             }
-            if !pools
+            match pools
                 .iter()
-                .any(|(p, _)| p.cidr.contains(&b.cidr.network()))
+                .find(|(p, _)| p.cidr.contains(&b.cidr.network()))
             {
-                report
+                None => report
                     .problems
-                    .push(format!("block {} belongs to no pool", b.cidr));
+                    .push(format!("block {} belongs to no pool", b.cidr)),
+                Some((p, _)) if p.name != b.pool => report.problems.push(format!(
+                    "block {} lies in pool {} ({}) but records pool {}",
+                    b.cidr, p.name, p.cidr, b.pool
+                )),
+                Some((p, _)) if p.block_size != b.cidr.prefix_len() => {
+                    report.problems.push(format!(
+                        "block {} is not one of pool {}'s /{} blocks",
+                        b.cidr, p.name, p.block_size
+                    ))
+                }
+                Some(_) => {}
             }
             if let Some(node) = &b.affinity
                 && !affinities
@@ -1731,6 +1837,17 @@ impl<D: Datastore> Ipam<D> {
                 report.problems.push(format!(
                     "block {} is affine to {node} but has no affinity record",
                     b.cidr
+                ));
+            }
+        }
+        // Blocks sorted by network: one that overlaps another contains the next one.
+        let mut cidrs: Vec<IpNet> = blocks.iter().map(|(b, _)| b.cidr).collect();
+        cidrs.sort();
+        for w in cidrs.windows(2) {
+            if w[0].contains(&w[1].network()) {
+                report.problems.push(format!(
+                    "blocks {} and {} overlap: an address in both can be handed out twice",
+                    w[0], w[1]
                 ));
             }
         }
@@ -1812,14 +1929,11 @@ fn fnv1a(bytes: &[u8]) -> u64 {
 fn select_pools(
     pools: &[IpPool],
     labels: &BTreeMap<String, String>,
-    family: Family,
+    family: IpFamily,
     named: &[String],
     use_: AllowedUse,
 ) -> Result<Vec<IpPool>, IpamError> {
-    let field = match family {
-        Family::V4 => "ipv4_pools",
-        Family::V6 => "ipv6_pools",
-    };
+    let field = pools_field(family);
     if !named.is_empty() {
         let mut out = Vec::new();
         for n in named {
@@ -1830,8 +1944,13 @@ fn select_pools(
                     field,
                     reason: format!("no pool named {n}"),
                 })?;
-            let problem = if Family::of(&pool.cidr) != family {
-                Some("is not of this address family".to_owned())
+            let problem = if IpFamily::of_net(&pool.cidr) != family {
+                Some(format!(
+                    "({}) is an {} pool; {field} takes {} pools only",
+                    pool.cidr,
+                    IpFamily::of_net(&pool.cidr).name(),
+                    family.name()
+                ))
             } else if pool.disabled {
                 Some("is disabled".to_owned())
             } else if !pool.allows(use_) {
@@ -1851,7 +1970,7 @@ fn select_pools(
     }
     Ok(pools
         .iter()
-        .filter(|p| Family::of(&p.cidr) == family && !p.disabled && p.allows(use_))
+        .filter(|p| IpFamily::of_net(&p.cidr) == family && !p.disabled && p.allows(use_))
         .filter(|p| p.assignment_mode == AssignmentMode::Automatic)
         .filter(|p| {
             Selector::parse(&p.node_selector)

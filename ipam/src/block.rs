@@ -105,10 +105,16 @@ impl Block {
             .count() as u32
     }
 
+    /// The address of `ordinal`; one past the block's end (a damaged block's ordinal) wraps
+    /// instead of panicking: `check` reports such ordinals.
     pub fn address(&self, ordinal: u32) -> IpAddr {
         match self.cidr {
-            IpNet::V4(n) => IpAddr::V4((u32::from(n.network()) + ordinal).into()),
-            IpNet::V6(n) => IpAddr::V6((u128::from(n.network()) + ordinal as u128).into()),
+            IpNet::V4(n) => IpAddr::V4(u32::from(n.network()).wrapping_add(ordinal).into()),
+            IpNet::V6(n) => IpAddr::V6(
+                u128::from(n.network())
+                    .wrapping_add(u128::from(ordinal))
+                    .into(),
+            ),
         }
     }
 

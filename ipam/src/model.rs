@@ -148,8 +148,10 @@ impl IpPool {
             return Err(invalid(
                 "block_size",
                 format!(
-                    "{} is out of range: {min} to {max} for this family",
-                    self.block_size
+                    "/{} is out of range for an {} pool: blocks are /{min} to /{max} (default /{})",
+                    self.block_size,
+                    IpFamily::of_net(&self.cidr).name(),
+                    default_block_size(&self.cidr)
                 ),
             ));
         }
@@ -237,6 +239,12 @@ pub struct Node {
     pub vxlan_tunnel_address: Option<IpAddr>,
     #[serde(default)]
     pub vxlan_tunnel_mac: Option<String>,
+    /// The IPv6 VTEP (Calico's `ipv6VXLANTunnelAddr`, `vxlanTunnelMACAddrV6`): a node has one
+    /// VTEP per family, each claimed from a VXLAN pool of that family.
+    #[serde(default)]
+    pub vxlan_tunnel_address_v6: Option<IpAddr>,
+    #[serde(default)]
+    pub vxlan_tunnel_mac_v6: Option<String>,
     #[serde(default)]
     pub route_reflector_cluster_id: Option<std::net::Ipv4Addr>,
 }
@@ -257,7 +265,67 @@ impl Node {
             labels: BTreeMap::new(),
             vxlan_tunnel_address: None,
             vxlan_tunnel_mac: None,
+            vxlan_tunnel_address_v6: None,
+            vxlan_tunnel_mac_v6: None,
             route_reflector_cluster_id: None,
+        }
+    }
+
+    /// The node's address (with its subnet's prefix length) in `family`.
+    pub fn address(&self, family: IpFamily) -> Option<IpNet> {
+        match family {
+            IpFamily::V4 => self.ipv4.map(IpNet::V4),
+            IpFamily::V6 => self.ipv6.map(IpNet::V6),
+        }
+    }
+
+    /// The node's VTEP of `family`: its tunnel address and MAC, once both are assigned.
+    pub fn vxlan_tunnel(&self, family: IpFamily) -> Option<(IpAddr, &str)> {
+        let (addr, mac) = match family {
+            IpFamily::V4 => (self.vxlan_tunnel_address, &self.vxlan_tunnel_mac),
+            IpFamily::V6 => (self.vxlan_tunnel_address_v6, &self.vxlan_tunnel_mac_v6),
+        };
+        Some((addr?, mac.as_deref()?))
+    }
+
+    /// Sets (or with `None`, clears) the node's VTEP of `family`.
+    pub fn set_vxlan_tunnel(&mut self, family: IpFamily, vtep: Option<(IpAddr, String)>) {
+        let (addr, mac) = vtep.unzip();
+        match family {
+            IpFamily::V4 => (self.vxlan_tunnel_address, self.vxlan_tunnel_mac) = (addr, mac),
+            IpFamily::V6 => (self.vxlan_tunnel_address_v6, self.vxlan_tunnel_mac_v6) = (addr, mac),
+        }
+    }
+}
+
+/// An address family. Pools, blocks, node addresses, VTEPs and routes each belong to one; the
+/// code paths that handle them are the same for both, parameterised by this.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum IpFamily {
+    V4,
+    V6,
+}
+
+impl IpFamily {
+    pub const ALL: [IpFamily; 2] = [IpFamily::V4, IpFamily::V6];
+
+    pub fn of(addr: IpAddr) -> Self {
+        if addr.is_ipv4() {
+            IpFamily::V4
+        } else {
+            IpFamily::V6
+        }
+    }
+
+    pub fn of_net(net: &IpNet) -> Self {
+        Self::of(net.addr())
+    }
+
+    /// "IPv4" / "IPv6", for messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            IpFamily::V4 => "IPv4",
+            IpFamily::V6 => "IPv6",
         }
     }
 }
@@ -428,6 +496,16 @@ impl BgpPeer {
         if self.peer_address.is_unspecified() || self.peer_address.is_multicast() {
             return Err(invalid("peer_address", "must be a unicast address"));
         }
+        if let IpAddr::V6(a) = self.peer_address
+            && a.is_unicast_link_local()
+        {
+            return Err(invalid(
+                "peer_address",
+                format!(
+                    "{a} is link-local: it needs an interface, which a BGPPeer cannot name; use the peer's global address"
+                ),
+            ));
+        }
         if self.hold_time_s != 0 && self.hold_time_s < 3 {
             return Err(invalid(
                 "hold_time_s",
@@ -439,70 +517,4 @@ impl BgpPeer {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn pool(cidr: &str) -> IpPool {
-        IpPool::new("p", cidr.parse().unwrap())
-    }
-
-    #[test]
-    fn validation_names_the_field() {
-        let mut p = pool("172.20.0.1/16");
-        assert!(matches!(
-            p.validate(),
-            Err(IpamError::InvalidArgument { field: "cidr", .. })
-        ));
-        p = pool("172.20.0.0/16");
-        p.validate().unwrap();
-        for (size, ok) in [(19, false), (20, true), (32, true), (33, false)] {
-            p.block_size = size;
-            assert_eq!(p.validate().is_ok(), ok, "block size {size}");
-        }
-        let mut v6 = pool("fd00::/48");
-        assert_eq!(v6.block_size, 122);
-        v6.validate().unwrap();
-        v6.block_size = 115;
-        assert!(v6.validate().is_err());
-        let mut both = pool("10.0.0.0/16");
-        both.vxlan_mode = EncapMode::Always;
-        both.ipip_mode = EncapMode::CrossSubnet;
-        assert!(matches!(
-            both.validate(),
-            Err(IpamError::InvalidArgument {
-                field: "ipip_mode",
-                ..
-            })
-        ));
-        let mut sel = pool("10.0.0.0/16");
-        sel.node_selector = "zone = 'a'".into();
-        let e = sel.validate().unwrap_err().to_string();
-        assert!(
-            e.contains("node_selector") && e.contains("position 5"),
-            "{e}"
-        );
-        assert!(pool("169.254.0.0/16").validate().is_err());
-        let mut bad = pool("10.0.0.0/16");
-        bad.name = "Bad_Name".into();
-        assert!(bad.validate().is_err());
-    }
-
-    #[test]
-    fn blocks_of_a_pool() {
-        let p = pool("172.20.0.0/16");
-        assert_eq!(p.block_count(), 1024);
-        assert_eq!(p.block_at(0).to_string(), "172.20.0.0/26");
-        assert_eq!(p.block_at(5).to_string(), "172.20.1.64/26");
-        assert_eq!(p.block_at(1023).to_string(), "172.20.255.192/26");
-        assert_eq!(
-            p.block_of("172.20.1.77".parse().unwrap())
-                .unwrap()
-                .to_string(),
-            "172.20.1.64/26"
-        );
-        assert_eq!(p.block_of("10.0.0.1".parse().unwrap()), None);
-        let v6 = pool("fd00:1::/120");
-        assert_eq!(v6.block_count(), 4);
-        assert_eq!(v6.block_at(3).to_string(), "fd00:1::c0/122");
-    }
-}
+mod tests;

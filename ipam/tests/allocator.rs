@@ -1,57 +1,57 @@
 //! The allocator's rules one by one, on a SQLite store: pools, claims and their states, the
 //! block limit, borrowing and strict affinity, dual stack all-or-nothing, release guards,
-//! GC, node removal, and bad input that writes nothing.
+//! GC, node removal, and bad input that writes nothing. Each rule is one test body run for
+//! IPv4 and for IPv6 (`both_families!`), with the family's spelling of its pools and addresses.
 //!
 //! Why this file is long: one short test per allocator rule, sharing the store set-up above them.
+
+mod common;
 
 use std::collections::{BTreeMap, HashSet};
 use std::net::IpAddr;
 
+use common::{block_of, ipam, pick, pool, req, req_of};
 use ipam::IpamError;
-use ipam::allocator::{AssignRequest, Ipam, ReleaseRequest};
+use ipam::allocator::{ReleaseRequest, tunnel_handle};
 use ipam::block::AffinityState;
-use ipam::model::{EncapMode, IpPool, IpamConfig, Node};
+use ipam::model::{EncapMode, IpFamily, IpPool, IpamConfig, Node};
 use ipam::store::Datastore;
-use ipam::store::sqlite::{SqliteOptions, SqliteStore};
 
-async fn ipam() -> (Ipam<SqliteStore>, tempfile::TempDir) {
-    let dir = tempfile::tempdir().unwrap();
-    let store = SqliteStore::open(dir.path().join("s.db"), SqliteOptions::default())
-        .await
-        .unwrap();
-    (Ipam::new(store), dir)
-}
+both_families!(
+    a_node_claims_a_confirmed_block_and_fills_it_before_the_next,
+    nodes_walk_the_pool_in_different_orders,
+    the_block_limit_then_borrowing_then_strict_affinity,
+    a_stale_release_never_frees_a_reused_address,
+    freed_addresses_are_reused_oldest_first,
+    a_specific_address_and_its_errors,
+    gc_releases_dead_handles_of_the_node_but_not_tunnels,
+    removing_a_node_releases_its_addresses_and_blocks,
+    bad_input_is_refused_and_writes_nothing,
+    an_exhausted_pool_is_a_clear_error_and_leaves_nothing,
+    pools_in_use_cannot_be_deleted_or_resized_but_can_be_disabled,
+    node_selectors_pick_the_pools,
+    an_empty_block_goes_back_to_the_pool_after_the_grace_period,
+    concurrent_requests_on_one_node_share_transactions_and_never_collide,
+);
 
-fn pool(name: &str, cidr: &str, block: u8) -> IpPool {
-    let mut p = IpPool::new(name, cidr.parse().unwrap());
-    p.block_size = block;
-    p
-}
-
-fn req(handle: &str, node: &str, v4: u32, v6: u32) -> AssignRequest {
-    AssignRequest {
-        handle: handle.into(),
-        node: node.into(),
-        num_v4: v4,
-        num_v6: v6,
-        ..Default::default()
-    }
-}
-
-#[tokio::test]
-async fn a_node_claims_a_confirmed_block_and_fills_it_before_the_next() {
+async fn a_node_claims_a_confirmed_block_and_fills_it_before_the_next(f: IpFamily) {
     let (ipam, _d) = ipam().await;
-    ipam.create_pool(&pool("p", "10.1.0.0/24", 28))
+    let cidr = pick(f, "10.1.0.0/24", "fd00:1::/120");
+    ipam.create_pool(&pool("p", cidr, block_of(f, 4)))
         .await
         .unwrap();
-    let (a, _) = ipam
-        .auto_assign(&req("net.c1", "node-a", 10, 0))
+    let got = |(v4, v6): (Vec<_>, Vec<_>)| match f {
+        IpFamily::V4 => v4,
+        IpFamily::V6 => v6,
+    };
+    let a = got(ipam
+        .auto_assign(&req_of(f, "net.c1", "node-a", 10))
         .await
-        .unwrap();
-    let (b, _) = ipam
-        .auto_assign(&req("net.c2", "node-a", 10, 0))
+        .unwrap());
+    let b = got(ipam
+        .auto_assign(&req_of(f, "net.c2", "node-a", 10))
         .await
-        .unwrap();
+        .unwrap());
     let blocks: HashSet<_> = a.iter().chain(&b).map(|x| x.block).collect();
     assert_eq!(
         blocks.len(),
@@ -63,38 +63,44 @@ async fn a_node_claims_a_confirmed_block_and_fills_it_before_the_next() {
         "the first 10 come from one block"
     );
     assert!(a.iter().chain(&b).all(|x| !x.borrowed));
+    assert!(
+        a.iter()
+            .chain(&b)
+            .all(|x| IpFamily::of(x.address) == f && x.block.contains(&x.address))
+    );
     let (_, rows) = ipam.usage("").await.unwrap();
     assert_eq!(rows.len(), 2);
     assert!(
         rows.iter()
             .all(|r| r.state == Some(AffinityState::Confirmed)
-                && r.affinity.as_deref() == Some("node-a"))
+                && r.affinity.as_deref() == Some("node-a")
+                && r.cidr.prefix_len() == block_of(f, 4))
     );
     assert_eq!(rows.iter().map(|r| r.used).sum::<u32>(), 20);
     assert!(ipam.check().await.unwrap().problems.is_empty());
 }
 
-#[tokio::test]
-async fn nodes_walk_the_pool_in_different_orders() {
+async fn nodes_walk_the_pool_in_different_orders(f: IpFamily) {
     let (ipam, _d) = ipam().await;
-    ipam.create_pool(&pool("p", "10.2.0.0/16", 26))
+    let cidr = pick(f, "10.2.0.0/16", "fd00:2::/112");
+    ipam.create_pool(&pool("p", cidr, block_of(f, 6)))
         .await
         .unwrap();
     let mut firsts = HashSet::new();
     for n in 0..8 {
-        let (v4, _) = ipam
-            .auto_assign(&req(&format!("net.{n}"), &format!("node-{n}"), 1, 0))
+        let (v4, v6) = ipam
+            .auto_assign(&req_of(f, &format!("net.{n}"), &format!("node-{n}"), 1))
             .await
             .unwrap();
-        firsts.insert(v4[0].block);
+        firsts.insert(v4.into_iter().chain(v6).next().unwrap().block);
     }
     assert_eq!(firsts.len(), 8, "each node starts at its own block");
 }
 
-#[tokio::test]
-async fn the_block_limit_then_borrowing_then_strict_affinity() {
+async fn the_block_limit_then_borrowing_then_strict_affinity(f: IpFamily) {
     let (ipam, _d) = ipam().await;
-    ipam.create_pool(&pool("p", "10.3.0.0/28", 30))
+    let cidr = pick(f, "10.3.0.0/28", "fd00:3::/124");
+    ipam.create_pool(&pool("p", cidr, block_of(f, 2)))
         .await
         .unwrap();
     ipam.set_config(&IpamConfig {
@@ -103,37 +109,62 @@ async fn the_block_limit_then_borrowing_then_strict_affinity() {
     })
     .await
     .unwrap();
-    ipam.auto_assign(&req("net.a", "node-a", 4, 0))
+    ipam.auto_assign(&req_of(f, "net.a", "node-a", 4))
         .await
         .unwrap();
     // node-a is at its limit and its block is full; no other block exists yet.
     let e = ipam
-        .auto_assign(&req("net.a2", "node-a", 1, 0))
+        .auto_assign(&req_of(f, "net.a2", "node-a", 1))
         .await
         .unwrap_err();
     assert!(
-        matches!(&e, IpamError::Exhausted(m) if m.contains("limit of 1")),
+        matches!(&e, IpamError::Exhausted(m) if m.contains("limit of 1") && m.contains(f.name())),
         "{e}"
     );
     // node-b claims a block; node-a may then borrow from it.
-    ipam.auto_assign(&req("net.b", "node-b", 1, 0))
+    ipam.auto_assign(&req_of(f, "net.b", "node-b", 1))
         .await
         .unwrap();
-    let (v4, _) = ipam
-        .auto_assign(&req("net.a3", "node-a", 1, 0))
+    let (v4, v6) = ipam
+        .auto_assign(&req_of(f, "net.a3", "node-a", 1))
         .await
         .unwrap();
-    assert!(v4[0].borrowed, "{v4:?}");
+    let borrowed = v4.into_iter().chain(v6).next().unwrap();
+    assert!(borrowed.borrowed, "{borrowed:?}");
     let (_, rows) = ipam.usage("").await.unwrap();
     assert_eq!(rows.iter().map(|r| r.borrowed).sum::<u32>(), 1);
-    // Strict affinity: no borrowing.
-    let mut strict = req("net.a4", "node-a", 1, 0);
+    let lender = rows.iter().find(|r| r.cidr == borrowed.block).unwrap();
+    assert_eq!(lender.affinity.as_deref(), Some("node-b"));
+    // Strict affinity: no borrowing, per request or cluster-wide.
+    let mut strict = req_of(f, "net.a4", "node-a", 1);
     strict.strict_affinity = true;
     let e = ipam.auto_assign(&strict).await.unwrap_err();
     assert!(
         matches!(&e, IpamError::Exhausted(m) if m.contains("strict")),
         "{e}"
     );
+    ipam.set_config(&IpamConfig {
+        max_blocks_per_host: 1,
+        strict_affinity: true,
+        ..IpamConfig::default()
+    })
+    .await
+    .unwrap();
+    let e = ipam
+        .auto_assign(&req_of(f, "net.a5", "node-a", 1))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&e, IpamError::Exhausted(m) if m.contains("strict")),
+        "{e}"
+    );
+    for h in ["net.a4", "net.a5"] {
+        assert!(matches!(
+            ipam.handle_allocations(h).await,
+            Err(IpamError::NotFound(_))
+        ));
+    }
+    assert!(ipam.check().await.unwrap().problems.is_empty());
 }
 
 #[tokio::test]
@@ -150,43 +181,51 @@ async fn dual_stack_is_all_or_nothing() {
         .await
         .unwrap();
     assert!(v4[0].address.is_ipv4() && v6[0].address.is_ipv6());
-    // 300 IPv6 addresses do not exist in a /120: the IPv4 part must be undone.
-    let before = ipam.usage("v4").await.unwrap().0[0].used;
-    let e = ipam
-        .auto_assign(&req("net.big", "node-a", 1, 300))
-        .await
-        .unwrap_err();
-    assert!(matches!(e, IpamError::Exhausted(_)), "{e}");
-    assert_eq!(
-        ipam.usage("v4").await.unwrap().0[0].used,
-        before,
-        "IPv4 address leaked"
-    );
-    assert!(matches!(
-        ipam.handle_allocations("net.big").await,
-        Err(IpamError::NotFound(_))
-    ));
+    let used = |pool: &'static str| {
+        let ipam = &ipam;
+        async move { ipam.usage(pool).await.unwrap().0[0].used }
+    };
+    // 300 IPv6 addresses do not exist in a /120: the IPv4 part must be undone; 300 IPv4
+    // addresses not in a /24: no IPv6 address may stay behind.
+    for (handle, n4, n6) in [("net.big6", 1, 300), ("net.big4", 300, 1)] {
+        let before = (used("v4").await, used("v6").await);
+        let e = ipam
+            .auto_assign(&req(handle, "node-a", n4, n6))
+            .await
+            .unwrap_err();
+        assert!(matches!(e, IpamError::Exhausted(_)), "{e}");
+        assert_eq!(
+            (used("v4").await, used("v6").await),
+            before,
+            "an address leaked"
+        );
+        assert!(matches!(
+            ipam.handle_allocations(handle).await,
+            Err(IpamError::NotFound(_))
+        ));
+    }
     assert!(ipam.check().await.unwrap().problems.is_empty());
 }
 
-#[tokio::test]
-async fn a_stale_release_never_frees_a_reused_address() {
+async fn a_stale_release_never_frees_a_reused_address(f: IpFamily) {
     let (ipam, _d) = ipam().await;
-    ipam.create_pool(&pool("p", "10.5.0.0/30", 30))
+    let cidr = pick(f, "10.5.0.0/30", "fd00:5::/126");
+    ipam.create_pool(&pool("p", cidr, block_of(f, 2)))
         .await
         .unwrap();
-    let (first, _) = ipam
-        .auto_assign(&req("net.old", "node-a", 1, 0))
+    let (v4, v6) = ipam
+        .auto_assign(&req_of(f, "net.old", "node-a", 1))
         .await
         .unwrap();
-    let addr = first[0].address;
+    let first = v4.into_iter().chain(v6).next().unwrap();
+    let addr = first.address;
     ipam.release_by_handle("net.old").await.unwrap();
     // Fill the block so the address is handed out again.
-    let (again, _) = ipam
-        .auto_assign(&req("net.new", "node-a", 4, 0))
+    let (v4, v6) = ipam
+        .auto_assign(&req_of(f, "net.new", "node-a", 4))
         .await
         .unwrap();
-    assert!(again.iter().any(|a| a.address == addr));
+    assert!(v4.iter().chain(&v6).any(|a| a.address == addr));
     let stale = ReleaseRequest {
         address: addr,
         handle: Some("net.old".into()),
@@ -196,7 +235,7 @@ async fn a_stale_release_never_frees_a_reused_address() {
     let stale_seq = ReleaseRequest {
         address: addr,
         handle: None,
-        seq: Some(first[0].seq),
+        seq: Some(first.seq),
     };
     assert!(ipam.release_ips(&[stale_seq]).await.unwrap().is_empty());
     assert_eq!(ipam.handle_allocations("net.new").await.unwrap().len(), 4);
@@ -211,46 +250,51 @@ async fn a_stale_release_never_frees_a_reused_address() {
     );
 }
 
-#[tokio::test]
-async fn freed_addresses_are_reused_oldest_first() {
+async fn freed_addresses_are_reused_oldest_first(f: IpFamily) {
     let (ipam, _d) = ipam().await;
-    ipam.create_pool(&pool("p", "10.6.0.0/29", 29))
+    let cidr = pick(f, "10.6.0.0/29", "fd00:6::/125");
+    ipam.create_pool(&pool("p", cidr, block_of(f, 3)))
         .await
         .unwrap();
+    let one = |handle: String| {
+        let ipam = &ipam;
+        async move {
+            let (v4, v6) = ipam
+                .auto_assign(&req_of(f, &handle, "node-a", 1))
+                .await
+                .unwrap();
+            v4.into_iter().chain(v6).next().unwrap().address
+        }
+    };
     let mut held = Vec::new();
     for i in 0..8 {
-        let (v4, _) = ipam
-            .auto_assign(&req(&format!("net.{i}"), "node-a", 1, 0))
-            .await
-            .unwrap();
-        held.push(v4[0].address);
+        held.push(one(format!("net.{i}")).await);
     }
     for i in [5, 2, 7] {
         ipam.release_by_handle(&format!("net.{i}")).await.unwrap();
     }
     let mut reused = Vec::new();
     for i in 0..3 {
-        let (v4, _) = ipam
-            .auto_assign(&req(&format!("net.r{i}"), "node-a", 1, 0))
-            .await
-            .unwrap();
-        reused.push(v4[0].address);
+        reused.push(one(format!("net.r{i}")).await);
     }
     assert_eq!(reused, vec![held[5], held[2], held[7]]);
 }
 
-#[tokio::test]
-async fn a_specific_address_and_its_errors() {
+async fn a_specific_address_and_its_errors(f: IpFamily) {
     let (ipam, _d) = ipam().await;
-    ipam.create_pool(&pool("p", "10.7.0.0/24", 26))
+    let cidr = pick(f, "10.7.0.0/24", "fd00:7::/120");
+    ipam.create_pool(&pool("p", cidr, block_of(f, 6)))
         .await
         .unwrap();
-    let a: IpAddr = "10.7.0.70".parse().unwrap();
+    let a: IpAddr = pick(f, "10.7.0.70", "fd00:7::46").parse().unwrap();
     let got = ipam
         .assign_ip(a, "reserved.gw", &BTreeMap::new(), "node-a")
         .await
         .unwrap();
-    assert_eq!(got.block.to_string(), "10.7.0.64/26");
+    assert_eq!(
+        got.block.to_string(),
+        pick(f, "10.7.0.64/26", "fd00:7::40/122")
+    );
     assert!(!got.borrowed, "the node claimed the block of the address");
     let e = ipam
         .assign_ip(a, "other", &BTreeMap::new(), "node-b")
@@ -260,43 +304,42 @@ async fn a_specific_address_and_its_errors() {
         matches!(&e, IpamError::InUse(m) if m.contains("reserved.gw")),
         "{e}"
     );
+    let before = ipam.store().revision().await.unwrap();
+    let outside: IpAddr = pick(f, "10.99.0.1", "fd00:99::1").parse().unwrap();
     let e = ipam
-        .assign_ip(
-            "10.99.0.1".parse().unwrap(),
-            "x",
-            &BTreeMap::new(),
-            "node-a",
-        )
+        .assign_ip(outside, "x", &BTreeMap::new(), "node-a")
         .await
         .unwrap_err();
     assert!(
         matches!(
-            e,
+            &e,
             IpamError::InvalidArgument {
                 field: "address",
-                ..
-            }
+                reason,
+            } if reason.contains(f.name())
         ),
         "{e}"
     );
+    assert_eq!(ipam.store().revision().await.unwrap(), before);
 }
 
-#[tokio::test]
-async fn gc_releases_dead_handles_of_the_node_but_not_tunnels() {
+async fn gc_releases_dead_handles_of_the_node_but_not_tunnels(f: IpFamily) {
     let (ipam, _d) = ipam().await;
-    ipam.create_pool(&pool("p", "10.8.0.0/24", 26))
+    let cidr = pick(f, "10.8.0.0/24", "fd00:8::/120");
+    ipam.create_pool(&pool("p", cidr, block_of(f, 6)))
         .await
         .unwrap();
     for h in ["k8s.c1", "k8s.c2", "k8s.c3"] {
-        ipam.auto_assign(&req(h, "node-a", 1, 0)).await.unwrap();
+        ipam.auto_assign(&req_of(f, h, "node-a", 1)).await.unwrap();
     }
-    ipam.auto_assign(&req("other.c9", "node-a", 1, 0))
+    ipam.auto_assign(&req_of(f, "other.c9", "node-a", 1))
         .await
         .unwrap();
-    ipam.auto_assign(&req("k8s.b1", "node-b", 1, 0))
+    ipam.auto_assign(&req_of(f, "k8s.b1", "node-b", 1))
         .await
         .unwrap();
-    let mut tunnel = req("vxlan-tunnel-addr-node-a", "node-a", 1, 0);
+    let tunnel_handle = tunnel_handle(f, "node-a");
+    let mut tunnel = req_of(f, &tunnel_handle, "node-a", 1);
     tunnel.use_tunnel = true;
     ipam.auto_assign(&tunnel).await.unwrap();
     let live: HashSet<String> = ["k8s.c2".to_string()].into();
@@ -315,7 +358,16 @@ async fn gc_releases_dead_handles_of_the_node_but_not_tunnels() {
         .map(|(h, _)| h)
         .collect();
     assert_eq!(released, ["k8s.c1", "k8s.c3"]);
-    for kept in ["k8s.c2", "other.c9", "k8s.b1", "vxlan-tunnel-addr-node-a"] {
+    // With no prefix every dead handle of the node goes, its tunnel address still stays.
+    let released: Vec<String> = ipam
+        .gc("node-a", &live, "", false)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(h, _)| h)
+        .collect();
+    assert_eq!(released, ["other.c9"]);
+    for kept in ["k8s.c2", "k8s.b1", tunnel_handle.as_str()] {
         assert_eq!(
             ipam.handle_allocations(kept).await.unwrap().len(),
             1,
@@ -324,19 +376,19 @@ async fn gc_releases_dead_handles_of_the_node_but_not_tunnels() {
     }
 }
 
-#[tokio::test]
-async fn removing_a_node_releases_its_addresses_and_blocks() {
+async fn removing_a_node_releases_its_addresses_and_blocks(f: IpFamily) {
     let (ipam, _d) = ipam().await;
-    ipam.create_pool(&pool("p", "10.9.0.0/24", 28))
+    let cidr = pick(f, "10.9.0.0/24", "fd00:9::/120");
+    ipam.create_pool(&pool("p", cidr, block_of(f, 4)))
         .await
         .unwrap();
     ipam.register_node(&Node::new("node-a"), None)
         .await
         .unwrap();
-    ipam.auto_assign(&req("net.a", "node-a", 3, 0))
+    ipam.auto_assign(&req_of(f, "net.a", "node-a", 3))
         .await
         .unwrap();
-    let mut tunnel = req("vxlan-tunnel-addr-node-a", "node-a", 1, 0);
+    let mut tunnel = req_of(f, &tunnel_handle(f, "node-a"), "node-a", 1);
     tunnel.use_tunnel = true;
     ipam.auto_assign(&tunnel).await.unwrap();
     // node-b borrows from node-a's block once node-b is at its limit with no block of its own.
@@ -346,16 +398,21 @@ async fn removing_a_node_releases_its_addresses_and_blocks() {
     })
     .await
     .unwrap();
-    let (b, _) = ipam
-        .auto_assign(&req("net.b", "node-b", 1, 0))
+    let (v4, v6) = ipam
+        .auto_assign(&req_of(f, "net.b", "node-b", 1))
         .await
         .unwrap();
-    assert!(b[0].borrowed);
+    assert!(v4.iter().chain(&v6).all(|a| a.borrowed));
     let (blocks, addrs) = ipam.delete_node("node-a").await.unwrap();
     assert_eq!(blocks.len(), 1);
     assert_eq!(addrs.len(), 4);
+    assert!(addrs.iter().all(|a| IpFamily::of(*a) == f));
     assert!(matches!(
         ipam.get_node("node-a").await,
+        Err(IpamError::NotFound(_))
+    ));
+    assert!(matches!(
+        ipam.handle_allocations(&tunnel_handle(f, "node-a")).await,
         Err(IpamError::NotFound(_))
     ));
     // The block stays, with no affinity, for node-b's borrowed address.
@@ -373,43 +430,71 @@ async fn removing_a_node_releases_its_addresses_and_blocks() {
     assert!(ipam.usage("").await.unwrap().1.is_empty());
 }
 
-#[tokio::test]
-async fn bad_input_is_refused_and_writes_nothing() {
+async fn bad_input_is_refused_and_writes_nothing(f: IpFamily) {
     let (ipam, _d) = ipam().await;
-    ipam.create_pool(&pool("p", "10.10.0.0/16", 26))
+    let base = pick(f, "10.10.0.0/16", "fd00:10::/64");
+    ipam.create_pool(&IpPool::new("p", base.parse().unwrap()))
         .await
         .unwrap();
     let before = ipam.store().revision().await.unwrap();
-    let cases: Vec<(IpPool, &str)> = vec![
-        (pool("q", "10.10.128.0/20", 26), "overlaps pool p"),
-        (pool("q", "10.11.0.1/16", 26), "not a network address"),
-        (pool("q", "10.12.0.0/16", 19), "out of range"),
-        (pool("q", "10.12.0.0/16", 33), "out of range"),
+    let other = pick(f, "10.12.0.0/16", "fd00:12::/64");
+    let default = IpPool::new("q", other.parse().unwrap()).block_size;
+    // Block sizes that do not fit the family: just outside its range, and the other
+    // family's default (a /122 for IPv4, a /26 for IPv6); IPv6 also the subnet-sized /64.
+    let (min, max, foreign) = match f {
+        IpFamily::V4 => (20, 32, 122),
+        IpFamily::V6 => (116, 128, 26),
+    };
+    let mut sizes = vec![min - 1, max + 1, foreign];
+    if f == IpFamily::V6 {
+        sizes.push(64);
+    }
+    let mut cases: Vec<(IpPool, &str, &str)> = sizes
+        .into_iter()
+        .map(|size| (pool("q", other, size), "block_size", "out of range"))
+        .collect();
+    cases.extend([
+        (
+            pool(
+                "q",
+                pick(f, "10.10.128.0/20", "fd00:10:0:0:8000::/80"),
+                default,
+            ),
+            "cidr",
+            "overlaps pool p",
+        ),
+        (
+            pool("q", pick(f, "10.11.0.1/16", "fd00:11::1/64"), default),
+            "cidr",
+            "not a network address",
+        ),
         (
             {
-                let mut p = pool("q", "10.12.0.0/16", 26);
+                let mut p = pool("q", other, default);
                 p.node_selector = "zone == 'a' &&".into();
                 p
             },
+            "node_selector",
             "position 14",
         ),
         (
             {
-                let mut p = pool("q", "10.12.0.0/16", 26);
+                let mut p = pool("q", other, default);
                 p.vxlan_mode = EncapMode::Always;
                 p.ipip_mode = EncapMode::Always;
                 p
             },
+            "ipip_mode",
             "not both",
         ),
-        (pool("p", "10.13.0.0/16", 26), "already exists"),
-    ];
-    for (p, needle) in cases {
+        (pool("p", other, default), "pool p", "already exists"),
+    ]);
+    for (p, field, needle) in cases {
         let e = ipam.create_pool(&p).await.unwrap_err().to_string();
-        assert!(e.contains(needle), "{p:?}: {e}");
+        assert!(e.contains(field) && e.contains(needle), "{p:?}: {e}");
     }
     let e = ipam
-        .auto_assign(&req("", "node-a", 1, 0))
+        .auto_assign(&req_of(f, "", "node-a", 1))
         .await
         .unwrap_err();
     assert!(matches!(
@@ -419,17 +504,20 @@ async fn bad_input_is_refused_and_writes_nothing() {
             ..
         }
     ));
-    let mut named = req("net.x", "node-a", 1, 0);
-    named.v4_pools = vec!["nope".into()];
+    let mut named = req_of(f, "net.x", "node-a", 1);
+    let field = match f {
+        IpFamily::V4 => {
+            named.v4_pools = vec!["nope".into()];
+            "ipv4_pools"
+        }
+        IpFamily::V6 => {
+            named.v6_pools = vec!["nope".into()];
+            "ipv6_pools"
+        }
+    };
     let e = ipam.auto_assign(&named).await.unwrap_err();
     assert!(
-        matches!(
-            e,
-            IpamError::InvalidArgument {
-                field: "ipv4_pools",
-                ..
-            }
-        ),
+        matches!(&e, IpamError::InvalidArgument { field: got, .. } if *got == field),
         "{e}"
     );
     assert!(matches!(
@@ -441,19 +529,20 @@ async fn bad_input_is_refused_and_writes_nothing() {
         before,
         "a refused request wrote something"
     );
+    assert_eq!(ipam.list_pools().await.unwrap().len(), 1);
 }
 
-#[tokio::test]
-async fn an_exhausted_pool_is_a_clear_error_and_leaves_nothing() {
+async fn an_exhausted_pool_is_a_clear_error_and_leaves_nothing(f: IpFamily) {
     let (ipam, _d) = ipam().await;
-    ipam.create_pool(&pool("tiny", "10.14.0.0/30", 30))
+    let cidr = pick(f, "10.14.0.0/30", "fd00:14::/126");
+    ipam.create_pool(&pool("tiny", cidr, block_of(f, 2)))
         .await
         .unwrap();
-    ipam.auto_assign(&req("net.a", "node-a", 3, 0))
+    ipam.auto_assign(&req_of(f, "net.a", "node-a", 3))
         .await
         .unwrap();
     let e = ipam
-        .auto_assign(&req("net.b", "node-a", 2, 0))
+        .auto_assign(&req_of(f, "net.b", "node-a", 2))
         .await
         .unwrap_err();
     assert!(
@@ -467,35 +556,35 @@ async fn an_exhausted_pool_is_a_clear_error_and_leaves_nothing() {
     assert_eq!(ipam.usage("").await.unwrap().0[0].used, 3);
 }
 
-#[tokio::test]
-async fn pools_in_use_cannot_be_deleted_or_resized_but_can_be_disabled() {
+async fn pools_in_use_cannot_be_deleted_or_resized_but_can_be_disabled(f: IpFamily) {
     let (ipam, _d) = ipam().await;
-    ipam.create_pool(&pool("p", "10.15.0.0/24", 26))
+    let cidr = pick(f, "10.15.0.0/24", "fd00:15::/120");
+    ipam.create_pool(&pool("p", cidr, block_of(f, 6)))
         .await
         .unwrap();
-    ipam.auto_assign(&req("net.a", "node-a", 1, 0))
+    ipam.auto_assign(&req_of(f, "net.a", "node-a", 1))
         .await
         .unwrap();
     let e = ipam.delete_pool("p").await.unwrap_err().to_string();
     assert!(
-        e.contains("1 address(es) in use") && e.contains("10.15.0."),
+        e.contains("1 address(es) in use") && e.contains(pick(f, "10.15.0.", "fd00:15::")),
         "{e}"
     );
     let (mut p, rev) = ipam.get_pool("p").await.unwrap();
-    p.block_size = 28;
+    p.block_size = block_of(f, 4);
     let e = ipam
         .update_pool(&p, Some(rev))
         .await
         .unwrap_err()
         .to_string();
     assert!(e.contains("cannot change"), "{e}");
-    p.block_size = 26;
+    p.block_size = block_of(f, 6);
     p.disabled = true;
     ipam.update_pool(&p, Some(rev)).await.unwrap();
     let e = ipam.update_pool(&p, Some(rev)).await.unwrap_err();
     assert!(matches!(e, IpamError::Stale(_)), "{e}");
     let e = ipam
-        .auto_assign(&req("net.b", "node-a", 1, 0))
+        .auto_assign(&req_of(f, "net.b", "node-a", 1))
         .await
         .unwrap_err();
     assert!(matches!(e, IpamError::Exhausted(_)), "{e}");
@@ -507,37 +596,47 @@ async fn pools_in_use_cannot_be_deleted_or_resized_but_can_be_disabled() {
     );
 }
 
-#[tokio::test]
-async fn node_selectors_pick_the_pools() {
+async fn node_selectors_pick_the_pools(f: IpFamily) {
     let (ipam, _d) = ipam().await;
-    let mut a = pool("zone-a", "10.16.0.0/24", 26);
+    let mut a = pool(
+        "zone-a",
+        pick(f, "10.16.0.0/24", "fd00:16::/120"),
+        block_of(f, 6),
+    );
     a.node_selector = "zone == 'a'".into();
-    let mut b = pool("zone-b", "10.17.0.0/24", 26);
+    let mut b = pool(
+        "zone-b",
+        pick(f, "10.17.0.0/24", "fd00:17::/120"),
+        block_of(f, 6),
+    );
     b.node_selector = "zone == 'b'".into();
     ipam.create_pool(&a).await.unwrap();
     ipam.create_pool(&b).await.unwrap();
     let mut node = Node::new("node-b");
     node.labels.insert("zone".into(), "b".into());
     ipam.register_node(&node, None).await.unwrap();
-    let (v4, _) = ipam
-        .auto_assign(&req("net.x", "node-b", 1, 0))
+    let (v4, v6) = ipam
+        .auto_assign(&req_of(f, "net.x", "node-b", 1))
         .await
         .unwrap();
-    assert_eq!(v4[0].pool, "zone-b");
+    assert_eq!(v4.into_iter().chain(v6).next().unwrap().pool, "zone-b");
     let e = ipam
-        .auto_assign(&req("net.y", "node-unlabelled", 1, 0))
+        .auto_assign(&req_of(f, "net.y", "node-unlabelled", 1))
         .await
         .unwrap_err();
-    assert!(matches!(e, IpamError::Exhausted(_)), "{e}");
+    assert!(
+        matches!(&e, IpamError::Exhausted(m) if m.contains(f.name())),
+        "{e}"
+    );
 }
 
-#[tokio::test]
-async fn an_empty_block_goes_back_to_the_pool_after_the_grace_period() {
+async fn an_empty_block_goes_back_to_the_pool_after_the_grace_period(f: IpFamily) {
     let (ipam, _d) = ipam().await;
-    ipam.create_pool(&pool("p", "10.18.0.0/24", 26))
+    let cidr = pick(f, "10.18.0.0/24", "fd00:18::/120");
+    ipam.create_pool(&pool("p", cidr, block_of(f, 6)))
         .await
         .unwrap();
-    ipam.auto_assign(&req("net.a", "node-a", 1, 0))
+    ipam.auto_assign(&req_of(f, "net.a", "node-a", 1))
         .await
         .unwrap();
     ipam.release_by_handle("net.a").await.unwrap();
@@ -563,20 +662,20 @@ async fn an_empty_block_goes_back_to_the_pool_after_the_grace_period() {
     );
     assert!(ipam.check().await.unwrap().problems.is_empty());
     // And a new allocation claims a block again.
-    ipam.auto_assign(&req("net.b", "node-a", 1, 0))
+    ipam.auto_assign(&req_of(f, "net.b", "node-a", 1))
         .await
         .unwrap();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn concurrent_requests_on_one_node_share_transactions_and_never_collide() {
+async fn concurrent_requests_on_one_node_share_transactions_and_never_collide(f: IpFamily) {
     let (ipam, _d) = ipam().await;
-    ipam.create_pool(&pool("p", "10.19.0.0/22", 26))
+    let cidr = pick(f, "10.19.0.0/22", "fd00:19::/118");
+    ipam.create_pool(&pool("p", cidr, block_of(f, 6)))
         .await
         .unwrap();
     let ipam = std::sync::Arc::new(ipam);
     // Warm the node's cached state, then 8 tasks x 60 requests at once.
-    ipam.auto_assign(&req("net.warm", "node-a", 1, 0))
+    ipam.auto_assign(&req_of(f, "net.warm", "node-a", 1))
         .await
         .unwrap();
     let tasks: Vec<_> = (0..8)
@@ -585,12 +684,15 @@ async fn concurrent_requests_on_one_node_share_transactions_and_never_collide() 
             tokio::spawn(async move {
                 let mut got = Vec::new();
                 for i in 0..60 {
-                    let (v4, _) = ipam
-                        .auto_assign(&req(&format!("net.t{t}-{i}"), "node-a", 1, 0))
+                    let handle = format!("net.t{t}-{i}");
+                    let (v4, v6) = ipam
+                        .auto_assign(&req_of(f, &handle, "node-a", 1))
                         .await
                         .unwrap();
-                    assert_eq!(v4.len(), 1);
-                    got.push((format!("net.t{t}-{i}"), v4[0].address));
+                    let all: Vec<_> = v4.into_iter().chain(v6).collect();
+                    assert_eq!(all.len(), 1);
+                    assert_eq!(IpFamily::of(all[0].address), f);
+                    got.push((handle, all[0].address));
                 }
                 got
             })
