@@ -14,7 +14,7 @@ use std::fmt;
 use std::net::IpAddr;
 
 use bgp_wire::Prefix;
-use ipnet::{IpNet, Ipv4Net};
+use ipnet::IpNet;
 
 /// A pool's encapsulation mode (`vxlanMode`, `ipipMode`), as the datastore's `IPPool` says.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -106,26 +106,21 @@ pub enum NetMatch {
     /// A default route of either family (0.0.0.0/0, ::/0).
     Default,
     /// Exactly this prefix.
-    Exactly(Ipv4Net),
-    /// This prefix or one inside it, with a length in `min..=32` (BIRD's `net ~ p{min,32}`).
-    Within(Ipv4Net, u8),
+    Exactly(IpNet),
+    /// This prefix or one inside it, with a length from `min` to the family's longest
+    /// (BIRD's `net ~ p{min,32}`, `{min,128}`). A prefix of the other family never matches.
+    Within(IpNet, u8),
 }
 
 impl NetMatch {
-    /// Rules are generated from IPv4 pools: an IPv6 prefix matches only `Any` and
-    /// `Default`.
     fn matches(&self, p: Prefix) -> bool {
-        let p = match (self, p) {
-            (NetMatch::Any, _) => return true,
-            (NetMatch::Default, p) => return p.prefix_len() == 0,
-            (_, Prefix::V6(_)) => return false,
-            (_, Prefix::V4(p)) => p,
-        };
+        let addr = p.addr();
         match *self {
-            NetMatch::Any | NetMatch::Default => true,
-            NetMatch::Exactly(n) => n.network() == p.addr() && n.prefix_len() == p.prefix_len(),
+            NetMatch::Any => true,
+            NetMatch::Default => p.prefix_len() == 0,
+            NetMatch::Exactly(n) => n.network() == addr && n.prefix_len() == p.prefix_len(),
             NetMatch::Within(n, min) => {
-                p.prefix_len() >= n.prefix_len().max(min) && n.contains(&p.addr())
+                p.prefix_len() >= n.prefix_len().max(min) && n.contains(&addr)
             }
         }
     }
@@ -138,7 +133,7 @@ pub struct Rule {
     /// `None`: any source.
     pub source: Option<RouteSource>,
     /// Kernel scope: the BGP next hop lies in this subnet.
-    pub next_hop_in: Option<Ipv4Net>,
+    pub next_hop_in: Option<IpNet>,
     pub action: Action,
     pub reason: String,
 }
@@ -164,7 +159,7 @@ impl Rule {
             && self.source.is_none_or(|s| s == src)
             && self
                 .next_hop_in
-                .is_none_or(|n| matches!(next_hop, Some(IpAddr::V4(h)) if n.contains(&h)))
+                .is_none_or(|n| next_hop.is_some_and(|h| n.contains(&h)))
     }
 
     /// The match, BIRD-like: `net ~ 172.20.0.0/16{16,32} && from cluster peers`.
@@ -174,9 +169,11 @@ impl Rule {
             NetMatch::Any => {}
             NetMatch::Default => parts.push("net = 0.0.0.0/0 || net = ::/0".into()),
             NetMatch::Exactly(n) => parts.push(format!("net = {n}")),
-            NetMatch::Within(n, min) => {
-                parts.push(format!("net ~ {n}{{{},32}}", n.prefix_len().max(min)))
-            }
+            NetMatch::Within(n, min) => parts.push(format!(
+                "net ~ {n}{{{},{}}}",
+                n.prefix_len().max(min),
+                n.max_prefix_len()
+            )),
         }
         match self.source {
             None => {}
@@ -212,10 +209,11 @@ impl fmt::Display for Action {
 #[derive(Debug, Clone, Default)]
 pub struct PolicyInputs<'a> {
     pub pools: &'a [PolicyPool],
-    /// This node's confirmed blocks.
-    pub own_blocks: &'a [Ipv4Net],
-    /// This node's subnet (for CrossSubnet).
-    pub subnet: Option<Ipv4Net>,
+    /// This node's confirmed blocks, of both families.
+    pub own_blocks: &'a [IpNet],
+    /// This node's subnets (for CrossSubnet and direct routes), one per family it has an
+    /// address in.
+    pub subnets: &'a [IpNet],
     pub aggregate_to_external: bool,
     pub external_transit: bool,
     pub program_external_routes: bool,
@@ -263,23 +261,30 @@ impl Policy {
         }
     }
 
-    /// The policy of a node from the pools (IPv4 pools; the rules are sorted, so the same
+    /// The policy of a node from the pools of both families: one list per scope, each pool's
+    /// rules matching only its own family's prefixes (the rules are sorted, so the same
     /// inputs give the same output).
     pub fn generate(inp: &PolicyInputs<'_>) -> Self {
-        let mut pools: Vec<(&PolicyPool, Ipv4Net)> = inp
-            .pools
-            .iter()
-            .filter_map(|p| match p.cidr {
-                IpNet::V4(n) => Some((p, n)),
-                IpNet::V6(_) => None,
-            })
-            .collect();
+        let mut pools: Vec<(&PolicyPool, IpNet)> = inp.pools.iter().map(|p| (p, p.cidr)).collect();
         // Most specific first, then by address, so nested pools decide correctly.
-        pools.sort_by_key(|(_, n)| (std::cmp::Reverse(n.prefix_len()), n.network()));
-        let mut own: Vec<Ipv4Net> = inp.own_blocks.to_vec();
+        pools.sort_by_key(|(_, n)| {
+            (
+                n.addr().is_ipv6(),
+                std::cmp::Reverse(n.prefix_len()),
+                n.network(),
+            )
+        });
+        let mut own: Vec<IpNet> = inp.own_blocks.to_vec();
         own.sort();
         own.dedup();
-        let within = |n: Ipv4Net| NetMatch::Within(n, n.prefix_len());
+        let within = |n: IpNet| NetMatch::Within(n, n.prefix_len());
+        // The node's subnet of a pool's family.
+        let subnet_for = |n: &IpNet| {
+            inp.subnets
+                .iter()
+                .find(|s| s.addr().is_ipv6() == n.addr().is_ipv6())
+                .copied()
+        };
 
         let mut import = Vec::new();
         for b in &own {
@@ -428,7 +433,7 @@ impl Policy {
                     ),
                 ));
             } else if p.ipip_mode == Encap::CrossSubnet {
-                if let Some(subnet) = inp.subnet {
+                if let Some(subnet) = subnet_for(n) {
                     let mut direct = Rule::new(
                         within(*n),
                         Action::Program(KernelVia::NextHop),
@@ -451,7 +456,7 @@ impl Policy {
                     Action::Program(KernelVia::Ipip),
                     format!("pool {} is ipipMode Always", p.name),
                 ));
-            } else if let Some(subnet) = inp.subnet {
+            } else if let Some(subnet) = subnet_for(n) {
                 let mut direct = Rule::new(
                     within(*n),
                     Action::Program(KernelVia::NextHop),

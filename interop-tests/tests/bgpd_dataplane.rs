@@ -23,18 +23,31 @@ fn key_of_item(i: &pb::DesiredItem) -> String {
     use pb::desired_item::Item;
     match i.item.as_ref().unwrap() {
         Item::Route(r) => format!("route {}", r.destination),
-        Item::Vtep(v) => format!("vtep {}", v.node),
-        Item::LocalVtep(_) => "local-vtep".into(),
+        // One VTEP per node and family: the IPv6 one is "/v6".
+        Item::Vtep(v) => format!(
+            "vtep {}{}",
+            v.node,
+            v6_suffix(v.underlay_address.contains(':'))
+        ),
+        Item::LocalVtep(v) => format!("local-vtep{}", v6_suffix(v.underlay_address.contains(':'))),
         Item::NatPool(p) => format!("nat {}", p.cidr),
     }
+}
+
+fn v6_suffix(v6: bool) -> &'static str {
+    if v6 { "/v6" } else { "" }
 }
 
 fn key_of_key(k: &pb::DesiredKey) -> String {
     use pb::desired_key::Key;
     match k.key.as_ref().unwrap() {
         Key::Route(r) => format!("route {r}"),
-        Key::Vtep(v) => format!("vtep {v}"),
-        Key::LocalVtep(_) => "local-vtep".into(),
+        Key::Vtep(v) => format!(
+            "vtep {}{}",
+            v.node,
+            v6_suffix(v.family() == pb::IpFamily::V6)
+        ),
+        Key::LocalVtep(f) => format!("local-vtep{}", v6_suffix(*f == pb::IpFamily::V6 as i32)),
         Key::NatPool(p) => format!("nat {p}"),
     }
 }

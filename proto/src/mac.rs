@@ -14,9 +14,13 @@ pub fn sha1(data: &[u8]) -> [u8; 20] {
     sha1_smol::Sha1::from(data).digest().bytes()
 }
 
-/// The VTEP MAC of node `name`: 0x66 and the first five bytes of SHA-1 of the name.
-pub fn vtep_mac(name: &str) -> Mac {
-    let d = sha1(name.as_bytes());
+/// The VTEP MAC of node `name` for one family: 0x66 and the first five bytes of SHA-1 of the
+/// name (IPv4), or of the name followed by "/v6" (IPv6: a second device, so a second MAC).
+pub fn vtep_mac(name: &str, family: crate::v1::IpFamily) -> Mac {
+    let d = match family {
+        crate::v1::IpFamily::V6 => sha1(format!("{name}/v6").as_bytes()),
+        _ => sha1(name.as_bytes()),
+    };
     [0x66, d[0], d[1], d[2], d[3], d[4]]
 }
 
@@ -90,13 +94,17 @@ mod tests {
 
     #[test]
     fn vtep_mac_is_local_unicast_and_stable() {
-        let m = vtep_mac("node-a");
+        use crate::v1::IpFamily::{V4, V6};
+        let m = vtep_mac("node-a", V4);
         assert_eq!(m[0], 0x66);
         assert_eq!(m[0] & 0x01, 0, "unicast");
         assert_eq!(m[0] & 0x02, 0x02, "locally administered");
-        assert_eq!(m, vtep_mac("node-a"));
-        assert_ne!(m, vtep_mac("node-b"));
+        assert_eq!(m, vtep_mac("node-a", V4));
+        assert_ne!(m, vtep_mac("node-b", V4));
         assert_eq!(&m[1..], &sha1(b"node-a")[..5]);
+        let m6 = vtep_mac("node-a", V6);
+        assert_ne!(m6, m, "each family's device has its own MAC");
+        assert_eq!(&m6[1..], &sha1(b"node-a/v6")[..5]);
     }
 
     #[test]

@@ -1,23 +1,23 @@
 use super::*;
-use bgp_wire::Ipv4Prefix;
 use std::net::Ipv4Addr;
 
 fn pfx(s: &str) -> Prefix {
-    let n: Ipv4Net = s.parse().unwrap();
-    Prefix::V4(Ipv4Prefix::new(n.network(), n.prefix_len()).unwrap())
+    let n: IpNet = s.parse().unwrap();
+    Prefix::new(n.network(), n.prefix_len()).unwrap()
 }
 
 fn pool(name: &str, cidr: &str) -> PolicyPool {
     PolicyPool::new(name, cidr.parse().unwrap())
 }
 
-fn net(s: &str) -> Ipv4Net {
+fn net(s: &str) -> IpNet {
     s.parse().unwrap()
 }
 
 struct Case {
     pools: Vec<PolicyPool>,
-    own: Vec<Ipv4Net>,
+    own: Vec<IpNet>,
+    subnets: Vec<IpNet>,
     aggregate: bool,
     transit: bool,
     program_external: bool,
@@ -28,6 +28,7 @@ impl Case {
         Case {
             pools,
             own: vec![net("172.20.1.0/26")],
+            subnets: vec![net("10.99.1.0/24")],
             aggregate: false,
             transit: false,
             program_external: true,
@@ -37,7 +38,7 @@ impl Case {
         Policy::generate(&PolicyInputs {
             pools: &self.pools,
             own_blocks: &self.own,
-            subnet: Some(net("10.99.1.0/24")),
+            subnets: &self.subnets,
             aggregate_to_external: self.aggregate,
             external_transit: self.transit,
             program_external_routes: self.program_external,
@@ -235,12 +236,130 @@ fn a_pool_changing_mode_changes_only_its_kernel_rule() {
 }
 
 #[test]
-fn ipv6_pools_do_not_enter_the_ipv4_rules() {
-    // IPv6 sessions and their rules come with the production speaker (issue #6); an IPv6
-    // pool must not disturb the IPv4 ones meanwhile.
+fn an_ipv6_pool_does_not_change_any_ipv4_decision() {
     let v4 = pool("v4", "172.20.0.0/16");
     let v6 = pool("v6", "fd00:20::/48");
     let with = Case::new(vec![v4.clone(), v6]).policy();
     let without = Case::new(vec![v4]).policy();
-    assert_eq!(with, without);
+    for p in ["172.20.9.0/26", "172.20.1.0/26", "10.1.0.0/16", "0.0.0.0/0"].map(pfx) {
+        for class in [PeerClass::Cluster, PeerClass::External] {
+            assert_eq!(with.import(class, p), without.import(class, p), "{p:?}");
+            for src in [RouteSource::Local, CLUSTER, EXTERNAL] {
+                assert_eq!(with.export(class, p, src), without.export(class, p, src));
+            }
+        }
+        for nh in [NH_SAME, NH_OTHER] {
+            assert_eq!(with.kernel(p, CLUSTER, nh), without.kernel(p, CLUSTER, nh));
+        }
+    }
+}
+
+/// Both families in one policy: each pool's rules decide its own family's prefixes, and the
+/// node's subnet of that family decides direct routes.
+#[test]
+fn dual_stack_pools_decide_each_family_with_its_own_subnet() {
+    let v4 = pool("v4", "172.20.0.0/16");
+    let mut v6 = pool("v6", "fd00:20::/48");
+    let mut v6_vxlan = pool("v6-vxlan", "fd00:30::/48");
+    v6_vxlan.vxlan_mode = Encap::CrossSubnet;
+    v6.disable_bgp_export = false;
+    let mut case = Case::new(vec![v4, v6, v6_vxlan]);
+    case.own.push(net("fd00:20::/122"));
+    case.subnets.push(net("fd00:99:1::/64"));
+    let pol = case.policy();
+    let nh6_same: Option<IpAddr> = Some("fd00:99:1::12".parse().unwrap());
+    let nh6_other: Option<IpAddr> = Some("fd00:99:2::14".parse().unwrap());
+
+    // A no-encapsulation IPv6 pool: programmed via a next hop in our IPv6 subnet only.
+    let (via, why) = pol
+        .kernel(pfx("fd00:20::40/122"), CLUSTER, nh6_same)
+        .unwrap();
+    assert_eq!(via, KernelVia::NextHop);
+    assert!(why.contains("pool v6"), "{why}");
+    assert!(
+        pol.kernel(pfx("fd00:20::40/122"), CLUSTER, nh6_other)
+            .is_none()
+    );
+    // An IPv4 next hop is never "in" the IPv6 subnet, nor the reverse.
+    assert!(
+        pol.kernel(pfx("fd00:20::40/122"), CLUSTER, NH_SAME)
+            .is_none()
+    );
+    assert!(
+        pol.kernel(pfx("172.20.9.0/26"), CLUSTER, nh6_same)
+            .is_none()
+    );
+    assert!(pol.kernel(pfx("172.20.9.0/26"), CLUSTER, NH_SAME).is_some());
+    // A VXLAN IPv6 pool never reaches the kernel from BGP.
+    assert_eq!(pol.kernel(pfx("fd00:30::40/122"), CLUSTER, nh6_same), None);
+
+    // Import: pool prefixes of either family from cluster peers, nothing else; an own IPv6
+    // block coming back is refused.
+    assert!(pol.import(PeerClass::Cluster, pfx("fd00:20::80/122")));
+    assert!(pol.import(PeerClass::Cluster, pfx("fd00:30::80/122")));
+    assert!(!pol.import(PeerClass::Cluster, pfx("fd00:40::/122")));
+    assert!(!pol.import(PeerClass::Cluster, pfx("fd00:20::/122")));
+    // Export of an own IPv6 block to the mesh and to a ToR; never another node's block to a
+    // ToR.
+    assert!(pol.export(PeerClass::Cluster, pfx("fd00:20::/122"), RouteSource::Local));
+    assert!(pol.export(
+        PeerClass::External,
+        pfx("fd00:20::/122"),
+        RouteSource::Local
+    ));
+    assert!(!pol.export(PeerClass::External, pfx("fd00:20::40/122"), CLUSTER));
+}
+
+#[test]
+fn disable_bgp_export_and_aggregates_work_for_ipv6_pools() {
+    let mut v6 = pool("v6", "fd00:20::/48");
+    v6.disable_bgp_export = true;
+    let mut case = Case::new(vec![pool("v4", "172.20.0.0/16"), v6]);
+    case.own.push(net("fd00:20::/122"));
+    let pol = case.policy();
+    assert!(!pol.export(
+        PeerClass::External,
+        pfx("fd00:20::/122"),
+        RouteSource::Local
+    ));
+    // The IPv4 pool is unaffected.
+    assert!(pol.export(
+        PeerClass::External,
+        pfx("172.20.1.0/26"),
+        RouteSource::Local
+    ));
+
+    let mut case = Case::new(vec![pool("v6", "fd00:20::/48")]);
+    case.own = vec![net("fd00:20::/122")];
+    case.aggregate = true;
+    let pol = case.policy();
+    assert!(pol.export(PeerClass::External, pfx("fd00:20::/48"), RouteSource::Local));
+    assert!(!pol.export(
+        PeerClass::External,
+        pfx("fd00:20::/122"),
+        RouteSource::Local
+    ));
+    assert!(!pol.export(PeerClass::Cluster, pfx("fd00:20::/48"), RouteSource::Local));
+}
+
+#[test]
+fn ipv6_rules_are_described_with_the_family_s_longest_length() {
+    let pol = Case::new(vec![pool("v6", "fd00:20::/48")]).policy();
+    let described: Vec<String> = pol
+        .rules(Scope::Import)
+        .iter()
+        .map(Rule::describe_match)
+        .collect();
+    assert!(
+        described
+            .iter()
+            .any(|d| d == "net ~ fd00:20::/48{48,128} && from cluster peers"),
+        "{described:?}"
+    );
+    let pol = Case::new(vec![pool("v4", "172.20.0.0/16")]).policy();
+    assert!(
+        pol.rules(Scope::Import)
+            .iter()
+            .any(|r| r.describe_match() == "net ~ 172.20.0.0/16{16,32} && from cluster peers")
+    );
 }

@@ -658,7 +658,7 @@ fn pool_policy(own: &[&str]) -> Arc<Policy> {
         "default",
         "172.20.0.0/16".parse().unwrap(),
     )];
-    let own: Vec<ipnet::Ipv4Net> = own.iter().map(|s| s.parse().unwrap()).collect();
+    let own: Vec<ipnet::IpNet> = own.iter().map(|s| s.parse().unwrap()).collect();
     Arc::new(Policy::generate(&crate::policy::PolicyInputs {
         pools: &pools,
         own_blocks: &own,

@@ -435,11 +435,6 @@ impl Bgp for BgpService {
             return Err(Status::invalid_argument("peer.as_number: AS 0 is reserved"));
         }
         if p.origin == i32::from(PeerOrigin::Resource) {
-            if address.is_ipv6() {
-                return Err(Status::invalid_argument(
-                    "peer.peer_address: BGPPeer resources are IPv4 for now (the cluster peers over IPv4); add an IPv6 peer to one node without --resource",
-                ));
-            }
             if !p.families.is_empty() {
                 return Err(Status::invalid_argument(
                     "peer.families: BGPPeer resources carry their session's own family; add the peer to one node (no --resource) to choose families",

@@ -151,6 +151,10 @@ pub fn node_from(n: &pb::Node) -> Result<Node, Status> {
         .map(|a| parse_addr("vxlan_tunnel_address", a))
         .transpose()?;
     node.vxlan_tunnel_mac = opt(&n.vxlan_tunnel_mac).map(str::to_owned);
+    node.vxlan_tunnel_address_v6 = opt(&n.vxlan_tunnel_address_v6)
+        .map(|a| parse_addr("vxlan_tunnel_address_v6", a))
+        .transpose()?;
+    node.vxlan_tunnel_mac_v6 = opt(&n.vxlan_tunnel_mac_v6).map(str::to_owned);
     node.route_reflector_cluster_id = opt(&n.route_reflector_cluster_id)
         .map(|a| {
             a.parse().map_err(|_| {
@@ -176,6 +180,11 @@ pub fn node_to(n: &Node, rev: Revision) -> pb::Node {
             .map(|a| a.to_string())
             .unwrap_or_default(),
         vxlan_tunnel_mac: n.vxlan_tunnel_mac.clone().unwrap_or_default(),
+        vxlan_tunnel_address_v6: n
+            .vxlan_tunnel_address_v6
+            .map(|a| a.to_string())
+            .unwrap_or_default(),
+        vxlan_tunnel_mac_v6: n.vxlan_tunnel_mac_v6.clone().unwrap_or_default(),
         route_reflector_cluster_id: n
             .route_reflector_cluster_id
             .map(|a| a.to_string())

@@ -17,17 +17,18 @@ pub mod peers;
 pub mod tunnel;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bgp_wire::{Asn, Ipv4Prefix};
+use bgp_wire::{Asn, Prefix};
 use ipam::IpamError;
 use ipam::allocator::Ipam;
 use ipam::block::{Block, BlockAffinity};
-use ipam::model::{BgpConfiguration, BgpPeer, IpPool, Node};
+use ipam::model::{BgpConfiguration, BgpPeer, IpFamily, IpPool, Node};
 use ipam::resource::{Resource, decode};
 use ipam::store::{Datastore, Listing, Store};
+use ipnet::IpNet;
 
 use crate::config::BgpConfig;
 use crate::dataplane::{Hub, desired};
@@ -173,8 +174,9 @@ impl ClusterState {
 struct Applied {
     speaker: Option<(Asn, u16)>,
     policy: Option<(Arc<Policy>, Option<Ipv4Addr>)>,
-    announced: BTreeSet<Ipv4Prefix>,
-    next_hop: Option<Ipv4Addr>,
+    announced: BTreeSet<Prefix>,
+    /// The next hop of each family's announcements: the node's address of that family.
+    next_hops: (Option<IpAddr>, Option<IpAddr>),
 }
 
 /// Keeps the speaker in line with the cluster state for node `me`.
@@ -209,11 +211,15 @@ impl Brain {
         }
 
         let own = origin::own_blocks(&self.me, c);
+        let subnets: Vec<IpNet> = IpFamily::ALL
+            .into_iter()
+            .filter_map(|f| me.address(f).map(|n| n.trunc()))
+            .collect();
         let pools: Vec<PolicyPool> = c.pools.iter().map(policy_pool).collect();
         let policy = Arc::new(Policy::generate(&PolicyInputs {
             pools: &pools,
             own_blocks: &own,
-            subnet: me.ipv4.map(|n| n.trunc()),
+            subnets: &subnets,
             aggregate_to_external: settings.aggregate_pools_to_external,
             external_transit: settings.external_transit,
             program_external_routes: settings.program_external_routes,
@@ -229,29 +235,34 @@ impl Brain {
             self.applied.policy = Some((policy, role));
         }
 
-        let next_hop = me.ipv4.map(|a| a.addr());
-        let want = if next_hop.is_some() {
+        // Each family's routes carry the node's address of that family as next hop; a
+        // family the node has no address in is not announced (as Calico's bird6 has no
+        // session without one).
+        let next_hop_of = |f: IpFamily| me.address(f).map(|a| a.addr());
+        let next_hops = (next_hop_of(IpFamily::V4), next_hop_of(IpFamily::V6));
+        let family_of = |p: &Prefix| IpFamily::of(p.addr());
+        let want: BTreeSet<Prefix> =
             origin::originated(&self.me, c, settings.aggregate_pools_to_external)
-        } else {
-            BTreeSet::new()
-        };
-        if next_hop != self.applied.next_hop {
+                .into_iter()
+                .filter(|p| next_hop_of(family_of(p)).is_some())
+                .collect();
+        if next_hops != self.applied.next_hops {
             // Every announcement carries the node's address: all again.
             self.applied.announced.clear();
-            self.applied.next_hop = next_hop;
+            self.applied.next_hops = next_hops;
         }
         for p in want.difference(&self.applied.announced.clone()) {
             self.speaker
                 .announce(Announcement {
-                    prefix: bgp_wire::Prefix::V4(*p),
-                    next_hop: next_hop.map(std::net::IpAddr::V4),
+                    prefix: *p,
+                    next_hop: next_hop_of(family_of(p)),
                     communities: vec![],
                 })
                 .await?;
             self.applied.announced.insert(*p);
         }
         for p in self.applied.announced.clone().difference(&want) {
-            match self.speaker.withdraw(bgp_wire::Prefix::V4(*p)).await {
+            match self.speaker.withdraw(*p).await {
                 Ok(()) | Err(SpeakerError::NotAnnounced(_)) => {}
                 Err(e) => return Err(e),
             }
@@ -271,9 +282,7 @@ impl Brain {
 
     /// Add, replace or remove the cluster-derived peers; peers from the configuration file
     /// or the API are never touched (and win an address both name).
-    async fn apply_peers(&self, want: BTreeMap<Ipv4Addr, PeerSpec>) -> Result<(), SpeakerError> {
-        let want: BTreeMap<std::net::IpAddr, PeerSpec> =
-            want.into_iter().map(|(a, s)| (a.into(), s)).collect();
+    async fn apply_peers(&self, want: BTreeMap<IpAddr, PeerSpec>) -> Result<(), SpeakerError> {
         let have = self.speaker.peers().await?;
         let mut keep = BTreeSet::new();
         for p in &have {

@@ -1,39 +1,36 @@
 //! What this node originates into BGP, from IPAM: its confirmed blocks (never a pending
 //! one), the addresses it borrowed from other nodes' blocks as /32, and, when configured,
-//! one aggregate per pool it has blocks in (exported to external peers only, see the
+//! one aggregate per pool it has blocks in; both families alike (exported to external peers only, see the
 //! policy). Nothing else: no default route, no interface routes.
 
 use std::collections::BTreeSet;
 
-use bgp_wire::Ipv4Prefix;
-use ipnet::{IpNet, Ipv4Net};
+use bgp_wire::Prefix;
+use ipnet::IpNet;
 
 use super::ClusterState;
 
-fn prefix(n: Ipv4Net) -> Option<Ipv4Prefix> {
-    Ipv4Prefix::new(n.network(), n.prefix_len())
+fn prefix(n: IpNet) -> Option<Prefix> {
+    Prefix::new(n.network(), n.prefix_len())
 }
 
-/// This node's confirmed IPv4 blocks.
-pub fn own_blocks(me: &str, c: &ClusterState) -> Vec<Ipv4Net> {
+/// This node's confirmed blocks, of both families.
+pub fn own_blocks(me: &str, c: &ClusterState) -> Vec<IpNet> {
     let confirmed = c.confirmed();
     c.blocks
         .iter()
         .filter(|b| confirmed.owner(b) == Some(me))
-        .filter_map(|b| match b.cidr {
-            IpNet::V4(n) => Some(n),
-            IpNet::V6(_) => None,
-        })
+        .map(|b| b.cidr)
         .collect()
 }
 
-/// The prefixes node `me` announces.
-pub fn originated(me: &str, c: &ClusterState, aggregate: bool) -> BTreeSet<Ipv4Prefix> {
+/// The prefixes node `me` announces, of both families (the caller announces a family only
+/// where the node has an address of it to put in the next hop).
+pub fn originated(me: &str, c: &ClusterState, aggregate: bool) -> BTreeSet<Prefix> {
     let mut out = BTreeSet::new();
     let own = own_blocks(me, c);
     out.extend(own.iter().filter_map(|n| prefix(*n)));
     for b in &c.blocks {
-        let IpNet::V4(_) = b.cidr else { continue };
         if b.affinity.as_deref() == Some(me) {
             continue;
         }
@@ -41,16 +38,14 @@ pub fn originated(me: &str, c: &ClusterState, aggregate: bool) -> BTreeSet<Ipv4P
             if slot.node != me {
                 continue;
             }
-            if let std::net::IpAddr::V4(a) = b.address(*ordinal) {
-                out.extend(Ipv4Prefix::new(a, 32));
-            }
+            let a = b.address(*ordinal);
+            out.extend(prefix(IpNet::from(a)));
         }
     }
     if aggregate {
         for p in &c.pools {
-            let IpNet::V4(cidr) = p.cidr else { continue };
-            if !p.disable_bgp_export && own.iter().any(|b| cidr.contains(&b.network())) {
-                out.extend(prefix(cidr));
+            if !p.disable_bgp_export && own.iter().any(|b| p.cidr.contains(&b.network())) {
+                out.extend(prefix(p.cidr));
             }
         }
     }
@@ -102,7 +97,7 @@ mod tests {
         }
     }
 
-    fn strings(s: &BTreeSet<Ipv4Prefix>) -> Vec<String> {
+    fn strings(s: &BTreeSet<Prefix>) -> Vec<String> {
         s.iter()
             .map(|p| format!("{}/{}", p.addr(), p.prefix_len()))
             .collect()
@@ -127,5 +122,45 @@ mod tests {
         c.pools[0].disable_bgp_export = true;
         assert!(!strings(&originated("a", &c, true)).contains(&"172.20.0.0/16".to_string()));
         assert!(!strings(&originated("c", &c, true)).contains(&"172.20.0.0/16".to_string()));
+    }
+
+    #[test]
+    fn ipv6_blocks_and_borrowed_ipv6_addresses_are_originated_like_ipv4_ones() {
+        let mut c = state();
+        c.pools
+            .push(IpPool::new("v6", "fd00:20::/48".parse().unwrap()));
+        let mut borrowed = block("fd00:20::40/122", Some("b"));
+        borrowed.slots.insert(
+            3,
+            Slot {
+                handle: "h6".into(),
+                node: "a".into(),
+                seq: 2,
+                attrs: Default::default(),
+            },
+        );
+        c.blocks.push(block("fd00:20::/122", Some("a")));
+        c.blocks.push(borrowed);
+        c.affinities
+            .push(affinity("a", "fd00:20::/122", AffinityState::Confirmed));
+        c.affinities
+            .push(affinity("b", "fd00:20::40/122", AffinityState::Confirmed));
+        assert_eq!(
+            strings(&originated("a", &c, false)),
+            [
+                "172.20.0.0/26",
+                "172.20.0.69/32",
+                "fd00:20::/122",
+                "fd00:20::43/128"
+            ]
+        );
+        assert_eq!(
+            own_blocks("a", &c),
+            [
+                "172.20.0.0/26".parse::<IpNet>().unwrap(),
+                "fd00:20::/122".parse().unwrap()
+            ]
+        );
+        assert!(strings(&originated("a", &c, true)).contains(&"fd00:20::/48".to_string()));
     }
 }

@@ -3,8 +3,10 @@
 //! datastore or a socket.
 //!
 //! The rules (Calico's, `confd` `updatePeersV1`):
-//! - mesh on: every other node with an IPv4 address, named `Mesh_<address>`; route
-//!   reflector nodes take no part in the mesh;
+//! - mesh on: every other node, one session per family both have an address in, between
+//!   those addresses (Calico's bird and bird6), named `Mesh_<address>` (`Mesh_10_0_0_2`,
+//!   `Mesh_fd00__2`); each session carries its own family only; route reflector nodes take
+//!   no part in the mesh;
 //! - a reflector peers with every other node: nodes without its cluster id are its clients,
 //!   reflectors with the same cluster id are plain iBGP peers; other nodes peer with every
 //!   reflector (`Node_<address>`), also with the mesh off;
@@ -19,10 +21,10 @@
 //!   4271's rule.
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 
 use bgp_wire::Asn;
-use ipam::model::{BgpConfiguration, BgpPeer, Node};
+use ipam::model::{BgpConfiguration, BgpPeer, IpFamily, Node};
 
 use crate::speaker::sockopt::{Password, Transport};
 use crate::speaker::{PeerOrigin, PeerSpec};
@@ -31,9 +33,10 @@ use bgp::policy::PeerClass;
 /// BIRD's default hold time, which Calico keeps.
 pub const DEFAULT_HOLD: u16 = 240;
 
-/// The name of a peer as Calico's tools expect it: `Mesh_10_0_0_2`, `Node_10_0_0_2_port_1790`.
-pub fn peer_name(kind: &str, address: Ipv4Addr, port: u16) -> String {
-    let mut n = format!("{kind}_{}", address.to_string().replace('.', "_"));
+/// The name of a peer as Calico's tools expect it: `Mesh_10_0_0_2`, `Node_10_0_0_2_port_1790`,
+/// `Mesh_fd00__2`.
+pub fn peer_name(kind: &str, address: IpAddr, port: u16) -> String {
+    let mut n = format!("{kind}_{}", address.to_string().replace(['.', ':'], "_"));
     if port != 0 && port != 179 {
         n.push_str(&format!("_port_{port}"));
     }
@@ -56,20 +59,30 @@ pub fn desired_peers(
     config: &BgpConfiguration,
     nodes: &[Node],
     resources: &[BgpPeer],
-) -> BTreeMap<Ipv4Addr, PeerSpec> {
+) -> BTreeMap<IpAddr, PeerSpec> {
     let mut out = BTreeMap::new();
     let Some(my) = nodes.iter().find(|n| n.name == me) else {
         return out;
     };
-    let Some(my_addr) = my.ipv4.map(|a| a.addr()) else {
+    let my_addrs: Vec<IpAddr> = IpFamily::ALL
+        .into_iter()
+        .filter_map(|f| my.address(f).map(|a| a.addr()))
+        .collect();
+    if my_addrs.is_empty() {
         return out;
-    };
+    }
     let my_cluster = my.route_reflector_cluster_id;
+    // One session per family both nodes have an address in.
     let others = nodes
         .iter()
         .filter(|n| n.name != me)
-        .filter_map(|n| Some((n, n.ipv4?.addr())))
-        .filter(|(_, a)| *a != my_addr);
+        .flat_map(|n| {
+            IpFamily::ALL.into_iter().filter_map(move |f| {
+                my.address(f)?;
+                Some((n, n.address(f)?.addr()))
+            })
+        })
+        .filter(|(_, a)| !my_addrs.contains(a));
 
     for (node, addr) in others {
         let theirs = node.route_reflector_cluster_id;
@@ -99,16 +112,16 @@ pub fn desired_peers(
         .collect();
     explicit.sort_by_key(|p| (!p.node.is_empty(), p.name.clone()));
     for p in explicit {
-        let IpAddr::V4(addr) = p.peer_address else {
-            // IPv6 sessions come with the production speaker (issue #6).
-            continue;
-        };
-        if addr == my_addr {
+        let addr = p.peer_address;
+        if my_addrs.contains(&addr) {
             continue;
         }
-        let is_node = nodes
-            .iter()
-            .any(|n| n.name != me && n.ipv4.is_some_and(|a| a.addr() == addr));
+        let is_node = nodes.iter().any(|n| {
+            n.name != me
+                && IpFamily::ALL
+                    .into_iter()
+                    .any(|f| n.address(f).is_some_and(|a| a.addr() == addr))
+        });
         let mut spec = PeerSpec::new(addr, Asn(p.as_number));
         spec.port = if p.port == 0 { 179 } else { p.port };
         spec.passive = p.passive;
@@ -166,11 +179,11 @@ mod tests {
         n
     }
 
-    fn ip(s: &str) -> Ipv4Addr {
+    fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
     }
 
-    fn names(p: &BTreeMap<Ipv4Addr, PeerSpec>) -> Vec<String> {
+    fn names(p: &BTreeMap<IpAddr, PeerSpec>) -> Vec<String> {
         p.values().map(PeerSpec::name).collect()
     }
 
@@ -198,6 +211,49 @@ mod tests {
                 assert!(!p.passive && p.peer_connects, "{} to {addr}", x.name);
             }
         }
+    }
+
+    #[test]
+    fn the_ipv6_mesh_joins_nodes_with_ipv6_addresses_one_session_per_family() {
+        let cfg = BgpConfiguration::default();
+        let mut nodes = three();
+        for (n, a) in nodes.iter_mut().zip(["fd00::1/64", "fd00::2/64"]) {
+            n.ipv6 = Some(a.parse().unwrap());
+        }
+        // c has no IPv6 address: IPv4 only with it.
+        let a = desired_peers("a", &cfg, &nodes, &[]);
+        assert_eq!(
+            names(&a),
+            ["Mesh_10_0_0_2", "Mesh_10_0_0_10", "Mesh_fd00__2"]
+        );
+        let v6 = &a[&ip("fd00::2")];
+        assert!(
+            v6.families.ipv6 && !v6.families.ipv4,
+            "bird6: its own family only"
+        );
+        assert!(v6.peer_connects && v6.class == PeerClass::Cluster);
+        let v4 = &a[&ip("10.0.0.2")];
+        assert!(v4.families.ipv4 && !v4.families.ipv6);
+        // A node without an IPv6 address has no IPv6 sessions.
+        let c = desired_peers("c", &cfg, &nodes, &[]);
+        assert!(c.keys().all(|a| a.is_ipv4()), "{:?}", c.keys());
+        // An IPv6-only node meshes over IPv6 only.
+        nodes[0].ipv4 = None;
+        let a = desired_peers("a", &cfg, &nodes, &[]);
+        assert_eq!(names(&a), ["Mesh_fd00__2"]);
+    }
+
+    #[test]
+    fn an_ipv6_bgp_peer_resource_is_an_external_ipv6_session() {
+        let cfg = BgpConfiguration::default();
+        let mut nodes = three();
+        nodes[0].ipv6 = Some("fd00::1/64".parse().unwrap());
+        let tor = resource("tor6", "", "fd00::fe", 65000);
+        let a = desired_peers("a", &cfg, &nodes, &[tor]);
+        let t = &a[&ip("fd00::fe")];
+        assert_eq!(t.name(), "Global_fd00__fe");
+        assert_eq!(t.class, PeerClass::External);
+        assert!(t.families.ipv6 && !t.families.ipv4);
     }
 
     #[test]

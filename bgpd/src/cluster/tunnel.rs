@@ -4,24 +4,40 @@
 //! the next one. It writes nothing else and computes nothing for the dataplane.
 
 use ipam::IpamError;
-use ipam::allocator::{AssignRequest, Ipam, TUNNEL_HANDLE_PREFIX};
-use ipam::model::AllowedUse;
+use ipam::allocator::{AssignRequest, Ipam, tunnel_handle};
+use ipam::model::{AllowedUse, IpFamily};
 use ipam::selector::Selector;
 use ipam::store::Store;
 
 use super::ClusterState;
+use crate::dataplane::desired;
 
-/// Gives this node its VXLAN tunnel address and VTEP MAC when a VXLAN pool that allows
-/// tunnel addresses selects it (as calico-node does). Returns whether it wrote anything.
+/// Gives this node its VXLAN tunnel address and VTEP MAC of each family where a VXLAN pool
+/// of that family that allows tunnel addresses selects it (as calico-node does). Returns
+/// whether it wrote anything.
 pub async fn ensure_tunnel(
     ipam: &Ipam<Store>,
     me: &str,
     c: &ClusterState,
 ) -> Result<bool, IpamError> {
+    let mut wrote = false;
+    for family in IpFamily::ALL {
+        wrote |= ensure_family(ipam, me, c, family).await?;
+    }
+    Ok(wrote)
+}
+
+async fn ensure_family(
+    ipam: &Ipam<Store>,
+    me: &str,
+    c: &ClusterState,
+    family: IpFamily,
+) -> Result<bool, IpamError> {
     let Some(node) = c.nodes.iter().find(|n| n.name == me) else {
         return Ok(false);
     };
-    if node.vxlan_tunnel_address.is_some() && node.vxlan_tunnel_mac.is_some() {
+    // A VTEP needs an underlay address of its family.
+    if node.vxlan_tunnel(family).is_some() || node.address(family).is_none() {
         return Ok(false);
     }
     let pools: Vec<String> = c
@@ -31,7 +47,7 @@ pub async fn ensure_tunnel(
             p.vxlan_mode.is_on()
                 && !p.disabled
                 && p.allows(AllowedUse::Tunnel)
-                && p.cidr.addr().is_ipv4()
+                && IpFamily::of_net(&p.cidr) == family
         })
         .filter(|p| Selector::parse(&p.node_selector).is_ok_and(|s| s.matches(&node.labels)))
         .map(|p| p.name.clone())
@@ -39,31 +55,49 @@ pub async fn ensure_tunnel(
     if pools.is_empty() {
         return Ok(false);
     }
-    let handle = format!("{TUNNEL_HANDLE_PREFIX}{me}");
+    let handle = tunnel_handle(family, me);
     // An address from an earlier attempt that did not reach the node is reused.
     let address = match ipam.handle_allocations(&handle).await {
         Ok(held) if !held.is_empty() => held[0].address,
         _ => {
+            let (num_v4, num_v6, v4_pools, v6_pools) = match family {
+                IpFamily::V4 => (1, 0, pools, Vec::new()),
+                IpFamily::V6 => (0, 1, Vec::new(), pools),
+            };
             let req = AssignRequest {
                 handle,
                 node: me.into(),
-                num_v4: 1,
-                v4_pools: pools,
+                num_v4,
+                num_v6,
+                v4_pools,
+                v6_pools,
                 use_tunnel: true,
                 attrs: [
-                    ("type".to_owned(), "vxlanTunnelAddress".to_owned()),
+                    ("type".to_owned(), tunnel_type(family).to_owned()),
                     ("node".to_owned(), me.to_owned()),
                 ]
                 .into(),
                 ..Default::default()
             };
-            ipam.auto_assign(&req).await?.0[0].address
+            let (v4, v6) = ipam.auto_assign(&req).await?;
+            match v4.into_iter().chain(v6).next() {
+                Some(a) => a.address,
+                None => return Ok(false),
+            }
         }
     };
     let (mut node, rev) = ipam.get_node(me).await?;
-    node.vxlan_tunnel_address = Some(address);
-    node.vxlan_tunnel_mac = Some(proto::mac::format_mac(&proto::mac::vtep_mac(me)));
+    let mac = proto::mac::format_mac(&proto::mac::vtep_mac(me, desired::pb_family(family)));
+    node.set_vxlan_tunnel(family, Some((address, mac)));
     ipam.register_node(&node, Some(rev)).await?;
-    tracing::info!(node = me, tunnel = %address, "VXLAN tunnel address assigned");
+    tracing::info!(node = me, tunnel = %address, family = family.name(), "VXLAN tunnel address assigned");
     Ok(true)
+}
+
+/// The allocation's `type` attribute, as Calico names it.
+fn tunnel_type(family: IpFamily) -> &'static str {
+    match family {
+        IpFamily::V4 => "vxlanTunnelAddress",
+        IpFamily::V6 => "vxlanV6TunnelAddress",
+    }
 }

@@ -323,7 +323,14 @@ impl Config {
             self.node.name = hostname();
         }
         if self.bgp.router_id.is_none() {
-            self.bgp.router_id = self.node.address.map(|a| a.addr());
+            // An IPv6-only node has no IPv4 address to take: a router id hashed from its
+            // name, as Calico's `routerID: hash` does for IPv6-only clusters.
+            self.bgp.router_id = Some(
+                self.node
+                    .address
+                    .map(|a| a.addr())
+                    .unwrap_or_else(|| hashed_router_id(&self.node.name)),
+            );
         }
     }
 
@@ -457,6 +464,13 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// A stable, non-zero BGP identifier from a node name (for nodes without an IPv4 address).
+pub fn hashed_router_id(name: &str) -> std::net::Ipv4Addr {
+    let d = proto::mac::sha1(name.as_bytes());
+    let id = u32::from_be_bytes([d[0], d[1], d[2], d[3]]);
+    std::net::Ipv4Addr::from(if id == 0 { 1 } else { id })
 }
 
 #[cfg(test)]

@@ -55,7 +55,13 @@ fn defaults_without_a_file() {
     assert_eq!(c.datastore.describe(), "sqlite:/var/lib/margay/store.db");
     assert_eq!(c.bgp.listen_port, 179);
     assert_eq!(c.log.level, LogLevel::Info);
-    assert_eq!(c.bgp.router_id, None);
+    // No IPv4 address: the id is hashed from the name, stable and never 0.0.0.0.
+    assert_eq!(c.bgp.router_id, Some(super::hashed_router_id("n1")));
+    assert_ne!(c.bgp.router_id, Some(Ipv4Addr::UNSPECIFIED));
+    let again = Config::load_with_env(None, env(&[("MARGAY_NODE__NAME", "n1")])).unwrap();
+    assert_eq!(again.bgp.router_id, c.bgp.router_id);
+    let other = Config::load_with_env(None, env(&[("MARGAY_NODE__NAME", "n2")])).unwrap();
+    assert_ne!(other.bgp.router_id, c.bgp.router_id);
 }
 
 #[test]

@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::IpAddr;
 
 use ipam::block::{AffinityState, Block, BlockAffinity};
-use ipam::model::{EncapMode, IpPool, Node};
+use ipam::model::{EncapMode, IpFamily, IpPool, Node};
 use ipnet::IpNet;
 use proto::v1 as pb;
 
@@ -25,9 +25,17 @@ use proto::v1 as pb;
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub enum ItemKey {
     Route(IpNet),
-    Vtep(String),
-    LocalVtep,
+    Vtep(String, IpFamily),
+    LocalVtep(IpFamily),
     NatPool(IpNet),
+}
+
+/// The contract's name of a family.
+pub fn pb_family(f: IpFamily) -> pb::IpFamily {
+    match f {
+        IpFamily::V4 => pb::IpFamily::V4,
+        IpFamily::V6 => pb::IpFamily::V6,
+    }
 }
 
 impl ItemKey {
@@ -36,8 +44,11 @@ impl ItemKey {
         pb::DesiredKey {
             key: Some(match self {
                 ItemKey::Route(n) => Key::Route(n.to_string()),
-                ItemKey::Vtep(n) => Key::Vtep(n.clone()),
-                ItemKey::LocalVtep => Key::LocalVtep(true),
+                ItemKey::Vtep(n, f) => Key::Vtep(pb::VtepKey {
+                    node: n.clone(),
+                    family: pb_family(*f).into(),
+                }),
+                ItemKey::LocalVtep(f) => Key::LocalVtep(pb_family(*f).into()),
                 ItemKey::NatPool(n) => Key::NatPool(n.to_string()),
             }),
         }
@@ -90,15 +101,17 @@ fn remote_route(
     if !pool.vxlan_mode.is_on() {
         return None;
     }
-    let theirs = node.ipv4?;
+    // Everything is of the destination's family: the node's address, our subnet, the VTEP.
+    let family = IpFamily::of_net(&dest);
+    let theirs = node.address(family)?;
     let same_subnet = me
-        .and_then(|m| m.ipv4)
+        .and_then(|m| m.address(family))
         .is_some_and(|mine| mine.contains(&theirs.addr()));
     if pool.vxlan_mode == EncapMode::CrossSubnet && same_subnet {
         return Some(route(
             dest,
             pb::RouteKind::Gateway,
-            Some(IpAddr::V4(theirs.addr())),
+            Some(theirs.addr()),
             false,
             format!(
                 "block of {} (pool {} CrossSubnet, same subnet)",
@@ -106,7 +119,7 @@ fn remote_route(
             ),
         ));
     }
-    let tunnel = node.vxlan_tunnel_address?;
+    let (tunnel, _) = node.vxlan_tunnel(family)?;
     Some(route(
         dest,
         pb::RouteKind::Vxlan,
@@ -193,43 +206,44 @@ pub fn compute(inputs: &Inputs<'_>) -> Desired {
         }
     }
 
-    let any_vxlan = inputs.pools.iter().any(|p| p.vxlan_mode.is_on());
-    if any_vxlan {
+    // One VTEP per node and family, where a VXLAN pool of that family exists.
+    for family in IpFamily::ALL {
+        let any_vxlan = inputs
+            .pools
+            .iter()
+            .any(|p| p.vxlan_mode.is_on() && IpFamily::of_net(&p.cidr) == family);
+        if !any_vxlan {
+            continue;
+        }
         for n in inputs.nodes {
-            let (Some(ip), Some(mac), Some(tunnel)) =
-                (n.ipv4, n.vxlan_tunnel_mac.as_ref(), n.vxlan_tunnel_address)
+            let (Some(ip), Some((tunnel, mac))) = (n.address(family), n.vxlan_tunnel(family))
             else {
                 continue;
             };
-            let vtep = if n.name == inputs.me {
-                out.insert(
-                    ItemKey::LocalVtep,
-                    pb::DesiredItem {
-                        item: Some(pb::desired_item::Item::LocalVtep(pb::LocalVtep {
-                            underlay_address: ip.addr().to_string(),
-                            mac: mac.clone(),
-                            tunnel_address: tunnel.to_string(),
-                            vni: VXLAN_VNI,
-                            port: VXLAN_PORT,
-                            mtu: 0,
-                        })),
-                    },
-                );
-                continue;
+            let (key, item) = if n.name == inputs.me {
+                (
+                    ItemKey::LocalVtep(family),
+                    pb::desired_item::Item::LocalVtep(pb::LocalVtep {
+                        underlay_address: ip.addr().to_string(),
+                        mac: mac.to_owned(),
+                        tunnel_address: tunnel.to_string(),
+                        vni: VXLAN_VNI,
+                        port: VXLAN_PORT,
+                        mtu: 0,
+                    }),
+                )
             } else {
-                pb::Vtep {
-                    node: n.name.clone(),
-                    underlay_address: ip.addr().to_string(),
-                    mac: mac.clone(),
-                    tunnel_address: tunnel.to_string(),
-                }
+                (
+                    ItemKey::Vtep(n.name.clone(), family),
+                    pb::desired_item::Item::Vtep(pb::Vtep {
+                        node: n.name.clone(),
+                        underlay_address: ip.addr().to_string(),
+                        mac: mac.to_owned(),
+                        tunnel_address: tunnel.to_string(),
+                    }),
+                )
             };
-            out.insert(
-                ItemKey::Vtep(n.name.clone()),
-                pb::DesiredItem {
-                    item: Some(pb::desired_item::Item::Vtep(vtep)),
-                },
-            );
+            out.insert(key, pb::DesiredItem { item: Some(item) });
         }
     }
 
@@ -298,225 +312,4 @@ impl<'a> ConfirmedAffinities<'a> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use ipam::model::Node;
-
-    fn node(name: &str, ip: &str, tunnel: &str) -> Node {
-        let mut n = Node::new(name);
-        n.ipv4 = Some(ip.parse().unwrap());
-        n.vxlan_tunnel_address = Some(tunnel.parse().unwrap());
-        n.vxlan_tunnel_mac = Some(format!("66:00:00:00:00:{:02x}", name.len()));
-        n
-    }
-
-    fn block(cidr: &str, owner: Option<&str>) -> (Block, Option<BlockAffinity>) {
-        let cidr: IpNet = cidr.parse().unwrap();
-        let b = Block::new(cidr, "default", owner, 0);
-        let a = owner.map(|o| BlockAffinity {
-            node: o.into(),
-            cidr,
-            state: AffinityState::Confirmed,
-        });
-        (b, a)
-    }
-
-    fn kernel_route(d: &Desired, dest: &str) -> Option<pb::KernelRoute> {
-        match d
-            .get(&ItemKey::Route(dest.parse().unwrap()))?
-            .item
-            .clone()?
-        {
-            pb::desired_item::Item::Route(r) => Some(r),
-            _ => None,
-        }
-    }
-
-    struct World {
-        nodes: Vec<Node>,
-        pools: Vec<IpPool>,
-        blocks: Vec<Block>,
-        affinities: Vec<BlockAffinity>,
-    }
-
-    impl World {
-        fn new(mode: EncapMode) -> Self {
-            let mut pool = IpPool::new("default", "172.20.0.0/16".parse().unwrap());
-            pool.vxlan_mode = mode;
-            pool.nat_outgoing = true;
-            let mut w = World {
-                nodes: vec![
-                    node("a", "10.0.0.1/24", "172.20.0.1"),
-                    node("b", "10.0.0.2/24", "172.20.0.65"),
-                    node("d", "10.0.1.4/24", "172.20.0.129"),
-                ],
-                pools: vec![pool],
-                blocks: vec![],
-                affinities: vec![],
-            };
-            for (cidr, owner) in [
-                ("172.20.0.0/26", "a"),
-                ("172.20.0.64/26", "b"),
-                ("172.20.0.128/26", "d"),
-            ] {
-                let (b, a) = block(cidr, Some(owner));
-                w.blocks.push(b);
-                w.affinities.extend(a);
-            }
-            w
-        }
-        fn compute(&self, me: &str) -> Desired {
-            compute(&Inputs {
-                me,
-                nodes: &self.nodes,
-                pools: &self.pools,
-                blocks: &self.blocks,
-                affinities: &self.affinities,
-            })
-        }
-    }
-
-    #[test]
-    fn cross_subnet_is_direct_in_the_subnet_and_vxlan_beyond() {
-        let w = World::new(EncapMode::CrossSubnet);
-        let d = w.compute("a");
-        let own = kernel_route(&d, "172.20.0.0/26").unwrap();
-        assert_eq!(own.kind(), pb::RouteKind::Blackhole);
-        let same = kernel_route(&d, "172.20.0.64/26").unwrap();
-        assert_eq!(
-            (same.kind(), same.gateway.as_str(), same.onlink),
-            (pb::RouteKind::Gateway, "10.0.0.2", false)
-        );
-        let other = kernel_route(&d, "172.20.0.128/26").unwrap();
-        assert_eq!(
-            (other.kind(), other.gateway.as_str(), other.onlink),
-            (pb::RouteKind::Vxlan, "172.20.0.129", true)
-        );
-        assert!(
-            d.contains_key(&ItemKey::Vtep("b".into()))
-                && d.contains_key(&ItemKey::Vtep("d".into()))
-        );
-        assert!(d.contains_key(&ItemKey::LocalVtep));
-        assert!(!d.contains_key(&ItemKey::Vtep("a".into())));
-        // Both ways: d sees a and b over VXLAN.
-        let from_d = w.compute("d");
-        assert_eq!(
-            kernel_route(&from_d, "172.20.0.0/26").unwrap().kind(),
-            pb::RouteKind::Vxlan
-        );
-        assert_eq!(
-            kernel_route(&from_d, "172.20.0.64/26").unwrap().gateway,
-            "172.20.0.65"
-        );
-    }
-
-    #[test]
-    fn vxlan_always_tunnels_even_in_the_subnet() {
-        let d = World::new(EncapMode::Always).compute("a");
-        assert_eq!(
-            kernel_route(&d, "172.20.0.64/26").unwrap().kind(),
-            pb::RouteKind::Vxlan
-        );
-    }
-
-    #[test]
-    fn no_encapsulation_leaves_remote_blocks_to_bgp() {
-        let d = World::new(EncapMode::Never).compute("a");
-        assert_eq!(
-            kernel_route(&d, "172.20.0.0/26").unwrap().kind(),
-            pb::RouteKind::Blackhole
-        );
-        assert!(kernel_route(&d, "172.20.0.64/26").is_none());
-        assert!(
-            !d.contains_key(&ItemKey::LocalVtep),
-            "no VXLAN pool, no VXLAN device"
-        );
-        assert!(d.contains_key(&ItemKey::NatPool("172.20.0.0/16".parse().unwrap())));
-    }
-
-    #[test]
-    fn pending_blocks_are_neither_blackholed_nor_routed() {
-        let mut w = World::new(EncapMode::CrossSubnet);
-        for a in &mut w.affinities {
-            a.state = AffinityState::Pending;
-        }
-        let d = w.compute("a");
-        assert!(
-            d.keys().all(|k| !matches!(k, ItemKey::Route(_))),
-            "{:?}",
-            d.keys().collect::<Vec<_>>()
-        );
-    }
-
-    #[test]
-    fn borrowed_addresses_get_a_host_route_to_their_holder() {
-        let mut w = World::new(EncapMode::CrossSubnet);
-        // d borrowed 172.20.0.70 from b's block.
-        let attrs = Default::default();
-        w.blocks[1]
-            .allocate_addr("172.20.0.70".parse().unwrap(), "h", "d", &attrs)
-            .unwrap();
-        let d = w.compute("a");
-        let host = kernel_route(&d, "172.20.0.70/32").unwrap();
-        assert_eq!(
-            (host.kind(), host.gateway.as_str()),
-            (pb::RouteKind::Vxlan, "172.20.0.129")
-        );
-        // On d itself, its own borrowed address is its workload route, not ours.
-        assert!(kernel_route(&w.compute("d"), "172.20.0.70/32").is_none());
-    }
-
-    #[test]
-    fn our_workloads_get_a_host_route_on_their_interface() {
-        let mut w = World::new(EncapMode::CrossSubnet);
-        let attrs: BTreeMap<String, String> = [
-            (
-                WORKLOAD_INTERFACE.to_string(),
-                "cali0123456789a".to_string(),
-            ),
-            ("namespace".to_string(), "default".to_string()),
-            ("pod".to_string(), "web-0".to_string()),
-        ]
-        .into();
-        w.blocks[0]
-            .allocate_addr("172.20.0.5".parse().unwrap(), "h", "a", &attrs)
-            .unwrap();
-        // Allocated without an interface (another main plugin): no route of ours.
-        w.blocks[0]
-            .allocate_addr(
-                "172.20.0.6".parse().unwrap(),
-                "h2",
-                "a",
-                &Default::default(),
-            )
-            .unwrap();
-        let r = kernel_route(&w.compute("a"), "172.20.0.5/32").unwrap();
-        assert_eq!(
-            (r.kind(), r.device.as_str(), r.source.as_str()),
-            (
-                pb::RouteKind::Workload,
-                "cali0123456789a",
-                "workload default/web-0"
-            )
-        );
-        assert!(kernel_route(&w.compute("a"), "172.20.0.6/32").is_none());
-        // Other nodes route the whole block, not the pod.
-        assert!(kernel_route(&w.compute("b"), "172.20.0.5/32").is_none());
-    }
-
-    #[test]
-    fn a_mode_change_is_a_small_diff() {
-        let w = World::new(EncapMode::CrossSubnet);
-        let before = w.compute("a");
-        let mut w2 = World::new(EncapMode::Always);
-        w2.blocks = w.blocks.clone();
-        let after = w2.compute("a");
-        let (upsert, remove) = diff(&before, &after);
-        assert_eq!(upsert.len(), 1, "only b's block changes: {upsert:?}");
-        assert!(remove.is_empty());
-        let (upsert, remove) = diff(&after, &after);
-        assert!(upsert.is_empty() && remove.is_empty());
-        let (_, remove) = diff(&after, &Desired::new());
-        assert_eq!(remove.len(), after.len());
-    }
-}
+mod tests;

@@ -1112,9 +1112,10 @@ impl Speaker {
         };
         let Source::Peer(q) = src else { return None };
         let next_hop = next_hop_addr(attrs)?;
-        // routewriter programs IPv4 routes via IPv4 gateways only: IPv6 routes (and IPv4
-        // via IPv6) stay out of the kernel table rather than be refused there one by one.
-        if !(p.addr().is_ipv4() && next_hop.is_ipv4()) {
+        // routewriter programs each family via a gateway of its own family: an IPv4 route
+        // via an IPv6 next hop (RFC 8950) stays out of the kernel table rather than be
+        // refused there.
+        if p.addr().is_ipv4() != next_hop.is_ipv4() {
             return None;
         }
         let (via, reason) =
