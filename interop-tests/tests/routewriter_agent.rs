@@ -3,15 +3,17 @@
 //! runs on a unix socket, and every result is read back with iproute2 (`ip route`, `ip -d
 //! link`, `bridge fdb`, `ip neigh`) and nft, not with routewriter's own netlink code.
 //!
-//! Why this file is long: one case per kind of kernel object and fault, sharing the node namespace
-//! and Dataplane server set-up.
+//! Why this file is long: one case per kind of kernel object and fault, for each family, sharing
+//! the node namespace and Dataplane server set-up.
 //!
 //! Topology of most tests: node namespace `n` with uplink `eth0` 10.0.0.1/24, a peer namespace
-//! `x` on the other end (10.0.0.2/24), pods in namespaces of their own behind `cali*` veths.
+//! `x` on the other end (10.0.0.2/24), pods in namespaces of their own behind `cali*` veths. The
+//! IPv6 tests add fd00:10::1/64 and fd00:10::2/64 to the same link, IPv6 pods are in
+//! fd00:20::/48, and the IPv6 device is `vxlan-v6.calico`.
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -22,8 +24,8 @@ use interop_tests::lab::{
     netns::{Netns, NsProcess, VethPair},
 };
 use proto::v1::{
-    DataplaneUpdate, DesiredItem, DesiredKey, KernelRoute, LocalVtep, NatPool, RouteKind, Vtep,
-    WatchRequest,
+    DataplaneUpdate, DesiredItem, DesiredKey, IpFamily, KernelRoute, LocalVtep, NatPool, RouteKind,
+    Vtep, VtepKey, WatchRequest,
     dataplane_server::{Dataplane, DataplaneServer},
     desired_item::Item,
     desired_key::Key,
@@ -79,11 +81,20 @@ impl Dataplane for Feed {
     }
 }
 
+/// The family of a VTEP item, as bgpd keys it: that of its underlay address.
+fn family_of(addr: &str) -> i32 {
+    if addr.contains(':') {
+        IpFamily::V6 as i32
+    } else {
+        IpFamily::V4 as i32
+    }
+}
+
 fn item_key(item: &DesiredItem) -> String {
     match item.item.as_ref().unwrap() {
         Item::Route(r) => format!("route:{}", r.destination),
-        Item::Vtep(v) => format!("vtep:{}", v.node),
-        Item::LocalVtep(_) => "local".into(),
+        Item::Vtep(v) => format!("vtep:{}:{}", v.node, family_of(&v.underlay_address)),
+        Item::LocalVtep(l) => format!("local:{}", family_of(&l.underlay_address)),
         Item::NatPool(p) => format!("pool:{}", p.cidr),
     }
 }
@@ -91,8 +102,8 @@ fn item_key(item: &DesiredItem) -> String {
 fn key_key(key: &DesiredKey) -> String {
     match key.key.as_ref().unwrap() {
         Key::Route(d) => format!("route:{d}"),
-        Key::Vtep(n) => format!("vtep:{n}"),
-        Key::LocalVtep(_) => "local".into(),
+        Key::Vtep(k) => format!("vtep:{}:{}", k.node, k.family),
+        Key::LocalVtep(f) => format!("local:{f}"),
         Key::NatPool(c) => format!("pool:{c}"),
     }
 }
@@ -218,11 +229,16 @@ fn local_vtep(underlay: &str, tunnel: &str) -> DesiredItem {
 }
 
 fn vtep(node: &str, underlay: &str, tunnel: &str) -> DesiredItem {
+    let mac = if underlay.contains(':') {
+        mac6_of(node)
+    } else {
+        mac_of(node)
+    };
     DesiredItem {
         item: Some(Item::Vtep(Vtep {
             node: node.into(),
             underlay_address: underlay.into(),
-            mac: mac_of(node),
+            mac,
             tunnel_address: tunnel.into(),
         })),
     }
@@ -243,8 +259,35 @@ fn rm_route(dest: &str) -> DesiredKey {
     }
 }
 
+fn rm_vtep(node: &str, family: IpFamily) -> DesiredKey {
+    DesiredKey {
+        key: Some(Key::Vtep(VtepKey {
+            node: node.into(),
+            family: family.into(),
+        })),
+    }
+}
+
+fn rm_local(family: IpFamily) -> DesiredKey {
+    DesiredKey {
+        key: Some(Key::LocalVtep(family.into())),
+    }
+}
+
+fn rm_pool(cidr: &str) -> DesiredKey {
+    DesiredKey {
+        key: Some(Key::NatPool(cidr.into())),
+    }
+}
+
+/// The IPv4 VTEP MAC of a node (what routewriter derives when the stream gives none).
 fn mac_of(node: &str) -> String {
-    proto::mac::format_mac(&proto::mac::vtep_mac(node))
+    proto::mac::format_mac(&proto::mac::vtep_mac(node, IpFamily::V4))
+}
+
+/// The IPv6 VTEP MAC of a node.
+fn mac6_of(node: &str) -> String {
+    proto::mac::format_mac(&proto::mac::vtep_mac(node, IpFamily::V6))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -452,6 +495,21 @@ fn pod(node: &Netns, short: &str, cali: &str, addr: &str) -> (Netns, VethPair) {
 /// One TCP connection from namespace `from` to `to_addr:port` served in `to`; the source
 /// address the listener saw.
 fn tcp_source(from: &Netns, to: &Netns, to_addr: Ipv4Addr, port: u16) -> Result<Ipv4Addr, String> {
+    match tcp_peer(from, to, IpAddr::V4(to_addr), port)? {
+        IpAddr::V4(a) => Ok(a),
+        other => Err(format!("unexpected peer {other}")),
+    }
+}
+
+/// [`tcp_source`] over IPv6.
+fn tcp_source6(from: &Netns, to: &Netns, to_addr: &str, port: u16) -> Result<Ipv6Addr, String> {
+    match tcp_peer(from, to, to_addr.parse().unwrap(), port)? {
+        IpAddr::V6(a) => Ok(a),
+        other => Err(format!("unexpected peer {other}")),
+    }
+}
+
+fn tcp_peer(from: &Netns, to: &Netns, to_addr: IpAddr, port: u16) -> Result<IpAddr, String> {
     let listener = to
         .run_in(|| TcpListener::bind((to_addr, port)))
         .map_err(|e| e.to_string())?
@@ -481,10 +539,77 @@ fn tcp_source(from: &Netns, to: &Netns, to_addr: Ipv4Addr, port: u16) -> Result<
         let _ = accept.join();
         return Err(e);
     }
-    match accept.join().unwrap()? {
-        SocketAddr::V4(a) => Ok(*a.ip()),
-        other => Err(format!("unexpected peer {other}")),
+    Ok(accept.join().unwrap()?.ip())
+}
+
+// ---------------------------------------------------------------------------------------------
+// IPv6 on the test topology
+
+/// Adds fd00:10::1/64 to the node's eth0 and fd00:10::2/64 to the peer's (no DAD: nothing
+/// else is on the link), and waits for both ends' link-local addresses to be usable; the
+/// peer's link-local address.
+fn dual_stack(node: &Node, x: &Netns) -> String {
+    for (ns, addr) in [(&node.ns, "fd00:10::1/64"), (x, "fd00:10::2/64")] {
+        ns.ip(&["-6", "addr", "add", addr, "dev", "eth0", "nodad"])
+            .unwrap();
     }
+    let mut peer_ll = None;
+    let ready = wait_until(Duration::from_secs(10), || {
+        let settled = [&node.ns, x].iter().all(|ns| {
+            ns.ip(&["-6", "addr", "show", "dev", "eth0"])
+                .is_ok_and(|a| !a.contains("tentative") && a.contains("fe80:"))
+        });
+        peer_ll = lab::link6::link_local(x, "eth0");
+        settled && peer_ll.is_some()
+    });
+    assert!(ready, "IPv6 on the test link did not settle");
+    peer_ll.unwrap()
+}
+
+/// [`pod`] with an IPv6 address too: `addr6`/128 on the pod's eth0, default via fe80::1, the
+/// host end's link-local address (as Calico pods reach their gateway).
+fn pod_dual(node: &Netns, short: &str, cali: &str, addr: &str, addr6: &str) -> (Netns, VethPair) {
+    let (p, veth) = pod(node, short, cali, addr);
+    node.ip(&["-6", "addr", "add", "fe80::1/64", "dev", cali, "nodad"])
+        .unwrap();
+    p.ip(&[
+        "-6",
+        "addr",
+        "add",
+        &format!("{addr6}/128"),
+        "dev",
+        "eth0",
+        "nodad",
+    ])
+    .unwrap();
+    p.ip(&[
+        "-6", "route", "add", "default", "via", "fe80::1", "dev", "eth0",
+    ])
+    .unwrap();
+    (p, veth)
+}
+
+/// `ip -6 route show proto 80`, lines sorted.
+fn routes6(node: &Node) -> Vec<String> {
+    lines(&node.ip(&["-6", "route", "show", "proto", "80"]))
+}
+
+fn fdb(node: &Node, dev: &str) -> Vec<String> {
+    lines(
+        &node
+            .ns
+            .exec("bridge", &["fdb", "show", "dev", dev])
+            .unwrap_or_default(),
+    )
+}
+
+fn neigh6(node: &Node, dev: &str) -> Vec<String> {
+    lines(
+        &node
+            .ns
+            .ip(&["-6", "neigh", "show", "dev", dev, "nud", "permanent"])
+            .unwrap_or_default(),
+    )
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -566,10 +691,23 @@ fn every_route_kind_as_iproute2_shows_it() {
         assert_eq!(node.ns.exec("cat", &[path]).unwrap().trim(), want, "{path}");
     }
     let m = node.metrics();
-    assert!(m.contains("routewriter_routes{kind=\"vxlan\"} 1\n"), "{m}");
     assert!(
-        m.contains("routewriter_routes{kind=\"gateway\"} 2\n"),
+        m.contains("routewriter_routes{family=\"ipv4\",kind=\"vxlan\"} 1\n"),
         "{m}"
+    );
+    assert!(
+        m.contains("routewriter_routes{family=\"ipv4\",kind=\"gateway\"} 2\n"),
+        "{m}"
+    );
+    assert!(
+        m.contains("routewriter_routes{family=\"ipv6\",kind=\"gateway\"} 0\n"),
+        "{m}"
+    );
+    // Nothing of IPv6 is desired: no IPv6 NAT table, IPv6 forwarding left as it was.
+    assert!(
+        node.ns
+            .exec("nft", &["list", "table", "ip6", "margay"])
+            .is_err()
     );
     assert_eq!(
         node.stop().map(|s| s.success()),
@@ -653,9 +791,7 @@ fn changes_follow_the_stream() {
             rm_route("10.65.1.0/26"),
             rm_route("10.65.2.0/26"),
             rm_route("10.65.3.0/26"),
-            DesiredKey {
-                key: Some(Key::LocalVtep(true)),
-            },
+            rm_local(IpFamily::V4),
         ],
     );
     node.wait_synced(rev);
@@ -1133,6 +1269,8 @@ fn ipip_routes_fail_clearly_and_the_rest_works() {
             blackhole("10.65.0.0/26"),
             route("10.65.4.0/26", RouteKind::Ipip, "10.0.0.2", "", true),
             route("10.65.1.0/26", RouteKind::Gateway, "10.0.0.2", "eth0", true),
+            // IPIP has no IPv6: refused as bad input, not as a missing kernel feature.
+            route("fd00:20::40/122", RouteKind::Ipip, "fd00:10::2", "", true),
         ],
         vec![],
     );
@@ -1152,6 +1290,15 @@ fn ipip_routes_fail_clearly_and_the_rest_works() {
         "{status}"
     );
     assert_eq!(status["routes_unsupported"]["ipip"], 1, "{status}");
+    assert_eq!(status["items_rejected"], 1, "{status}");
+    assert!(
+        node.log().contains(
+            "route fd00:20::40/122 (test): IPIP carries IPv4 only: an IPv6 pool needs VXLAN or no encapsulation"
+        ),
+        "{}",
+        node.log()
+    );
+    assert_eq!(node.ip(&["-6", "route", "show", "proto", "80"]).trim(), "");
     assert!(
         node.log()
             .contains("kernel has no ipip support (module ipip)")
@@ -1538,4 +1685,654 @@ fn a_new_pods_route_gets_a_grace_period() {
         lines(&node.ip(&["route", "show", "proto", "80"])),
         lines("10.65.0.5 dev caliaaaaaaaaaaa scope link\nblackhole 10.65.0.0/26")
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// IPv6 and both families at once
+
+/// The items of a dual-stack node `node-a` (fd00:10::1, VTEP fd00:20::1) with a remote
+/// node-b (fd00:10::3, fd00:20::81): every IPv6 route kind beside the IPv4 ones, both VTEPs
+/// of each family, pools of both families with natOutgoing. `peer_ll` is the peer's
+/// link-local address, the gateway of a route via a link-local next hop.
+fn dual_stack_items(peer_ll: &str) -> Vec<DesiredItem> {
+    vec![
+        pool("10.65.0.0/16", true),
+        pool("fd00:20::/48", true),
+        local_vtep("10.0.0.1", "10.65.0.0"),
+        local_vtep("fd00:10::1", "fd00:20::1"),
+        vtep("node-b", "10.0.0.3", "10.65.2.0"),
+        vtep("node-b", "fd00:10::3", "fd00:20::81"),
+        blackhole("10.65.0.0/26"),
+        workload("10.65.0.5/32", "cali0123456789a"),
+        vxlan("10.65.2.0/26", "10.65.2.0"),
+        blackhole("fd00:20::/122"),
+        workload("fd00:20::5/128", "cali0123456789a"),
+        route(
+            "fd00:20::40/122",
+            RouteKind::Gateway,
+            "fd00:10::2",
+            "",
+            false,
+        ),
+        route(
+            "fd00:20::c0/122",
+            RouteKind::Gateway,
+            peer_ll,
+            "eth0",
+            false,
+        ),
+        vxlan("fd00:20::80/122", "fd00:20::81"),
+    ]
+}
+
+/// Both families in one snapshot: every IPv6 route kind lands with protocol 80 at metric 1024
+/// beside the IPv4 routes; `vxlan-v6.calico` runs over the uplink found by the node's IPv6
+/// address, with MTU uplink − 70, the tunnel address as /128, and the remote IPv6 VTEP's FDB
+/// and neighbour entries; IPv6 forwarding, the workload's IPv6 sysctls and the IPv6 NAT
+/// table are set; metrics and status count per family.
+#[test]
+fn both_families_as_iproute2_shows_them() {
+    let rt = runtime();
+    let (mut node, x, _uplink) = node_and_peer();
+    let peer_ll = dual_stack(&node, &x);
+    let (_p, _pv) = pod_dual(&node.ns, "p", "cali0123456789a", "10.65.0.5", "fd00:20::5");
+    let feed = Feed::default();
+    feed.publish(dual_stack_items(&peer_ll), vec![]);
+    let socket = node.dir.path().join("bgpd.sock");
+    let _server = Server::start(rt.clone(), &socket, feed.clone());
+    node.start(&socket, "");
+    let status = node.wait_synced(1);
+    assert_eq!(status["routes_failing"], 0, "{status}\n{}", node.log());
+    assert_eq!(status["items_rejected"], 0, "{status}");
+
+    assert_eq!(
+        routes6(&node),
+        lines(&format!(
+            "blackhole fd00:20::/122 dev lo metric 1024 pref medium\n\
+             fd00:20::5 dev cali0123456789a metric 1024 pref medium\n\
+             fd00:20::40/122 via fd00:10::2 dev eth0 metric 1024 pref medium\n\
+             fd00:20::80/122 via fd00:20::81 dev vxlan-v6.calico metric 1024 onlink pref medium\n\
+             fd00:20::c0/122 via {peer_ll} dev eth0 metric 1024 pref medium"
+        )),
+        "{}",
+        node.log()
+    );
+    assert_eq!(
+        lines(&node.ip(&["-4", "route", "show", "proto", "80"])),
+        lines(
+            "10.65.0.5 dev cali0123456789a scope link\n\
+             10.65.2.0/26 via 10.65.2.0 dev vxlan.calico onlink\n\
+             blackhole 10.65.0.0/26"
+        )
+    );
+    // The IPv6 device beside the IPv4 one, each with its own MAC, MTU and entries.
+    let link6 = node.ip(&["-d", "link", "show", "vxlan-v6.calico"]);
+    assert!(link6.contains("mtu 1430 "), "uplink 1500 - 70: {link6}");
+    assert!(
+        link6.contains(&format!("link/ether {} ", mac6_of("node-a"))),
+        "{link6}"
+    );
+    assert!(
+        link6.contains(
+            "vxlan id 4096 local fd00:10::1 dev eth0 srcport 0 0 dstport 4789 nolearning"
+        ),
+        "{link6}"
+    );
+    assert!(link6.contains(",UP,"), "{link6}");
+    let link4 = node.ip(&["-d", "link", "show", "vxlan.calico"]);
+    assert!(link4.contains("mtu 1450 "), "{link4}");
+    assert!(
+        link4.contains(&format!("link/ether {} ", mac_of("node-a"))),
+        "{link4}"
+    );
+    let addr6 = node.ip(&[
+        "-6",
+        "addr",
+        "show",
+        "dev",
+        "vxlan-v6.calico",
+        "scope",
+        "global",
+    ]);
+    assert!(
+        addr6.contains("inet6 fd00:20::1/128 scope global"),
+        "{addr6}"
+    );
+    assert_eq!(
+        addr6.matches("inet6 ").count(),
+        1,
+        "only the tunnel address: {addr6}"
+    );
+    assert_eq!(
+        fdb(&node, "vxlan-v6.calico"),
+        vec![format!(
+            "{} dst fd00:10::3 self permanent",
+            mac6_of("node-b")
+        )]
+    );
+    assert_eq!(
+        neigh6(&node, "vxlan-v6.calico"),
+        vec![format!(
+            "fd00:20::81 lladdr {} PERMANENT",
+            mac6_of("node-b")
+        )]
+    );
+    assert_eq!(
+        fdb(&node, "vxlan.calico"),
+        vec![format!("{} dst 10.0.0.3 self permanent", mac_of("node-b"))]
+    );
+    for (path, want) in [
+        ("/proc/sys/net/ipv4/ip_forward", "1"),
+        ("/proc/sys/net/ipv6/conf/all/forwarding", "1"),
+        ("/proc/sys/net/ipv6/conf/cali0123456789a/proxy_ndp", "1"),
+        ("/proc/sys/net/ipv6/conf/cali0123456789a/forwarding", "1"),
+        ("/proc/sys/net/ipv6/conf/cali0123456789a/accept_dad", "0"),
+        ("/proc/sys/net/ipv4/conf/cali0123456789a/proxy_arp", "1"),
+    ] {
+        assert_eq!(node.ns.exec("cat", &[path]).unwrap().trim(), want, "{path}");
+    }
+    let nat6 = node
+        .ns
+        .exec("nft", &["list", "table", "ip6", "margay"])
+        .unwrap();
+    assert!(nat6.contains("elements = { fd00:20::/48 }"), "{nat6}");
+    assert!(
+        nat6.contains("ip6 saddr @masq-pools ip6 daddr != @all-pools masquerade fully-random"),
+        "{nat6}"
+    );
+    let nat4 = node
+        .ns
+        .exec("nft", &["list", "table", "ip", "margay"])
+        .unwrap();
+    assert!(nat4.contains("elements = { 10.65.0.0/16 }"), "{nat4}");
+    let m = node.metrics();
+    for (family, kind, n) in [
+        ("ipv6", "blackhole", 1),
+        ("ipv6", "workload", 1),
+        ("ipv6", "gateway", 2),
+        ("ipv6", "vxlan", 1),
+        ("ipv4", "vxlan", 1),
+        ("ipv4", "gateway", 0),
+    ] {
+        let line = format!("routewriter_routes{{family=\"{family}\",kind=\"{kind}\"}} {n}\n");
+        assert!(m.contains(&line), "{line}{m}");
+    }
+    assert!(m.contains("routewriter_vteps{family=\"ipv6\"} 1\n"), "{m}");
+    let s = node.status().unwrap();
+    assert_eq!(
+        s["vxlan_devices"],
+        serde_json::json!(["vxlan.calico", "vxlan-v6.calico"]),
+        "{s}"
+    );
+    let config = node.dir.path().join("routewriter.toml");
+    let shown = node
+        .ns
+        .exec(
+            lab::binary("routewriter").to_str().unwrap(),
+            &["--config", config.to_str().unwrap(), "status"],
+        )
+        .unwrap();
+    assert!(
+        shown.contains("routes by family    ipv4 3, ipv6 5"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("vxlan devices       vxlan.calico, vxlan-v6.calico"),
+        "{shown}"
+    );
+
+    // The IPv6 side goes away; the IPv4 side stays as it was.
+    let rev = feed.publish(
+        vec![],
+        vec![
+            rm_route("fd00:20::/122"),
+            rm_route("fd00:20::5/128"),
+            rm_route("fd00:20::40/122"),
+            rm_route("fd00:20::c0/122"),
+            rm_route("fd00:20::80/122"),
+            rm_vtep("node-b", IpFamily::V6),
+            rm_local(IpFamily::V6),
+            rm_pool("fd00:20::/48"),
+        ],
+    );
+    node.wait_synced(rev);
+    assert_eq!(routes6(&node), Vec::<String>::new());
+    assert!(node.ns.ip(&["link", "show", "vxlan-v6.calico"]).is_err());
+    assert!(
+        node.ns
+            .exec("nft", &["list", "table", "ip6", "margay"])
+            .is_err()
+    );
+    assert_eq!(
+        lines(&node.ip(&["-4", "route", "show", "proto", "80"])).len(),
+        3
+    );
+    assert_eq!(fdb(&node, "vxlan.calico").len(), 1);
+}
+
+/// IPv6 drift made by hand is repaired through the netlink watch: routes (deleted, changed,
+/// replaced by another protocol, a stray one of ours), the IPv6 device's FDB and neighbour
+/// entries, its MTU, its state, the device itself.
+#[test]
+fn ipv6_drift_is_repaired_at_once() {
+    let rt = runtime();
+    let (mut node, x, _uplink) = node_and_peer();
+    dual_stack(&node, &x);
+    let feed = Feed::default();
+    feed.publish(
+        vec![
+            local_vtep("fd00:10::1", "fd00:20::1"),
+            vtep("node-b", "fd00:10::3", "fd00:20::81"),
+            vxlan("fd00:20::80/122", "fd00:20::81"),
+            route(
+                "fd00:20::40/122",
+                RouteKind::Gateway,
+                "fd00:10::2",
+                "eth0",
+                false,
+            ),
+            blackhole("fd00:20::/122"),
+        ],
+        vec![],
+    );
+    let socket = node.dir.path().join("bgpd.sock");
+    let _server = Server::start(rt.clone(), &socket, feed.clone());
+    node.start(&socket, "resync_interval_s = 600\n");
+    node.wait_synced(1);
+    let want_routes = routes6(&node);
+    assert_eq!(want_routes.len(), 3, "{want_routes:?}\n{}", node.log());
+    let want_fdb = fdb(&node, "vxlan-v6.calico");
+    let want_neigh = neigh6(&node, "vxlan-v6.calico");
+    assert_eq!((want_fdb.len(), want_neigh.len()), (1, 1));
+    let b = mac6_of("node-b");
+    let cases: Vec<(&str, Vec<&str>)> = vec![
+        (
+            "delete a route",
+            vec!["ip", "-6", "route", "del", "fd00:20::40/122"],
+        ),
+        (
+            "change a next hop, keeping proto 80",
+            vec![
+                "ip",
+                "-6",
+                "route",
+                "change",
+                "fd00:20::40/122",
+                "via",
+                "fd00:10::9",
+                "dev",
+                "eth0",
+                "proto",
+                "80",
+            ],
+        ),
+        (
+            "change a next hop by hand (proto boot)",
+            vec![
+                "ip",
+                "-6",
+                "route",
+                "replace",
+                "fd00:20::80/122",
+                "via",
+                "fd00:10::9",
+                "dev",
+                "eth0",
+            ],
+        ),
+        (
+            "replace a blackhole",
+            vec![
+                "ip",
+                "-6",
+                "route",
+                "replace",
+                "unreachable",
+                "fd00:20::/122",
+                "proto",
+                "80",
+            ],
+        ),
+        (
+            "add a stray route of our protocol",
+            vec![
+                "ip",
+                "-6",
+                "route",
+                "add",
+                "fd00:99::/64",
+                "via",
+                "fd00:10::2",
+                "proto",
+                "80",
+            ],
+        ),
+        (
+            "delete the FDB entry",
+            vec![
+                "bridge",
+                "fdb",
+                "del",
+                &b,
+                "dev",
+                "vxlan-v6.calico",
+                "dst",
+                "fd00:10::3",
+                "self",
+            ],
+        ),
+        (
+            "delete the neighbour entry",
+            vec![
+                "ip",
+                "-6",
+                "neigh",
+                "del",
+                "fd00:20::81",
+                "dev",
+                "vxlan-v6.calico",
+            ],
+        ),
+        (
+            "set the device's MTU",
+            vec!["ip", "link", "set", "vxlan-v6.calico", "mtu", "1400"],
+        ),
+        (
+            "take the device down",
+            vec!["ip", "link", "set", "vxlan-v6.calico", "down"],
+        ),
+        (
+            "delete the device",
+            vec!["ip", "link", "del", "vxlan-v6.calico"],
+        ),
+    ];
+    for (what, c) in cases {
+        node.ns
+            .exec(c[0], &c[1..])
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let started = Instant::now();
+        let repaired = wait_until(Duration::from_secs(5), || {
+            routes6(&node) == want_routes
+                && fdb(&node, "vxlan-v6.calico") == want_fdb
+                && neigh6(&node, "vxlan-v6.calico") == want_neigh
+                && node
+                    .ns
+                    .ip(&["link", "show", "vxlan-v6.calico"])
+                    .is_ok_and(|l| l.contains("mtu 1430 ") && l.contains(",UP,"))
+        });
+        assert!(
+            repaired,
+            "{what}: not repaired\nroutes: {:?}\nfdb: {:?}\nneigh: {:?}\n{}",
+            routes6(&node),
+            fdb(&node, "vxlan-v6.calico"),
+            neigh6(&node, "vxlan-v6.calico"),
+            node.log()
+        );
+        eprintln!("{what}: repaired in {:?}", started.elapsed());
+        assert!(!node.ip(&["-6", "route"]).contains("fd00:99::"), "{what}");
+    }
+    let m = node.metrics();
+    for object in ["route", "fdb", "neigh", "device"] {
+        assert!(
+            m.contains(&format!(
+                "routewriter_corrections_total{{object=\"{object}\"}}"
+            )),
+            "{object}: {m}"
+        );
+    }
+}
+
+/// A restart with both families in place writes nothing: no netlink message, nft transaction
+/// or sysctl value (counted by routewriter), and iproute2's monitors of both families see no
+/// change to anything of routewriter's.
+#[test]
+fn a_dual_stack_restart_writes_nothing() {
+    let rt = runtime();
+    let (mut node, x, _uplink) = node_and_peer();
+    let peer_ll = dual_stack(&node, &x);
+    let (_p, _pv) = pod_dual(&node.ns, "p", "cali0123456789a", "10.65.0.5", "fd00:20::5");
+    let feed = Feed::default();
+    feed.publish(dual_stack_items(&peer_ll), vec![]);
+    let socket = node.dir.path().join("bgpd.sock");
+    let _server = Server::start(rt.clone(), &socket, feed.clone());
+    node.start(&socket, "");
+    let first = node.wait_synced(1);
+    assert!(first["netlink_writes"].as_u64().unwrap() > 0, "{first}");
+    let state = |n: &Node| {
+        (
+            n.ip(&["route", "show", "proto", "80"]),
+            routes6(n),
+            n.ip(&["-d", "link", "show", "vxlan-v6.calico"]),
+            n.ip(&[
+                "-6",
+                "addr",
+                "show",
+                "dev",
+                "vxlan-v6.calico",
+                "scope",
+                "global",
+            ]),
+            fdb(n, "vxlan-v6.calico"),
+            neigh6(n, "vxlan-v6.calico"),
+            fdb(n, "vxlan.calico"),
+            n.ns.exec("nft", &["list", "table", "ip6", "margay"])
+                .unwrap(),
+            n.ns.exec("nft", &["list", "table", "ip", "margay"])
+                .unwrap(),
+        )
+    };
+    let before = state(&node);
+    assert_eq!(
+        node.stop().map(|s| s.success()),
+        Some(true),
+        "{}",
+        node.log()
+    );
+    // Let the kernel's own IPv6 work on the new device (its link-local address) finish.
+    std::thread::sleep(Duration::from_secs(2));
+    let watch = |args: &[&str], file: &str| {
+        let log = node.dir.path().join(file);
+        let mut cmd = node.ns.command(args[0]);
+        cmd.args(&args[1..])
+            .stdout(std::fs::File::create(&log).unwrap());
+        (node.ns.spawn(&mut cmd).unwrap(), log)
+    };
+    let (mut ip_mon, ip_log) = watch(
+        &["ip", "monitor", "route", "link", "neigh", "address"],
+        "ip.log",
+    );
+    let (mut fdb_mon, fdb_log) = watch(&["bridge", "monitor", "fdb"], "fdb.log");
+    std::thread::sleep(Duration::from_millis(300));
+    node.start(&socket, "");
+    let second = node.wait_synced(1);
+    std::thread::sleep(Duration::from_millis(500));
+    ip_mon.signal_and_wait(libc::SIGTERM, Duration::from_secs(5));
+    fdb_mon.signal_and_wait(libc::SIGTERM, Duration::from_secs(5));
+    for counter in ["netlink_writes", "nft_writes", "sysctl_writes"] {
+        assert_eq!(
+            second[counter],
+            0,
+            "{counter} after a restart: {second}\n{}",
+            node.log()
+        );
+    }
+    // What routewriter owns: routes of its protocol, addresses and neighbours of the pools,
+    // its devices, FDB entries with a remote. (The kernel's link-local and multicast
+    // bookkeeping is not routewriter's.)
+    let ours = |l: &str| {
+        !l.contains("fe80")
+            && !l.contains("ff0")
+            && !l.starts_with("33:33:")
+            && (l.contains("proto 80")
+                || l.contains("fd00:20:")
+                || l.contains("10.65.")
+                || l.contains("vxlan")
+                || l.contains(" dst "))
+    };
+    for log in [ip_log, fdb_log] {
+        let events: Vec<String> = std::fs::read_to_string(&log)
+            .unwrap()
+            .lines()
+            .filter(|l| ours(l))
+            .map(str::to_owned)
+            .collect();
+        assert!(
+            events.is_empty(),
+            "iproute2 saw routewriter's objects change during the restart: {events:?}"
+        );
+    }
+    assert_eq!(state(&node), before);
+}
+
+/// natOutgoing for an IPv6 pool: a pod reaches an outside address as the node's IPv6
+/// address, pod to pod keeps the pod's; natOutgoing off empties the set (and the outside,
+/// with no route back, cannot answer); the pool gone removes the `ip6` table, leaving the
+/// `ip` one.
+#[test]
+fn nat_outgoing_masquerades_ipv6_to_the_outside_only() {
+    let rt = runtime();
+    let (mut node, x, _uplink) = node_and_peer();
+    dual_stack(&node, &x);
+    let (p1, _v1) = pod_dual(&node.ns, "p1", "cali1111111111a", "10.65.0.5", "fd00:20::5");
+    let (p2, _v2) = pod_dual(&node.ns, "p2", "cali2222222222b", "10.65.0.6", "fd00:20::6");
+    let feed = Feed::default();
+    feed.publish(
+        vec![
+            pool("fd00:20::/48", true),
+            blackhole("fd00:20::/122"),
+            workload("fd00:20::5/128", "cali1111111111a"),
+            workload("fd00:20::6/128", "cali2222222222b"),
+        ],
+        vec![],
+    );
+    let socket = node.dir.path().join("bgpd.sock");
+    let _server = Server::start(rt.clone(), &socket, feed.clone());
+    node.start(&socket, "");
+    node.wait_synced(1);
+    let table = node
+        .ns
+        .exec("nft", &["list", "table", "ip6", "margay"])
+        .unwrap();
+    assert!(table.contains("elements = { fd00:20::/48 }"), "{table}");
+    assert!(
+        table.contains("type nat hook postrouting priority srcnat; policy accept;"),
+        "{table}"
+    );
+    assert!(
+        table.contains("ip6 saddr @masq-pools ip6 daddr != @all-pools masquerade fully-random"),
+        "{table}"
+    );
+    assert_eq!(
+        tcp_source6(&p1, &x, "fd00:10::2", 8080),
+        Ok("fd00:10::1".parse().unwrap()),
+        "{}",
+        node.log()
+    );
+    assert_eq!(
+        tcp_source6(&p1, &p2, "fd00:20::6", 8081),
+        Ok("fd00:20::5".parse().unwrap())
+    );
+    let ip4 = node
+        .ns
+        .exec("nft", &["list", "table", "ip", "margay"])
+        .unwrap();
+    let rev = feed.publish(vec![pool("fd00:20::/48", false)], vec![]);
+    node.wait_synced(rev);
+    let table = node
+        .ns
+        .exec("nft", &["list", "table", "ip6", "margay"])
+        .unwrap();
+    assert!(
+        table.contains("set masq-pools {\n\t\ttype ipv6_addr\n\t\tflags interval\n\t}"),
+        "{table}"
+    );
+    assert!(tcp_source6(&p1, &x, "fd00:10::2", 8082).is_err());
+    let rev = feed.publish(vec![], vec![rm_pool("fd00:20::/48")]);
+    node.wait_synced(rev);
+    assert!(
+        node.ns
+            .exec("nft", &["list", "table", "ip6", "margay"])
+            .is_err(),
+        "the ip6 table goes with the last IPv6 pool"
+    );
+    assert_eq!(
+        node.ns
+            .exec("nft", &["list", "table", "ip", "margay"])
+            .unwrap(),
+        ip4,
+        "the ip table is left as it was"
+    );
+}
+
+/// Two nodes carry IPv6 pod traffic over `vxlan-v6.calico` with an IPv6 underlay: the
+/// device, FDB, neighbour entries and onlink routes are right enough for the kernel to use.
+#[test]
+fn vxlan_v6_carries_pod_traffic_between_two_nodes() {
+    let rt = runtime();
+    let mut a = Node::new("na", "node-a");
+    let mut b = Node::new("nb", "node-b");
+    let _uplink = VethPair::new(&a.ns, "eth0", &b.ns, "eth0").unwrap();
+    a.ip(&["addr", "add", "10.0.0.1/24", "dev", "eth0"]);
+    b.ip(&["addr", "add", "10.0.0.2/24", "dev", "eth0"]);
+    a.ip(&["-6", "addr", "add", "fd00:10::1/64", "dev", "eth0", "nodad"]);
+    b.ip(&["-6", "addr", "add", "fd00:10::2/64", "dev", "eth0", "nodad"]);
+    for n in [&a, &b] {
+        n.ip(&[
+            "route",
+            "add",
+            "169.254.1.1",
+            "dev",
+            "eth0",
+            "scope",
+            "link",
+        ]);
+    }
+    let (pa, _va) = pod_dual(&a.ns, "pa", "caliaaaaaaaaaaa", "10.65.0.5", "fd00:20::5");
+    let (pb, _vb) = pod_dual(&b.ns, "pb", "calibbbbbbbbbbb", "10.65.1.5", "fd00:20::45");
+    let fa = Feed::default();
+    fa.publish(
+        vec![
+            local_vtep("fd00:10::1", "fd00:20::1"),
+            vtep("node-b", "fd00:10::2", "fd00:20::41"),
+            blackhole("fd00:20::/122"),
+            workload("fd00:20::5/128", "caliaaaaaaaaaaa"),
+            vxlan("fd00:20::40/122", "fd00:20::41"),
+        ],
+        vec![],
+    );
+    let fb = Feed::default();
+    fb.publish(
+        vec![
+            local_vtep("fd00:10::2", "fd00:20::41"),
+            vtep("node-a", "fd00:10::1", "fd00:20::1"),
+            blackhole("fd00:20::40/122"),
+            workload("fd00:20::45/128", "calibbbbbbbbbbb"),
+            vxlan("fd00:20::/122", "fd00:20::1"),
+        ],
+        vec![],
+    );
+    let sa = a.dir.path().join("bgpd.sock");
+    let sb = b.dir.path().join("bgpd.sock");
+    let _servera = Server::start(rt.clone(), &sa, fa);
+    let _serverb = Server::start(rt.clone(), &sb, fb);
+    a.start(&sa, "");
+    b.start(&sb, "");
+    a.wait_synced(1);
+    b.wait_synced(1);
+    assert_eq!(
+        tcp_source6(&pa, &pb, "fd00:20::45", 9000),
+        Ok("fd00:20::5".parse().unwrap()),
+        "{}\n{}",
+        a.log(),
+        b.log()
+    );
+    // The IPv6 tunnel carried it: the only way between the pods' blocks.
+    let stats: serde_json::Value =
+        serde_json::from_str(&a.ip(&["-j", "-s", "link", "show", "vxlan-v6.calico"])).unwrap();
+    assert!(
+        stats[0]["stats64"]["tx"]["packets"].as_u64().unwrap() > 0,
+        "{stats}"
+    );
+    // No IPv4 VTEP desired: no IPv4 device.
+    assert!(a.ns.ip(&["link", "show", "vxlan.calico"]).is_err());
 }

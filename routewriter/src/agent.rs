@@ -13,9 +13,15 @@
 //! The [`Agent`]'s methods are synchronous (netlink answers in microseconds, and a bulk load
 //! is best done without yielding); [`run`] calls them inside `block_in_place`, so it needs
 //! the multi-threaded runtime. Benchmarks and tests may drive an `Agent` directly.
+//!
+//! Both address families go through the same handlers: routes of both are one desired table
+//! diffed against a dump of each family; the VXLAN device, its address and its FDB and
+//! neighbour entries are synced per family (`vxlan.calico`, `vxlan-v6.calico`); NAT per family
+//! table; forwarding per family. The IPv6 parts that touch the host beyond routes (forwarding,
+//! the NAT table) are set up only when something of IPv6 is desired.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -25,7 +31,7 @@ use tokio::sync::mpsc;
 use tracing::{debug, error, info, warn};
 
 use super::config::{Config, RoutewriterConfig};
-use super::desired::{Defaults, DesiredState, DevId, Kind, Prefix4};
+use super::desired::{Defaults, DesiredState, DevId, Family, Kind, Prefix};
 use super::kernel::{Kernel, KernelError};
 use super::metrics::{self, Metrics};
 use super::monitor::{self, Event};
@@ -81,17 +87,18 @@ pub struct Agent {
     /// Interface name → index, and back, kept from dumps and link events.
     links: HashMap<String, u32>,
     names: HashMap<u32, (String, bool)>,
-    failing: HashMap<Prefix4, Failure>,
-    waiting: HashSet<Prefix4>,
-    unsupported: HashMap<Prefix4, &'static str>,
+    failing: HashMap<Prefix, Failure>,
+    waiting: HashSet<Prefix>,
+    unsupported: HashMap<Prefix, &'static str>,
     /// Workload interfaces that appeared lately, by index: the CNI plugin writes the pod's
     /// route before bgpd desires it, so routes on them are not deleted for a grace period
     /// (Felix waits 10 s too).
     new_workloads: HashMap<u32, Instant>,
     /// Whether IPIP could not be set up (checked once: trying writes to the kernel).
     ipip_missing: Option<String>,
-    vxlan_index: Option<u32>,
-    uplink_name: Option<String>,
+    /// Per family ([`Family::index`]): the VXLAN device's index and the uplink it runs over.
+    vxlan_index: [Option<u32>; 2],
+    uplink_name: [Option<String>; 2],
     nft: Option<Nft>,
     sysctls: Sysctls,
     metrics: Arc<Metrics>,
@@ -112,6 +119,7 @@ impl Agent {
         let nft = cfg.nat.then(|| Nft::new(&cfg.nft, &cfg.nat_table));
         let defaults = Defaults {
             vxlan_device: cfg.vxlan_device.clone(),
+            vxlan_device_v6: cfg.vxlan_device_v6.clone(),
             ipip_device: cfg.ipip_device.clone(),
         };
         Ok(Agent {
@@ -125,8 +133,8 @@ impl Agent {
             unsupported: HashMap::new(),
             new_workloads: HashMap::new(),
             ipip_missing: None,
-            vxlan_index: None,
-            uplink_name: None,
+            vxlan_index: [None, None],
+            uplink_name: [None, None],
             nft,
             sysctls: Sysctls::default(),
             metrics,
@@ -157,8 +165,8 @@ impl Agent {
     /// Applies updates from the stream (several at once are merged) and writes what changed.
     pub fn apply_updates(&mut self, updates: &[DataplaneUpdate]) {
         let mut full = false;
-        let mut routes: Vec<Prefix4> = Vec::new();
-        let (mut vteps, mut local, mut nat) = (false, false, false);
+        let mut routes: Vec<Prefix> = Vec::new();
+        let (mut vteps, mut local, mut nat) = ([false; 2], [false; 2], false);
         let mut rejected = 0u64;
         for u in updates {
             let a = self.desired.apply(u);
@@ -178,8 +186,10 @@ impl Agent {
             rejected += a.rejected.len() as u64;
             full |= a.snapshot;
             routes.extend(a.routes);
-            vteps |= a.vteps;
-            local |= a.local_vtep;
+            for i in 0..2 {
+                vteps[i] |= a.vteps[i];
+                local[i] |= a.local_vtep[i];
+            }
             nat |= a.nat;
         }
         if rejected > 0 {
@@ -197,11 +207,21 @@ impl Agent {
             self.sync_all(Count::Nothing);
             return;
         }
-        if local {
-            self.sync_device(Count::Nothing);
+        for f in Family::ALL {
+            if local[f.index()] {
+                self.sync_device(f, Count::Nothing);
+            }
+            if local[f.index()] || vteps[f.index()] {
+                self.sync_vteps(f, Count::Nothing);
+            }
         }
-        if local || vteps {
-            self.sync_vteps(Count::Nothing);
+        let v6_changed = vteps[Family::V6.index()]
+            || local[Family::V6.index()]
+            || nat
+            || routes.iter().any(|p| p.family() == Family::V6);
+        if self.cfg.sysctls && v6_changed && self.desired.uses(Family::V6) {
+            // IPv6 items came: forwarding of IPv6 on before their routes are used.
+            self.ensure_forwarding(Family::V6);
         }
         if !routes.is_empty() {
             routes.sort_unstable();
@@ -216,7 +236,7 @@ impl Agent {
     }
 
     /// The operations that make the kernel follow desired changes at `prefixes`.
-    fn ops_for(&self, prefixes: &[Prefix4]) -> Vec<RouteOp> {
+    fn ops_for(&self, prefixes: &[Prefix]) -> Vec<RouteOp> {
         let links = &self.links;
         let desired = &self.desired;
         let ifindex = |d: DevId| {
@@ -232,7 +252,7 @@ impl Agent {
         };
         prefixes
             .iter()
-            .map(|p| reconcile::op_for_change(*p, desired.route(p), &ctx))
+            .map(|p| reconcile::op_for_change(*p, desired.route(p).as_ref(), &ctx))
             .collect()
     }
 
@@ -250,17 +270,19 @@ impl Agent {
         let count = if self.synced { count } else { Count::Nothing };
         self.need_full = false;
         if self.cfg.sysctls {
-            match self.sysctls.ensure_forwarding() {
-                Ok(true) if self.synced => self.metrics.correction("sysctl", 1),
-                Ok(_) => {}
-                Err(e) => self.fail(e.to_string()),
+            for f in Family::ALL {
+                if f == Family::V4 || self.desired.uses(f) {
+                    self.ensure_forwarding(f);
+                }
             }
         }
         if let Err(e) = self.refresh_links() {
             self.kernel_error("reading links", e);
         }
-        self.sync_device(count);
-        self.sync_vteps(count);
+        for f in Family::ALL {
+            self.sync_device(f, count);
+            self.sync_vteps(f, count);
+        }
         self.sync_routes(count);
         self.sync_nat(count);
         if self.cfg.sysctls {
@@ -270,9 +292,7 @@ impl Agent {
                 .filter(|n| n.starts_with(&self.cfg.workload_prefix))
                 .cloned()
                 .collect();
-            for name in workloads {
-                self.workload_sysctls(&name, count);
-            }
+            self.workload_sysctls(&workloads, count);
         }
         let took = start.elapsed();
         let first = !self.synced;
@@ -326,7 +346,7 @@ impl Agent {
                 self.sync_stale_on_link(index, &name);
             }
         }
-        let mut due: Vec<Prefix4> = self
+        let mut due: Vec<Prefix> = self
             .failing
             .iter()
             .filter(|(_, f)| f.next <= now)
@@ -387,7 +407,11 @@ impl Agent {
                 ifindex: &ifindex,
             };
             let mut differ = RouteDiffer::new(desired.routes(), &ctx);
-            match self.kernel.routes(table, None, |r| differ.observe(r)) {
+            // Both families into one differ: a destination's routes come together either way.
+            let dumped = Family::ALL
+                .into_iter()
+                .try_for_each(|f| self.kernel.routes(f, table, None, |r| differ.observe(r)));
+            match dumped {
                 Ok(()) => {
                     let ops = differ.finish();
                     self.apply_route_ops(ops, count);
@@ -412,12 +436,14 @@ impl Agent {
             return;
         };
         let mut actual: Vec<ActualRoute> = Vec::new();
-        if let Err(e) = self
-            .kernel
-            .routes(self.cfg.table, Some(index), |r| actual.push(*r))
-        {
-            self.kernel_error(&format!("reading routes through {name}"), e);
-            return;
+        for f in Family::ALL {
+            if let Err(e) = self
+                .kernel
+                .routes(f, self.cfg.table, Some(index), |r| actual.push(*r))
+            {
+                self.kernel_error(&format!("reading routes through {name}"), e);
+                return;
+            }
         }
         let links = &self.links;
         let desired = &self.desired;
@@ -440,13 +466,15 @@ impl Agent {
     fn sync_stale_on_link(&mut self, index: u32, name: &str) {
         let mut stale = Vec::new();
         let desired = &self.desired;
-        let res = self.kernel.routes(self.cfg.table, Some(index), |r| {
-            if r.protocol == self.cfg.protocol
-                && r.tos == 0
-                && (r.metric != 0 || desired.route(&r.prefix).is_none())
-            {
-                stale.push(RouteOp::Delete(*r));
-            }
+        let res = Family::ALL.into_iter().try_for_each(|f| {
+            self.kernel.routes(f, self.cfg.table, Some(index), |r| {
+                if r.protocol == self.cfg.protocol
+                    && r.tos == 0
+                    && (!r.at_own_metric() || desired.route(&r.prefix).is_none())
+                {
+                    stale.push(RouteOp::Delete(*r));
+                }
+            })
         });
         match res {
             Ok(()) => self.apply_route_ops(stale, Count::All),
@@ -487,7 +515,7 @@ impl Agent {
                         if let Some(spec) = self.desired.route(&prefix) {
                             writable.push(RouteOp::Write {
                                 prefix,
-                                spec: *spec,
+                                spec,
                                 oif: index,
                                 why: Why::Missing,
                             });
@@ -654,10 +682,11 @@ impl Agent {
     }
 
     // -----------------------------------------------------------------------------------------
-    // The VXLAN device and its entries
+    // The VXLAN devices (one per family) and their entries
 
-    /// The uplink: the configured one, or the interface holding the node's address.
-    fn find_uplink(&mut self, underlay: Ipv4Addr) -> Result<(u32, u32, String), String> {
+    /// The uplink of a family: the configured one, or the interface holding the node's
+    /// address of that family (the local VTEP's underlay address).
+    fn find_uplink(&mut self, underlay: IpAddr) -> Result<(u32, u32, String), String> {
         if !self.cfg.uplink.is_empty() {
             return match self.kernel.link(&self.cfg.uplink) {
                 Ok(Some(l)) => Ok((l.index, l.mtu, l.name)),
@@ -670,19 +699,20 @@ impl Agent {
         }
         let addrs = self
             .kernel
-            .all_addresses()
+            .all_addresses(Family::of(underlay))
             .map_err(|e| format!("reading addresses: {e}"))?;
         let links = self
             .kernel
             .links()
             .map_err(|e| format!("reading links: {e}"))?;
+        let vxlan = [&self.cfg.vxlan_device, &self.cfg.vxlan_device_v6];
         for (index, a, _) in addrs {
             if a != underlay {
                 continue;
             }
             if let Some(l) = links
                 .iter()
-                .find(|l| l.index == index && l.name != self.cfg.vxlan_device)
+                .find(|l| l.index == index && !vxlan.contains(&&l.name))
             {
                 return Ok((l.index, l.mtu, l.name.clone()));
             }
@@ -692,19 +722,47 @@ impl Agent {
         ))
     }
 
-    fn sync_device(&mut self, count: Count) {
-        let name = self.cfg.vxlan_device.clone();
-        let Some(local) = self.desired.local_vtep().copied() else {
-            // VXLAN is not wanted: the device of that name is ours, remove it.
+    /// The name of a family's VXLAN device.
+    fn vxlan_name(&self, family: Family) -> &str {
+        match family {
+            Family::V4 => &self.cfg.vxlan_device,
+            Family::V6 => &self.cfg.vxlan_device_v6,
+        }
+    }
+
+    /// The device's MTU: the stream's, the configuration's, or the uplink's less the VXLAN
+    /// overhead (50 bytes over IPv4, 70 over IPv6: its header is 20 bytes longer).
+    fn vxlan_mtu(&self, family: Family, stream: u32, uplink: u32) -> u32 {
+        let (configured, overhead, least) = match family {
+            Family::V4 => (self.cfg.vxlan_mtu, 50, 68),
+            Family::V6 => (self.cfg.vxlan_mtu_v6, 70, 1280),
+        };
+        if stream != 0 {
+            stream
+        } else if configured != 0 {
+            configured
+        } else {
+            uplink.saturating_sub(overhead).max(least)
+        }
+    }
+
+    fn sync_device(&mut self, family: Family, count: Count) {
+        let fi = family.index();
+        let name = self.vxlan_name(family).to_owned();
+        let Some(local) = self.desired.local_vtep(family).copied() else {
+            // VXLAN of this family is not wanted: the device of that name is ours, remove it.
             if let Ok(Some(l)) = self.kernel.link(&name)
                 && l.kind.as_deref() == Some("vxlan")
             {
-                info!("removing {name}: no local VTEP is desired");
+                info!(
+                    "removing {name}: no local {} VTEP is desired",
+                    family.name()
+                );
                 if let Err(e) = self.kernel.delete_link(l.index) {
                     self.kernel_error(&format!("removing {name}"), e);
                 }
             }
-            self.vxlan_index = None;
+            self.vxlan_index[fi] = None;
             return;
         };
         let (uplink, uplink_mtu, uplink_name) = match self.find_uplink(local.underlay) {
@@ -714,14 +772,7 @@ impl Agent {
                 return;
             }
         };
-        self.uplink_name = Some(uplink_name);
-        let mtu = if local.mtu != 0 {
-            local.mtu
-        } else if self.cfg.vxlan_mtu != 0 {
-            self.cfg.vxlan_mtu
-        } else {
-            uplink_mtu.saturating_sub(50).max(68)
-        };
+        self.uplink_name[fi] = Some(uplink_name);
         let spec = DeviceSpec {
             name: name.clone(),
             vni: if local.vni != 0 {
@@ -736,8 +787,10 @@ impl Agent {
             },
             local: local.underlay,
             link: uplink,
-            mac: local.mac.unwrap_or_else(|| vtep_mac(&self.node)),
-            mtu,
+            mac: local
+                .mac
+                .unwrap_or_else(|| vtep_mac(&self.node, family.to_proto())),
+            mtu: self.vxlan_mtu(family, local.mtu, uplink_mtu),
         };
         let actual = match self.kernel.link(&name) {
             Ok(a) => a,
@@ -786,15 +839,15 @@ impl Agent {
             }
         };
         let Some(index) = index else {
-            self.vxlan_index = None;
+            self.vxlan_index[fi] = None;
             return;
         };
-        self.vxlan_index = Some(index);
+        self.vxlan_index[fi] = Some(index);
         self.links.insert(name.clone(), index);
         self.names.insert(index, (name.clone(), true));
-        match self.kernel.addresses(index) {
+        match self.kernel.addresses(index, family) {
             Ok(have) => {
-                let (add, del) = reconcile::diff_addresses(Some(local.tunnel), &have);
+                let (add, del) = reconcile::diff_addresses(family, Some(local.tunnel), &have);
                 for (a, len) in del {
                     if let Err(e) = self.kernel.del_address(index, a, len) {
                         self.kernel_error(&format!("removing {a}/{len} from {name}"), e);
@@ -813,7 +866,7 @@ impl Agent {
         }
         if recreated && self.synced {
             // A new (or re-enabled) device has no routes: put them back.
-            self.sync_vteps(Count::Nothing);
+            self.sync_vteps(family, Count::Nothing);
             self.sync_routes_on_link(&name);
         }
     }
@@ -832,35 +885,39 @@ impl Agent {
         }
     }
 
-    fn sync_vteps(&mut self, count: Count) {
-        let Some(index) = self.vxlan_index else {
+    fn sync_vteps(&mut self, family: Family, count: Count) {
+        let Some(index) = self.vxlan_index[family.index()] else {
             return;
         };
-        let neigh = match self.kernel.neighbours(index) {
+        let name = self.vxlan_name(family).to_owned();
+        let neigh = match self.kernel.neighbours(index, family) {
             Ok(n) => n,
-            Err(e) => return self.kernel_error("reading VXLAN neighbours", e),
+            Err(e) => return self.kernel_error(&format!("reading neighbours of {name}"), e),
         };
         let fdb = match self.kernel.fdb(index) {
             Ok(f) => f,
-            Err(e) => return self.kernel_error("reading VXLAN FDB", e),
+            Err(e) => return self.kernel_error(&format!("reading the FDB of {name}"), e),
         };
-        let local = self.desired.local_vtep().map(|l| l.tunnel);
+        let local = self.desired.local_vtep(family).map(|l| l.tunnel);
         let (nops, fops) =
-            reconcile::diff_vteps(self.desired.vteps().values(), local, &neigh, &fdb);
+            reconcile::diff_vteps(self.desired.vteps(family).values(), local, &neigh, &fdb);
         if !fops.is_empty() {
             match self.kernel.apply_fdb(index, &fops) {
                 Ok(refused) => {
                     for r in &refused {
                         let what = super::kernel::describe_fdb(&fops[r.index]);
-                        self.fail(format!("kernel refused {what}: {}", r.error));
+                        self.fail(format!("kernel refused {what} on {name}: {}", r.error));
                     }
                     if count != Count::Nothing {
                         self.metrics
                             .correction("fdb", (fops.len() - refused.len()) as u64);
-                        info!("repaired {} FDB entries", fops.len() - refused.len());
+                        info!(
+                            "repaired {} FDB entries on {name}",
+                            fops.len() - refused.len()
+                        );
                     }
                 }
-                Err(e) => self.kernel_error("writing VXLAN FDB", e),
+                Err(e) => self.kernel_error(&format!("writing the FDB of {name}"), e),
             }
         }
         if !nops.is_empty() {
@@ -868,15 +925,18 @@ impl Agent {
                 Ok(refused) => {
                     for r in &refused {
                         let what = super::kernel::describe_neigh(&nops[r.index]);
-                        self.fail(format!("kernel refused {what}: {}", r.error));
+                        self.fail(format!("kernel refused {what} on {name}: {}", r.error));
                     }
                     if count != Count::Nothing {
                         self.metrics
                             .correction("neigh", (nops.len() - refused.len()) as u64);
-                        info!("repaired {} neighbour entries", nops.len() - refused.len());
+                        info!(
+                            "repaired {} neighbour entries on {name}",
+                            nops.len() - refused.len()
+                        );
                     }
                 }
-                Err(e) => self.kernel_error("writing VXLAN neighbours", e),
+                Err(e) => self.kernel_error(&format!("writing neighbours of {name}"), e),
             }
         }
     }
@@ -884,31 +944,81 @@ impl Agent {
     // -----------------------------------------------------------------------------------------
     // NAT and sysctls
 
+    /// Each family's table: IPv4's whenever NAT is on, IPv6's only while IPv6 pools are
+    /// desired (see `nat`).
     fn sync_nat(&mut self, count: Count) {
         let Some(nft) = self.nft.as_mut() else {
             return;
         };
-        let desired = nat::desired_from_pools(self.desired.pools());
-        match nft.sync(&desired) {
-            Ok(true) => {
-                if count != Count::Nothing {
-                    self.metrics.correction("nat", 1);
-                    info!("repaired the nftables table {}", self.cfg.nat_table);
-                }
+        let pools = self.desired.pools();
+        let mut errors = Vec::new();
+        let mut repaired = Vec::new();
+        for f in Family::ALL {
+            let wanted = f == Family::V4 || pools.keys().any(|n| Family::of(n.addr()) == f);
+            let desired = wanted.then(|| nat::desired_from_pools(pools, f));
+            match nft.sync(f, desired.as_ref()) {
+                Ok(true) => repaired.push(f),
+                Ok(false) => {}
+                Err(e) => errors.push(format!("natOutgoing of {} not programmed: {e}", f.name())),
             }
-            Ok(false) => {}
-            Err(e) => self.fail(format!("natOutgoing not programmed: {e}")),
+        }
+        for e in errors {
+            self.fail(e);
+        }
+        if count != Count::Nothing {
+            for f in repaired {
+                self.metrics.correction("nat", 1);
+                info!(
+                    "repaired the nftables table {} {}",
+                    nat::nft_family(f),
+                    self.cfg.nat_table
+                );
+            }
         }
     }
 
-    fn workload_sysctls(&mut self, name: &str, count: Count) {
-        match self.sysctls.ensure_workload(name) {
-            Ok(n) if n > 0 && count != Count::Nothing => {
-                self.metrics.correction("sysctl", n as u64)
-            }
+    fn ensure_forwarding(&mut self, family: Family) {
+        match self.sysctls.ensure_forwarding(family) {
+            Ok(true) if self.synced => self.metrics.correction("sysctl", 1),
             Ok(_) => {}
-            // The interface may be gone already.
-            Err(e) => debug!("{e}"),
+            Err(e) => self.fail(e.to_string()),
+        }
+    }
+
+    /// The workload interfaces that carry IPv6 (an IPv6 workload route goes through them).
+    fn v6_workloads(&self) -> HashSet<DevId> {
+        self.desired
+            .routes()
+            .iter_of(Family::V6)
+            .filter(|(_, s)| s.kind == Kind::Workload)
+            .map(|(_, s)| s.dev)
+            .collect()
+    }
+
+    /// The sysctls of the workload interfaces `names`.
+    fn workload_sysctls<'n>(&mut self, names: impl IntoIterator<Item = &'n String>, count: Count) {
+        let v6 = self.v6_workloads();
+        for name in names {
+            let with_v6 = self
+                .desired
+                .devices()
+                .id(name)
+                .is_some_and(|d| v6.contains(&d));
+            let written = self.sysctls.ensure_workload(name).and_then(|n| {
+                Ok(n + if with_v6 {
+                    self.sysctls.ensure_workload_v6(name)?
+                } else {
+                    0
+                })
+            });
+            match written {
+                Ok(n) if n > 0 && count != Count::Nothing => {
+                    self.metrics.correction("sysctl", n as u64)
+                }
+                Ok(_) => {}
+                // The interface may be gone already.
+                Err(e) => debug!("{e}"),
+            }
         }
     }
 
@@ -918,11 +1028,12 @@ impl Agent {
     /// Handles a batch of netlink events: repairs what they show is wrong.
     pub fn handle_events(&mut self, events: Vec<Event>) {
         let mut full = false;
-        let mut device = false;
-        let mut vteps = false;
+        // Per family: the VXLAN device or its uplink changed; its entries changed.
+        let mut device = [false; 2];
+        let mut vteps = [false; 2];
         let mut routes_all = false;
         // Last known state of each desired prefix touched (None: deleted).
-        let mut touched: HashMap<Prefix4, Option<ActualRoute>> = HashMap::new();
+        let mut touched: HashMap<Prefix, Option<ActualRoute>> = HashMap::new();
         let mut stale: Vec<RouteOp> = Vec::new();
         let mut links_changed: BTreeSet<String> = BTreeSet::new();
         let mut workloads: BTreeSet<String> = BTreeSet::new();
@@ -933,7 +1044,8 @@ impl Agent {
                     if route.tos != 0 {
                         continue;
                     }
-                    let desired = route.metric == 0 && self.desired.route(&route.prefix).is_some();
+                    let desired =
+                        route.at_own_metric() && self.desired.route(&route.prefix).is_some();
                     if desired {
                         touched.insert(route.prefix, (!deleted).then_some(route));
                     } else if !deleted && route.protocol == self.cfg.protocol {
@@ -963,12 +1075,17 @@ impl Agent {
                         self.links.insert(name.clone(), index);
                         self.names.insert(index, (name.clone(), up));
                     }
-                    if name == self.cfg.vxlan_device || Some(index) == self.vxlan_index {
-                        device = true;
-                        vteps = true;
-                    }
-                    if self.uplink_name.as_deref() == Some(name.as_str()) {
-                        device = true;
+                    let mut vxlan = false;
+                    for f in Family::ALL {
+                        let i = f.index();
+                        if name == self.vxlan_name(f) || Some(index) == self.vxlan_index[i] {
+                            device[i] = true;
+                            vteps[i] = true;
+                            vxlan = true;
+                        }
+                        if self.uplink_name[i].as_deref() == Some(name.as_str()) {
+                            device[i] = true;
+                        }
                     }
                     let workload = name.starts_with(&self.cfg.workload_prefix);
                     if workload && !deleted && was_up.is_none() {
@@ -988,13 +1105,15 @@ impl Agent {
                     // The kernel drops routes through a link that goes away or down without
                     // telling anyone; routes without a device of their own may have used it.
                     let flapped = was_up.is_some_and(|w| w != up);
-                    if !workload && (deleted || flapped) && name != self.cfg.vxlan_device {
+                    if !workload && (deleted || flapped) && !vxlan {
                         routes_all = true;
                     }
                 }
                 Event::Neigh { ifindex, .. } => {
-                    if Some(ifindex) == self.vxlan_index {
-                        vteps = true;
+                    for f in Family::ALL {
+                        if Some(ifindex) == self.vxlan_index[f.index()] {
+                            vteps[f.index()] = true;
+                        }
                     }
                 }
             }
@@ -1007,11 +1126,14 @@ impl Agent {
             self.full_sync();
             return;
         }
-        if device {
-            self.sync_device(Count::All);
-        }
-        if vteps || device {
-            self.sync_vteps(Count::All);
+        for f in Family::ALL {
+            let i = f.index();
+            if device[i] {
+                self.sync_device(f, Count::All);
+            }
+            if vteps[i] || device[i] {
+                self.sync_vteps(f, Count::All);
+            }
         }
         if routes_all {
             self.sync_routes(Count::All);
@@ -1024,11 +1146,11 @@ impl Agent {
             self.apply_route_ops(stale, Count::All);
         }
         if !touched.is_empty() && !routes_all {
-            let wrong: Vec<Prefix4> = {
+            let wrong: Vec<Prefix> = {
                 let links = &self.links;
                 let desired = &self.desired;
                 let proto = self.cfg.protocol;
-                let mut v: Vec<Prefix4> = touched
+                let mut v: Vec<Prefix> = touched
                     .iter()
                     .filter(|(p, now)| {
                         let Some(spec) = desired.route(p) else {
@@ -1045,7 +1167,7 @@ impl Agent {
                                 .and_then(|n| links.get(n).copied()),
                         };
                         match oif {
-                            Some(oif) => !reconcile::route_matches(spec, oif, r, proto),
+                            Some(oif) => !reconcile::route_matches(&spec, oif, r, proto),
                             None => false,
                         }
                     })
@@ -1073,17 +1195,16 @@ impl Agent {
                 self.apply_route_ops(ops, Count::All);
             }
         }
-        if self.cfg.sysctls {
-            for name in &workloads {
-                self.workload_sysctls(name, Count::All);
-            }
+        if self.cfg.sysctls && !workloads.is_empty() {
+            self.workload_sysctls(&workloads, Count::All);
         }
         self.publish();
     }
 
     /// Copies counters into the metrics.
     fn publish(&self) {
-        let counts = self.desired.counts();
+        let counts = Family::ALL.map(|f| self.desired.counts(f));
+        let vteps = Family::ALL.map(|f| self.desired.vteps(f).len() as u64);
         let mut unsupported: HashMap<&'static str, u64> = HashMap::new();
         for f in self.unsupported.values() {
             *unsupported.entry(f).or_insert(0) += 1;
@@ -1094,11 +1215,23 @@ impl Agent {
         let netlink = self.kernel.writes();
         let nft = self.nft.as_ref().map_or(0, |n| n.writes);
         let sysctl = self.sysctls.writes;
-        let vxlan = self.vxlan_index.map(|_| self.cfg.vxlan_device.clone());
+        let vxlan: Vec<String> = Family::ALL
+            .into_iter()
+            .filter(|f| self.vxlan_index[f.index()].is_some())
+            .map(|f| self.vxlan_name(f).to_owned())
+            .collect();
         self.metrics.update(|s| {
             s.revision = self.desired.revision();
             for k in Kind::ALL {
-                s.routes.insert(k.name(), counts[k as usize] as u64);
+                let n = counts.iter().map(|c| c[k as usize] as u64).sum();
+                s.routes.insert(k.name(), n);
+            }
+            for f in Family::ALL {
+                let kinds = s.routes_by_family.entry(f.name()).or_default();
+                for k in Kind::ALL {
+                    kinds.insert(k.name(), counts[f.index()][k as usize] as u64);
+                }
+                s.vteps.insert(f.name(), vteps[f.index()]);
             }
             s.routes_failing = self.failing.len() as u64;
             s.routes_waiting_for_device = self.waiting.len() as u64;
@@ -1109,7 +1242,7 @@ impl Agent {
             s.netlink_writes = netlink;
             s.nft_writes = nft;
             s.sysctl_writes = sysctl;
-            s.vxlan_device = vxlan;
+            s.vxlan_devices = vxlan;
             s.failing_examples = examples;
         });
     }

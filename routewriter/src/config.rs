@@ -48,16 +48,21 @@ pub struct RoutewriterConfig {
     /// Routing table the routes go into (254 = main).
     pub table: u32,
     /// The interface that carries the node's address (VXLAN's underlay, same-subnet routes);
-    /// empty: the interface that holds the local VTEP's underlay address.
+    /// empty: the interface that holds the local VTEP's underlay address (of each family).
     pub uplink: String,
-    /// Name of the VXLAN device.
+    /// Name of the IPv4 VXLAN device.
     pub vxlan_device: String,
+    /// Name of the IPv6 VXLAN device (Calico's `vxlan-v6.calico`).
+    pub vxlan_device_v6: String,
     /// VXLAN UDP port when the stream gives none.
     pub vxlan_port: u16,
     /// VXLAN network identifier when the stream gives none.
     pub vni: u32,
-    /// MTU of the VXLAN device when the stream gives none; 0: the uplink's MTU − 50.
+    /// MTU of the IPv4 VXLAN device when the stream gives none; 0: the uplink's MTU − 50.
     pub vxlan_mtu: u32,
+    /// MTU of the IPv6 VXLAN device when the stream gives none; 0: the uplink's MTU − 70
+    /// (the IPv6 header is 20 bytes longer).
+    pub vxlan_mtu_v6: u32,
     /// Name of the IPIP device routes of IPIP pools go through.
     pub ipip_device: String,
     /// Prefix of workload (pod) interfaces, whose sysctls routewriter keeps.
@@ -71,7 +76,7 @@ pub struct RoutewriterConfig {
     pub metrics_listen: Option<SocketAddr>,
     /// Whether to program natOutgoing with nftables.
     pub nat: bool,
-    /// The nftables table (family ip) routewriter owns.
+    /// The nftables tables (`ip` and, for IPv6 pools, `ip6`) of this name routewriter owns.
     pub nat_table: String,
     /// The `nft` binary.
     pub nft: PathBuf,
@@ -91,9 +96,11 @@ impl Default for RoutewriterConfig {
             table: DEFAULT_TABLE,
             uplink: String::new(),
             vxlan_device: "vxlan.calico".into(),
+            vxlan_device_v6: "vxlan-v6.calico".into(),
             vxlan_port: 4789,
             vni: 4096,
             vxlan_mtu: 0,
+            vxlan_mtu_v6: 0,
             ipip_device: "tunl0".into(),
             workload_prefix: "cali".into(),
             workload_grace_s: 10,
@@ -159,6 +166,7 @@ impl Config {
         }
         for (name, value) in [
             ("routewriter.vxlan_device", &rw.vxlan_device),
+            ("routewriter.vxlan_device_v6", &rw.vxlan_device_v6),
             ("routewriter.ipip_device", &rw.ipip_device),
             ("routewriter.uplink", &rw.uplink),
         ] {
@@ -174,6 +182,15 @@ impl Config {
         if rw.vxlan_device.is_empty() {
             return Err(field("routewriter.vxlan_device", "must not be empty"));
         }
+        if rw.vxlan_device_v6.is_empty() {
+            return Err(field("routewriter.vxlan_device_v6", "must not be empty"));
+        }
+        if rw.vxlan_device_v6 == rw.vxlan_device {
+            return Err(field(
+                "routewriter.vxlan_device_v6",
+                "must differ from routewriter.vxlan_device: each family has its own VXLAN device",
+            ));
+        }
         if rw.vni == 0 || rw.vni >= 1 << 24 {
             return Err(field("routewriter.vni", "must be between 1 and 16777215"));
         }
@@ -184,6 +201,12 @@ impl Config {
             return Err(field(
                 "routewriter.vxlan_mtu",
                 "must be 0 (derive) or 68-65535",
+            ));
+        }
+        if rw.vxlan_mtu_v6 != 0 && !(1280..=65535).contains(&rw.vxlan_mtu_v6) {
+            return Err(field(
+                "routewriter.vxlan_mtu_v6",
+                "must be 0 (derive) or 1280-65535 (IPv6 needs 1280 at least)",
             ));
         }
         if rw.resync_interval_s == 0 {
@@ -247,6 +270,8 @@ mod tests {
         assert_eq!(rw.protocol, 80);
         assert_eq!(rw.table, 254);
         assert_eq!(rw.vxlan_device, "vxlan.calico");
+        assert_eq!(rw.vxlan_device_v6, "vxlan-v6.calico");
+        assert_eq!((rw.vxlan_mtu, rw.vxlan_mtu_v6), (0, 0));
         assert_eq!(rw.vni, 4096);
         assert_eq!(rw.vxlan_port, 4789);
         assert_eq!(rw.resync_interval_s, 90);
@@ -313,6 +338,14 @@ mod tests {
                 "routewriter.nat_table",
             ),
             ("[routewriter]\nvxlan_mtu = 10\n", "routewriter.vxlan_mtu"),
+            (
+                "[routewriter]\nvxlan_mtu_v6 = 1000\n",
+                "routewriter.vxlan_mtu_v6",
+            ),
+            (
+                "[routewriter]\nvxlan_device_v6 = \"vxlan.calico\"\n",
+                "routewriter.vxlan_device_v6",
+            ),
         ] {
             let err = load_text(&format!("[node]\nname = \"n\"\n{text}"), &[]).unwrap_err();
             assert!(err.to_string().contains(field_name), "{err}");

@@ -1,268 +1,61 @@
 //! The desired kernel state, built from the Dataplane stream (sans-IO: updates in, changes out).
 //!
-//! Why this file is long: one state built from the stream: routes, devices, FDB and neighbour
-//! entries, NAT, each item's validation, and the tests of each.
+//! Why this file is long: one state built from the stream: routes of both families, the VTEPs of
+//! each family, NAT pools, each item's validation, and the tests of each.
 //!
 //! [`DesiredState::apply`] takes one `DataplaneUpdate` and reports what changed, so the agent
 //! writes only that; it keeps the revision the agent resumes from after a reconnect. Items the
-//! kernel could never take (bad addresses, IPv6 for now, a route without its gateway) are
-//! rejected one by one with a reason; the rest of the update still applies.
+//! kernel could never take (bad addresses, a gateway of the other family, IPv6 over IPIP, a
+//! route without its gateway) are rejected one by one with a reason; the rest of the update
+//! still applies.
 //!
-//! Routes are held compactly because a node may hold 100k of them: a prefix is an u32 and a
-//! length, a route is its gateway (u32), its device as an index into an interned, refcounted
-//! table of names, its kind and the onlink flag: 16 bytes a route plus the map's overhead.
+//! Both families go through the same parsing and the same state; where they differ (the VXLAN
+//! device a route defaults to, IPIP being IPv4 only, a link-local IPv6 gateway needing its
+//! device) the family is a parameter. Routes live in the compact per-family table of
+//! [`super::routes`]; the VTEPs and the local VTEP are kept per family, as the contract keys
+//! them (`VtepKey {node, family}`, `local_vtep: IpFamily`).
 
 use std::collections::{BTreeMap, HashMap};
-use std::fmt;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::IpAddr;
 
-use ipnet::Ipv4Net;
+use ipnet::IpNet;
 use proto::v1::{DataplaneUpdate, desired_item::Item, desired_key::Key};
 
 use proto::mac::{Mac, parse_mac};
 
-/// An IPv4 prefix with its host bits clear.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct Prefix4 {
-    addr: u32,
-    len: u8,
-}
+pub use super::routes::{DevId, Devices, Family, Kind, Prefix, RouteSpec, Routes};
 
-impl Prefix4 {
-    /// The prefix, or `None` when `len` is over 32 or host bits are set.
-    pub fn new(addr: Ipv4Addr, len: u8) -> Option<Self> {
-        if len > 32 {
-            return None;
-        }
-        let addr = u32::from(addr);
-        let mask = if len == 0 { 0 } else { u32::MAX << (32 - len) };
-        (addr & !mask == 0).then_some(Prefix4 { addr, len })
-    }
-
-    pub fn addr(&self) -> Ipv4Addr {
-        Ipv4Addr::from(self.addr)
-    }
-
-    pub fn prefix_len(&self) -> u8 {
-        self.len
-    }
-
-    /// "10.0.0.0/26", or "10.0.0.5" for a /32.
-    pub fn parse(s: &str) -> Result<Self, String> {
-        let (addr, len) = match s.split_once('/') {
-            Some((a, l)) => (
-                a,
-                l.parse::<u8>()
-                    .map_err(|_| format!("bad prefix length in {s:?}"))?,
-            ),
-            None => (s, 32),
-        };
-        let ip: IpAddr = addr
-            .parse()
-            .map_err(|_| format!("{s:?} is not an IP prefix"))?;
-        let IpAddr::V4(v4) = ip else {
-            return Err(format!(
-                "{s} is IPv6: routewriter programs IPv4 only so far"
-            ));
-        };
-        Prefix4::new(v4, len).ok_or_else(|| {
-            format!("{s} has host bits set or a length over 32 (the kernel refuses it)")
-        })
-    }
-
-    pub fn net(&self) -> Ipv4Net {
-        // The length was checked when the prefix was made.
-        Ipv4Net::new(self.addr(), self.len).unwrap_or_default()
-    }
-}
-
-impl fmt::Display for Prefix4 {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.addr(), self.len)
-    }
-}
-
-impl fmt::Debug for Prefix4 {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(self, f)
-    }
-}
-
-/// What a route does; decides its kernel type, scope and flags.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
-#[repr(u8)]
-pub enum Kind {
-    /// `blackhole <block>`: an own block.
-    Blackhole = 0,
-    /// `<pod>/32 dev cali... scope link`: a local workload.
-    Workload = 1,
-    /// `via <gateway> [dev <dev>] [onlink]`: same-subnet blocks, BGP next hops.
-    Gateway = 2,
-    /// `via <tunnel address> dev vxlan.calico onlink`: remote blocks over VXLAN.
-    Vxlan = 3,
-    /// `via <node address> dev tunl0 onlink`: remote blocks over IPIP.
-    Ipip = 4,
-}
-
-impl Kind {
-    pub const ALL: [Kind; 5] = [
-        Kind::Blackhole,
-        Kind::Workload,
-        Kind::Gateway,
-        Kind::Vxlan,
-        Kind::Ipip,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Kind::Blackhole => "blackhole",
-            Kind::Workload => "workload",
-            Kind::Gateway => "gateway",
-            Kind::Vxlan => "vxlan",
-            Kind::Ipip => "ipip",
-        }
-    }
-}
-
-/// An interned device name; 0 is "no device".
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Default)]
-pub struct DevId(pub u16);
-
-impl DevId {
-    pub const NONE: DevId = DevId(0);
-}
-
-/// One desired route (the prefix is its key). 8 bytes.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub struct RouteSpec {
-    /// The gateway as an u32; 0 for none (0.0.0.0 is never a gateway).
-    gateway: u32,
-    pub dev: DevId,
-    pub kind: Kind,
-    pub onlink: bool,
-}
-
-impl RouteSpec {
-    pub fn new(kind: Kind, gateway: Option<Ipv4Addr>, dev: DevId, onlink: bool) -> Self {
-        RouteSpec {
-            gateway: gateway.map(u32::from).unwrap_or(0),
-            dev,
-            kind,
-            onlink,
-        }
-    }
-
-    pub fn gateway(&self) -> Option<Ipv4Addr> {
-        (self.gateway != 0).then(|| Ipv4Addr::from(self.gateway))
-    }
-}
-
-/// Interned, refcounted device names: routes hold a 2-byte id instead of a string, and names
-/// of workload interfaces that are gone are freed.
-#[derive(Debug, Default, Clone)]
-pub struct Devices {
-    names: Vec<Option<Box<str>>>,
-    refs: Vec<u32>,
-    by_name: HashMap<Box<str>, u16>,
-    free: Vec<u16>,
-}
-
-impl Devices {
-    /// The id of `name`, taking one reference.
-    pub fn intern(&mut self, name: &str) -> Result<DevId, String> {
-        if let Some(&id) = self.by_name.get(name) {
-            self.refs[usize::from(id) - 1] += 1;
-            return Ok(DevId(id));
-        }
-        let id = match self.free.pop() {
-            Some(id) => id,
-            None => {
-                if self.names.len() >= usize::from(u16::MAX) {
-                    return Err("more than 65535 distinct devices in routes".into());
-                }
-                self.names.push(None);
-                self.refs.push(0);
-                self.names.len() as u16
-            }
-        };
-        let slot = usize::from(id) - 1;
-        self.names[slot] = Some(name.into());
-        self.refs[slot] = 1;
-        self.by_name.insert(name.into(), id);
-        Ok(DevId(id))
-    }
-
-    /// Drops one reference; the name is freed with the last.
-    pub fn release(&mut self, id: DevId) {
-        if id == DevId::NONE {
-            return;
-        }
-        let slot = usize::from(id.0) - 1;
-        let Some(refs) = self.refs.get_mut(slot) else {
-            return;
-        };
-        *refs = refs.saturating_sub(1);
-        if *refs == 0 {
-            if let Some(name) = self.names[slot].take() {
-                self.by_name.remove(&name);
-            }
-            self.free.push(id.0);
-        }
-    }
-
-    pub fn name(&self, id: DevId) -> Option<&str> {
-        if id == DevId::NONE {
-            return None;
-        }
-        self.names
-            .get(usize::from(id.0) - 1)
-            .and_then(|n| n.as_deref())
-    }
-
-    pub fn id(&self, name: &str) -> Option<DevId> {
-        self.by_name.get(name).map(|&id| DevId(id))
-    }
-
-    /// Live names with their ids.
-    pub fn iter(&self) -> impl Iterator<Item = (DevId, &str)> {
-        self.names
-            .iter()
-            .enumerate()
-            .filter_map(|(i, n)| n.as_deref().map(|n| (DevId(i as u16 + 1), n)))
-    }
-
-    fn heap_bytes(&self) -> usize {
-        self.names.capacity() * std::mem::size_of::<Option<Box<str>>>()
-            + self.refs.capacity() * 4
-            + self.free.capacity() * 2
-            + self.by_name.capacity() * (std::mem::size_of::<(Box<str>, u16)>() + 1)
-            + self.by_name.keys().map(|k| k.len() * 2).sum::<usize>()
-    }
-}
-
-/// A remote VXLAN endpoint.
+/// A remote VXLAN endpoint; its family is that of its addresses (both of one family).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct VtepSpec {
-    pub underlay: Ipv4Addr,
+    pub underlay: IpAddr,
     pub mac: Mac,
-    pub tunnel: Ipv4Addr,
+    pub tunnel: IpAddr,
 }
 
-/// This node's VXLAN device as the stream gives it; zeros and `None` mean "use the default".
+/// This node's VXLAN device of one family as the stream gives it; zeros and `None` mean "use
+/// the default".
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct LocalVtepSpec {
-    pub underlay: Ipv4Addr,
+    pub underlay: IpAddr,
     pub mac: Option<Mac>,
-    pub tunnel: Ipv4Addr,
+    pub tunnel: IpAddr,
     pub vni: u32,
     pub port: u16,
     pub mtu: u32,
+}
+
+impl LocalVtepSpec {
+    pub fn family(&self) -> Family {
+        Family::of(self.underlay)
+    }
 }
 
 /// Where the defaults for unnamed devices come from (the configuration).
 #[derive(Clone, Debug)]
 pub struct Defaults {
     pub vxlan_device: String,
+    pub vxlan_device_v6: String,
     pub ipip_device: String,
 }
 
@@ -270,7 +63,18 @@ impl Default for Defaults {
     fn default() -> Self {
         Defaults {
             vxlan_device: "vxlan.calico".into(),
+            vxlan_device_v6: "vxlan-v6.calico".into(),
             ipip_device: "tunl0".into(),
+        }
+    }
+}
+
+impl Defaults {
+    /// The VXLAN device of a family.
+    pub fn vxlan_device(&self, family: Family) -> &str {
+        match family {
+            Family::V4 => &self.vxlan_device,
+            Family::V6 => &self.vxlan_device_v6,
         }
     }
 }
@@ -283,9 +87,11 @@ pub struct Applied {
     /// The update was a snapshot: everything was replaced.
     pub snapshot: bool,
     /// Routes whose desired value changed (added, changed or removed), sorted, no duplicates.
-    pub routes: Vec<Prefix4>,
-    pub vteps: bool,
-    pub local_vtep: bool,
+    pub routes: Vec<Prefix>,
+    /// The remote VTEPs of a family changed (indexed by [`Family::index`]).
+    pub vteps: [bool; 2],
+    /// The local VTEP of a family changed.
+    pub local_vtep: [bool; 2],
     pub nat: bool,
     /// Items that could not be taken, each "what: why".
     pub rejected: Vec<String>,
@@ -293,7 +99,11 @@ pub struct Applied {
 
 impl Applied {
     pub fn is_empty(&self) -> bool {
-        self.routes.is_empty() && !self.vteps && !self.local_vtep && !self.nat && !self.snapshot
+        self.routes.is_empty()
+            && self.vteps == [false; 2]
+            && self.local_vtep == [false; 2]
+            && !self.nat
+            && !self.snapshot
     }
 }
 
@@ -303,14 +113,21 @@ pub struct DesiredState {
     revision: u64,
     /// Whether a snapshot has been applied (before that, the state is not the server's word).
     complete: bool,
-    routes: HashMap<Prefix4, RouteSpec>,
+    routes: Routes,
     devices: Devices,
-    counts: [usize; 5],
-    vteps: BTreeMap<String, VtepSpec>,
-    local: Option<LocalVtepSpec>,
-    pools: BTreeMap<Ipv4Net, bool>,
+    /// Routes by family and kind.
+    counts: [[usize; 5]; 2],
+    vteps: [BTreeMap<String, VtepSpec>; 2],
+    local: [Option<LocalVtepSpec>; 2],
+    /// Pools of both families, by CIDR, with their natOutgoing flag.
+    pools: BTreeMap<IpNet, bool>,
     defaults: Defaults,
+    /// During an incremental update: each touched route's value before it (first one wins).
+    journal: Option<Vec<(Prefix, Named)>>,
 }
+
+/// A route's value with its device by name: ids may be reused within one update.
+type Named = Option<(Kind, Option<IpAddr>, bool, Option<Box<str>>)>;
 
 impl DesiredState {
     pub fn new(defaults: Defaults) -> Self {
@@ -330,11 +147,11 @@ impl DesiredState {
         self.complete
     }
 
-    pub fn routes(&self) -> &HashMap<Prefix4, RouteSpec> {
+    pub fn routes(&self) -> &Routes {
         &self.routes
     }
 
-    pub fn route(&self, prefix: &Prefix4) -> Option<&RouteSpec> {
+    pub fn route(&self, prefix: &Prefix) -> Option<RouteSpec> {
         self.routes.get(prefix)
     }
 
@@ -342,36 +159,41 @@ impl DesiredState {
         &self.devices
     }
 
-    /// Desired routes by kind, in [`Kind::ALL`] order.
-    pub fn counts(&self) -> [usize; 5] {
-        self.counts
+    pub fn defaults(&self) -> &Defaults {
+        &self.defaults
     }
 
-    pub fn vteps(&self) -> &BTreeMap<String, VtepSpec> {
-        &self.vteps
+    /// Desired routes of a family by kind, in [`Kind::ALL`] order.
+    pub fn counts(&self, family: Family) -> [usize; 5] {
+        self.counts[family.index()]
     }
 
-    pub fn local_vtep(&self) -> Option<&LocalVtepSpec> {
-        self.local.as_ref()
+    /// The remote VTEPs of a family, by node.
+    pub fn vteps(&self, family: Family) -> &BTreeMap<String, VtepSpec> {
+        &self.vteps[family.index()]
     }
 
-    /// Pools by CIDR, with their natOutgoing flag.
-    pub fn pools(&self) -> &BTreeMap<Ipv4Net, bool> {
+    pub fn local_vtep(&self, family: Family) -> Option<&LocalVtepSpec> {
+        self.local[family.index()].as_ref()
+    }
+
+    /// Pools of both families by CIDR, with their natOutgoing flag.
+    pub fn pools(&self) -> &BTreeMap<IpNet, bool> {
         &self.pools
+    }
+
+    /// Whether anything of `family` is desired: a route, a VTEP, the local VTEP, a pool. The
+    /// IPv6 parts of the node (forwarding, the NAT table) are set up only then.
+    pub fn uses(&self, family: Family) -> bool {
+        self.routes.len_of(family) > 0
+            || !self.vteps[family.index()].is_empty()
+            || self.local[family.index()].is_some()
+            || self.pools.keys().any(|n| family_of_net(n) == family)
     }
 
     /// Estimated heap bytes of the routes (map buckets, control bytes, device names).
     pub fn route_heap_bytes(&self) -> usize {
-        let cap = self.routes.capacity();
-        // hashbrown: buckets are a power of two with at most 7/8 used; one control byte each.
-        let buckets = if cap == 0 {
-            0
-        } else if cap < 8 {
-            (cap + 1).next_power_of_two()
-        } else {
-            (cap * 8 / 7).next_power_of_two()
-        };
-        buckets * (std::mem::size_of::<(Prefix4, RouteSpec)>() + 1) + self.devices.heap_bytes()
+        self.routes.heap_bytes() + self.devices.heap_bytes()
     }
 
     /// Applies one update from the stream. Removals are applied before upserts, so an update
@@ -387,9 +209,10 @@ impl DesiredState {
             return self.apply_snapshot(update);
         }
         let mut applied = Applied::default();
+        self.journal = Some(Vec::new());
         for key in &update.remove {
             match &key.key {
-                Some(Key::Route(dest)) => match Prefix4::parse(dest) {
+                Some(Key::Route(dest)) => match Prefix::parse(dest) {
                     Ok(p) => {
                         if self.remove_route(&p) {
                             applied.routes.push(p);
@@ -397,13 +220,28 @@ impl DesiredState {
                     }
                     Err(e) => applied.rejected.push(format!("remove route {dest}: {e}")),
                 },
-                Some(Key::Vtep(node)) => applied.vteps |= self.vteps.remove(node).is_some(),
-                Some(Key::LocalVtep(true)) => applied.local_vtep |= self.local.take().is_some(),
-                Some(Key::LocalVtep(false)) | None => {}
+                Some(Key::Vtep(k)) => match Family::from_proto(k.family) {
+                    Some(f) => {
+                        applied.vteps[f.index()] |= self.vteps[f.index()].remove(&k.node).is_some()
+                    }
+                    None => applied.rejected.push(format!(
+                        "remove vtep {:?}: family {} is neither IPv4 nor IPv6",
+                        k.node, k.family
+                    )),
+                },
+                Some(Key::LocalVtep(family)) => match Family::from_proto(*family) {
+                    Some(f) => {
+                        applied.local_vtep[f.index()] |= self.local[f.index()].take().is_some()
+                    }
+                    None => applied.rejected.push(format!(
+                        "remove local vtep: family {family} is neither IPv4 nor IPv6"
+                    )),
+                },
                 Some(Key::NatPool(cidr)) => match parse_pool(cidr) {
                     Ok(net) => applied.nat |= self.pools.remove(&net).is_some(),
                     Err(e) => applied.rejected.push(format!("remove pool {cidr}: {e}")),
                 },
+                None => applied.rejected.push("an empty key".into()),
             }
         }
         for item in &update.upsert {
@@ -412,12 +250,51 @@ impl DesiredState {
         self.revision = update.revision;
         applied.routes.sort_unstable();
         applied.routes.dedup();
+        // A route removed and set again, or changed and changed back, within the update has
+        // not moved: nothing to write for it.
+        if let Some(journal) = self.journal.take() {
+            let mut first: HashMap<Prefix, Named> = HashMap::with_capacity(journal.len());
+            for (p, v) in journal {
+                first.entry(p).or_insert(v);
+            }
+            applied
+                .routes
+                .retain(|p| first.get(p) != Some(&self.named(self.routes.get(p))));
+        }
         applied
+    }
+
+    fn named(&self, spec: Option<RouteSpec>) -> Named {
+        spec.map(|s| {
+            (
+                s.kind,
+                s.gateway(),
+                s.onlink,
+                self.devices.name(s.dev).map(Box::from),
+            )
+        })
+    }
+
+    /// Notes a touched route's old value while an incremental update runs.
+    fn note(&mut self, p: Prefix, old: Option<RouteSpec>) {
+        if self.journal.is_some() {
+            let v = self.named(old);
+            if let Some(j) = self.journal.as_mut() {
+                j.push((p, v));
+            }
+        }
     }
 
     fn apply_snapshot(&mut self, update: &DataplaneUpdate) -> Applied {
         let mut next = DesiredState::new(self.defaults.clone());
-        next.routes.reserve(update.upsert.len());
+        // Room for each family's routes up front (a bulk load of 100k must not rehash).
+        let v6 = update
+            .upsert
+            .iter()
+            .filter(|i| matches!(&i.item, Some(Item::Route(r)) if r.destination.contains(':')))
+            .count();
+        next.routes.reserve(Family::V4, update.upsert.len() - v6);
+        next.routes.reserve(Family::V6, v6);
         let mut applied = Applied {
             snapshot: true,
             ..Default::default()
@@ -427,18 +304,26 @@ impl DesiredState {
         }
         // Which routes differ from before, so the caller can tell what moved.
         let mut changed = Vec::new();
-        for (p, spec) in &next.routes {
-            match self.routes.get(p) {
-                Some(old) if self.same_route(old, &next, spec) => {}
-                _ => changed.push(*p),
+        for (p, spec) in next.routes.iter() {
+            match self.routes.get(&p) {
+                Some(old) if self.same_route(&old, &next, &spec) => {}
+                _ => changed.push(p),
             }
         }
-        changed.extend(self.routes.keys().filter(|p| !next.routes.contains_key(p)));
+        changed.extend(
+            self.routes
+                .iter()
+                .map(|(p, _)| p)
+                .filter(|p| !next.routes.contains(p)),
+        );
         changed.sort_unstable();
         changed.dedup();
         applied.routes = changed;
-        applied.vteps = next.vteps != self.vteps;
-        applied.local_vtep = next.local != self.local;
+        for f in Family::ALL {
+            let i = f.index();
+            applied.vteps[i] = next.vteps[i] != self.vteps[i];
+            applied.local_vtep[i] = next.local[i] != self.local[i];
+        }
         applied.nat = next.pools != self.pools;
         next.revision = update.revision;
         next.complete = true;
@@ -448,7 +333,7 @@ impl DesiredState {
 
     fn same_route(&self, a: &RouteSpec, other: &DesiredState, b: &RouteSpec) -> bool {
         a.kind == b.kind
-            && a.gateway == b.gateway
+            && a.gateway() == b.gateway()
             && a.onlink == b.onlink
             && self.devices.name(a.dev) == other.devices.name(b.dev)
     }
@@ -456,17 +341,17 @@ impl DesiredState {
     fn upsert(&mut self, item: Option<&Item>, applied: &mut Applied) {
         match item {
             Some(Item::Route(r)) => match self.parse_route(r) {
-                Ok((p, spec)) => {
-                    if self.insert_route(p, spec) {
-                        applied.routes.push(p);
-                    }
-                }
+                Ok((p, spec)) => match self.insert_route(p, spec) {
+                    Ok(true) => applied.routes.push(p),
+                    Ok(false) => {}
+                    Err(e) => applied.rejected.push(e),
+                },
                 Err(e) => {
                     applied
                         .rejected
                         .push(format!("route {} ({}): {e}", r.destination, r.source));
                     // The server no longer wants the old value either: drop it.
-                    if let Ok(p) = Prefix4::parse(&r.destination)
+                    if let Ok(p) = Prefix::parse(&r.destination)
                         && self.remove_route(&p)
                     {
                         applied.routes.push(p);
@@ -475,26 +360,34 @@ impl DesiredState {
             },
             Some(Item::Vtep(v)) => match parse_vtep(v) {
                 Ok(spec) => {
-                    if self.vteps.get(&v.node) != Some(&spec) {
-                        self.vteps.insert(v.node.clone(), spec);
-                        applied.vteps = true;
+                    let i = Family::of(spec.underlay).index();
+                    if self.vteps[i].get(&v.node) != Some(&spec) {
+                        self.vteps[i].insert(v.node.clone(), spec);
+                        applied.vteps[i] = true;
                     }
                 }
                 Err(e) => {
                     applied.rejected.push(format!("vtep {:?}: {e}", v.node));
-                    applied.vteps |= self.vteps.remove(&v.node).is_some();
+                    if let Some(f) = family_hint(&[&v.underlay_address, &v.tunnel_address]) {
+                        let i = f.index();
+                        applied.vteps[i] |= self.vteps[i].remove(&v.node).is_some();
+                    }
                 }
             },
             Some(Item::LocalVtep(l)) => match parse_local_vtep(l) {
                 Ok(spec) => {
-                    if self.local != Some(spec) {
-                        self.local = Some(spec);
-                        applied.local_vtep = true;
+                    let i = spec.family().index();
+                    if self.local[i] != Some(spec) {
+                        self.local[i] = Some(spec);
+                        applied.local_vtep[i] = true;
                     }
                 }
                 Err(e) => {
                     applied.rejected.push(format!("local vtep: {e}"));
-                    applied.local_vtep |= self.local.take().is_some();
+                    if let Some(f) = family_hint(&[&l.underlay_address, &l.tunnel_address]) {
+                        let i = f.index();
+                        applied.local_vtep[i] |= self.local[i].take().is_some();
+                    }
                 }
             },
             Some(Item::NatPool(pool)) => match parse_pool(&pool.cidr) {
@@ -511,26 +404,34 @@ impl DesiredState {
 
     /// Inserts or replaces; true when the desired value changed. Takes ownership of the
     /// device reference in `spec`.
-    fn insert_route(&mut self, p: Prefix4, spec: RouteSpec) -> bool {
+    fn insert_route(&mut self, p: Prefix, spec: RouteSpec) -> Result<bool, String> {
+        let f = p.family().index();
         match self.routes.insert(p, spec) {
-            Some(old) => {
+            Ok(Some(old)) => {
+                self.note(p, Some(old));
                 self.devices.release(old.dev);
-                self.counts[old.kind as usize] -= 1;
-                self.counts[spec.kind as usize] += 1;
-                old != spec
+                self.counts[f][old.kind as usize] -= 1;
+                self.counts[f][spec.kind as usize] += 1;
+                Ok(old != spec)
             }
-            None => {
-                self.counts[spec.kind as usize] += 1;
-                true
+            Ok(None) => {
+                self.note(p, None);
+                self.counts[f][spec.kind as usize] += 1;
+                Ok(true)
+            }
+            Err(e) => {
+                self.devices.release(spec.dev);
+                Err(e)
             }
         }
     }
 
-    fn remove_route(&mut self, p: &Prefix4) -> bool {
+    fn remove_route(&mut self, p: &Prefix) -> bool {
         match self.routes.remove(p) {
             Some(old) => {
+                self.note(*p, Some(old));
                 self.devices.release(old.dev);
-                self.counts[old.kind as usize] -= 1;
+                self.counts[p.family().index()][old.kind as usize] -= 1;
                 true
             }
             None => false,
@@ -538,9 +439,10 @@ impl DesiredState {
     }
 
     /// Checks a route and interns its device (one reference, owned by the returned spec).
-    fn parse_route(&mut self, r: &proto::v1::KernelRoute) -> Result<(Prefix4, RouteSpec), String> {
+    fn parse_route(&mut self, r: &proto::v1::KernelRoute) -> Result<(Prefix, RouteSpec), String> {
         use proto::v1::RouteKind as P;
-        let p = Prefix4::parse(&r.destination)?;
+        let p = Prefix::parse(&r.destination)?;
+        let family = p.family();
         let kind = match P::try_from(r.kind) {
             Ok(P::Blackhole) => Kind::Blackhole,
             Ok(P::Workload) => Kind::Workload,
@@ -557,16 +459,7 @@ impl DesiredState {
         let gateway = if r.gateway.is_empty() {
             None
         } else {
-            match r.gateway.parse::<IpAddr>() {
-                Ok(IpAddr::V4(g)) if !g.is_unspecified() => Some(g),
-                Ok(_) => {
-                    return Err(format!(
-                        "gateway {} is not a usable IPv4 address",
-                        r.gateway
-                    ));
-                }
-                Err(_) => return Err(format!("gateway {:?} is not an address", r.gateway)),
-            }
+            Some(parse_addr("gateway", &r.gateway, Some(family))?)
         };
         let device = r.device.trim();
         if device.len() > super::config::IFNAMSIZ_MAX || device.contains(['/', ' ']) {
@@ -587,22 +480,28 @@ impl DesiredState {
                 if r.onlink && device.is_empty() {
                     return Err("an onlink route needs its device".into());
                 }
+                if is_link_local(g) && device.is_empty() {
+                    return Err(format!(
+                        "gateway {g} is link-local: the route needs the device it is on"
+                    ));
+                }
                 (Some(g), device, r.onlink)
+            }
+            Kind::Ipip if family == Family::V6 => {
+                return Err(
+                    "IPIP carries IPv4 only: an IPv6 pool needs VXLAN or no encapsulation".into(),
+                );
             }
             Kind::Vxlan | Kind::Ipip => {
                 let Some(g) = gateway else {
                     return Err(format!("a {} route needs the remote address", kind.name()));
                 };
                 let default = if kind == Kind::Vxlan {
-                    &self.defaults.vxlan_device
+                    self.defaults.vxlan_device(family)
                 } else {
                     &self.defaults.ipip_device
                 };
-                let dev = if device.is_empty() {
-                    default.as_str()
-                } else {
-                    device
-                };
+                let dev = if device.is_empty() { default } else { device };
                 // Tunnel routes are always onlink: the gateway is not on a subnet of the device.
                 (Some(g), dev, true)
             }
@@ -618,25 +517,64 @@ impl DesiredState {
     }
 }
 
-fn parse_v4(what: &str, s: &str) -> Result<Ipv4Addr, String> {
-    match s.parse::<IpAddr>() {
-        Ok(IpAddr::V4(a)) if !a.is_unspecified() => Ok(a),
-        Ok(IpAddr::V4(_)) => Err(format!("{what} 0.0.0.0 is not usable")),
-        Ok(IpAddr::V6(_)) => Err(format!(
-            "{what} {s} is IPv6: routewriter programs IPv4 only so far"
-        )),
-        Err(_) => Err(format!("{what} {s:?} is not an address")),
+fn is_link_local(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V6(a) => a.segments()[0] & 0xffc0 == 0xfe80,
+        IpAddr::V4(_) => false,
     }
+}
+
+fn family_of_net(n: &IpNet) -> Family {
+    Family::of(n.addr())
+}
+
+/// The family of the first of `addrs` that parses: what a bad item meant to be.
+fn family_hint(addrs: &[&str]) -> Option<Family> {
+    addrs
+        .iter()
+        .find_map(|s| s.parse::<IpAddr>().ok())
+        .map(Family::of)
+}
+
+/// A usable unicast address, of `family` when given.
+fn parse_addr(what: &str, s: &str, family: Option<Family>) -> Result<IpAddr, String> {
+    let a: IpAddr = s
+        .parse()
+        .map_err(|_| format!("{what} {s:?} is not an address"))?;
+    if a.is_unspecified() || a.is_multicast() {
+        return Err(format!("{what} {a} is not a usable unicast address"));
+    }
+    match family {
+        Some(f) if Family::of(a) != f => Err(format!(
+            "{what} {a} is {}, the route is {}: routewriter does not mix families in a route",
+            Family::of(a).name(),
+            f.name()
+        )),
+        _ => Ok(a),
+    }
+}
+
+/// The underlay and tunnel addresses of a VTEP: both usable, both of one family.
+fn parse_pair(underlay: &str, tunnel: &str) -> Result<(IpAddr, IpAddr), String> {
+    let u = parse_addr("underlay address", underlay, None)?;
+    let t = parse_addr("tunnel address", tunnel, None)?;
+    if Family::of(u) != Family::of(t) {
+        return Err(format!(
+            "underlay address {u} and tunnel address {t} are of different families (a VTEP is of one)"
+        ));
+    }
+    Ok((u, t))
 }
 
 fn parse_vtep(v: &proto::v1::Vtep) -> Result<VtepSpec, String> {
     if v.node.is_empty() {
         return Err("a VTEP needs its node name".into());
     }
+    let (underlay, tunnel) = parse_pair(&v.underlay_address, &v.tunnel_address)?;
     Ok(VtepSpec {
-        underlay: parse_v4("underlay address", &v.underlay_address)?,
+        underlay,
         mac: parse_mac(&v.mac).ok_or_else(|| format!("MAC {:?} is not a MAC address", v.mac))?,
-        tunnel: parse_v4("tunnel address", &v.tunnel_address)?,
+        tunnel,
     })
 }
 
@@ -657,26 +595,33 @@ fn parse_local_vtep(l: &proto::v1::LocalVtep) -> Result<LocalVtepSpec, String> {
     if l.mtu != 0 && !(68..=65535).contains(&l.mtu) {
         return Err(format!("MTU {} is outside 68-65535", l.mtu));
     }
+    let (underlay, tunnel) = parse_pair(&l.underlay_address, &l.tunnel_address)?;
+    if Family::of(underlay) == Family::V6 && l.mtu != 0 && l.mtu < 1280 {
+        return Err(format!(
+            "MTU {} is below 1280, the least IPv6 allows",
+            l.mtu
+        ));
+    }
     Ok(LocalVtepSpec {
-        underlay: parse_v4("underlay address", &l.underlay_address)?,
+        underlay,
         mac,
-        tunnel: parse_v4("tunnel address", &l.tunnel_address)?,
+        tunnel,
         vni: l.vni,
         port,
         mtu: l.mtu,
     })
 }
 
-fn parse_pool(cidr: &str) -> Result<Ipv4Net, String> {
-    let p = Prefix4::parse(cidr)?;
-    Ok(p.net())
+fn parse_pool(cidr: &str) -> Result<IpNet, String> {
+    Ok(Prefix::parse(cidr)?.net())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use proto::v1::{
-        DesiredItem, DesiredKey, KernelRoute, LocalVtep, NatPool, RouteKind as P, Vtep,
+        DesiredItem, DesiredKey, IpFamily, KernelRoute, LocalVtep, NatPool, RouteKind as P, Vtep,
+        VtepKey,
     };
 
     fn route(dest: &str, kind: P, gw: &str, dev: &str, onlink: bool) -> DesiredItem {
@@ -712,32 +657,60 @@ mod tests {
         }
     }
 
-    fn p(s: &str) -> Prefix4 {
-        Prefix4::parse(s).unwrap()
-    }
-
-    #[test]
-    fn prefixes_parse_strictly() {
-        assert_eq!(p("10.0.0.0/26").to_string(), "10.0.0.0/26");
-        assert_eq!(p("10.0.0.5").prefix_len(), 32);
-        assert_eq!(p("0.0.0.0/0").to_string(), "0.0.0.0/0");
-        for bad in [
-            "10.0.0.1/26",
-            "10.0.0.0/33",
-            "fd00::/64",
-            "x",
-            "10.0.0.0/",
-            "",
-        ] {
-            assert!(Prefix4::parse(bad).is_err(), "{bad}");
+    fn rm_vtep(node: &str, family: IpFamily) -> DesiredKey {
+        DesiredKey {
+            key: Some(Key::Vtep(VtepKey {
+                node: node.into(),
+                family: family.into(),
+            })),
         }
-        assert!(Prefix4::parse("fd00::/64").unwrap_err().contains("IPv6"));
     }
 
-    #[test]
-    fn a_route_is_sixteen_bytes_in_the_map() {
-        assert_eq!(std::mem::size_of::<RouteSpec>(), 8);
-        assert_eq!(std::mem::size_of::<(Prefix4, RouteSpec)>(), 16);
+    fn rm_local(family: IpFamily) -> DesiredKey {
+        DesiredKey {
+            key: Some(Key::LocalVtep(family.into())),
+        }
+    }
+
+    fn vtep(node: &str, underlay: &str, mac: &str, tunnel: &str) -> DesiredItem {
+        DesiredItem {
+            item: Some(Item::Vtep(Vtep {
+                node: node.into(),
+                underlay_address: underlay.into(),
+                mac: mac.into(),
+                tunnel_address: tunnel.into(),
+            })),
+        }
+    }
+
+    fn local(underlay: &str, tunnel: &str, mtu: u32) -> DesiredItem {
+        DesiredItem {
+            item: Some(Item::LocalVtep(LocalVtep {
+                underlay_address: underlay.into(),
+                mac: String::new(),
+                tunnel_address: tunnel.into(),
+                vni: 0,
+                port: 0,
+                mtu,
+            })),
+        }
+    }
+
+    fn pool(cidr: &str, nat: bool) -> DesiredItem {
+        DesiredItem {
+            item: Some(Item::NatPool(NatPool {
+                cidr: cidr.into(),
+                nat_outgoing: nat,
+            })),
+        }
+    }
+
+    fn p(s: &str) -> Prefix {
+        Prefix::parse(s).unwrap()
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
     }
 
     #[test]
@@ -757,7 +730,9 @@ mod tests {
         assert_eq!(a.routes.len(), 3);
         assert_eq!(d.revision(), 5);
         assert!(d.is_complete());
-        assert_eq!(d.counts(), [1, 1, 0, 1, 0]);
+        assert_eq!(d.counts(Family::V4), [1, 1, 0, 1, 0]);
+        assert_eq!(d.counts(Family::V6), [0; 5]);
+        assert!(d.uses(Family::V4) && !d.uses(Family::V6));
         let vx = d.route(&p("10.65.1.0/26")).unwrap();
         assert!(vx.onlink, "tunnel routes are onlink");
         assert_eq!(d.devices().name(vx.dev), Some("vxlan.calico"));
@@ -773,7 +748,7 @@ mod tests {
             vec![rm_route("10.65.0.5/32")],
         ));
         assert_eq!(a.routes, vec![p("10.65.0.5/32"), p("10.65.1.0/26")]);
-        assert_eq!(d.counts(), [1, 0, 0, 1, 0]);
+        assert_eq!(d.counts(Family::V4), [1, 0, 0, 1, 0]);
         // The workload's interface name is freed with its last route.
         assert_eq!(d.devices().id("cali12345678901"), None);
 
@@ -788,6 +763,50 @@ mod tests {
         assert!(d.route(&p("10.9.0.0/24")).is_none());
     }
 
+    /// Every route kind of IPv6, as bgpd sends them, lands in the state of its family: a VXLAN
+    /// route defaults to the IPv6 device, a workload route is a /128, a gateway may be
+    /// link-local with its device.
+    #[test]
+    fn ipv6_routes_of_every_kind() {
+        let mut d = DesiredState::new(Defaults::default());
+        let a = d.apply(&update(
+            1,
+            true,
+            vec![
+                route("fd00:20::/122", P::Blackhole, "", "", false),
+                route("fd00:20::5/128", P::Workload, "", "cali12345678901", false),
+                route("fd00:20::40/122", P::Gateway, "fd00:10::2", "", false),
+                route("fd00:20::c0/122", P::Gateway, "fe80::2", "eth0", false),
+                route("fd00:20::80/122", P::Vxlan, "fd00:20::81", "", true),
+                route("10.65.0.0/26", P::Blackhole, "", "", false),
+            ],
+            vec![],
+        ));
+        assert!(a.rejected.is_empty(), "{:?}", a.rejected);
+        assert_eq!(d.counts(Family::V6), [1, 1, 2, 1, 0]);
+        assert_eq!(d.counts(Family::V4), [1, 0, 0, 0, 0]);
+        assert_eq!(
+            (d.routes().len_of(Family::V4), d.routes().len_of(Family::V6)),
+            (1, 5)
+        );
+        assert!(d.uses(Family::V6));
+        let vx = d.route(&p("fd00:20::80/122")).unwrap();
+        assert_eq!(d.devices().name(vx.dev), Some("vxlan-v6.calico"));
+        assert_eq!(
+            (vx.kind, vx.gateway(), vx.onlink),
+            (Kind::Vxlan, Some(ip("fd00:20::81")), true)
+        );
+        let ll = d.route(&p("fd00:20::c0/122")).unwrap();
+        assert_eq!(ll.gateway(), Some(ip("fe80::2")));
+        assert_eq!(d.devices().name(ll.dev), Some("eth0"));
+        // The VXLAN device of each family is interned once, whatever the number of routes.
+        assert!(d.devices().id("vxlan.calico").is_none());
+        // An IPv6 route is removed by its key like an IPv4 one.
+        let a = d.apply(&update(2, false, vec![], vec![rm_route("fd00:20::5/128")]));
+        assert_eq!(a.routes, vec![p("fd00:20::5/128")]);
+        assert_eq!(d.counts(Family::V6), [1, 0, 2, 1, 0]);
+    }
+
     #[test]
     fn a_snapshot_drops_what_it_does_not_name() {
         let mut d = DesiredState::new(Defaults::default());
@@ -797,6 +816,7 @@ mod tests {
             vec![
                 route("10.65.0.0/26", P::Blackhole, "", "", false),
                 route("10.65.2.0/26", P::Gateway, "10.0.0.2", "eth0", true),
+                route("fd00:20::/122", P::Blackhole, "", "", false),
             ],
             vec![],
         ));
@@ -807,14 +827,19 @@ mod tests {
                 route("10.65.0.0/26", P::Blackhole, "", "", false),
                 route("10.65.2.0/26", P::Gateway, "10.0.0.3", "eth0", true),
                 route("10.65.3.0/26", P::Gateway, "10.0.0.3", "", false),
+                route("fd00:20::/122", P::Blackhole, "", "", false),
+                route("fd00:20::40/122", P::Vxlan, "fd00:20::41", "", true),
             ],
             vec![],
         ));
         // Snapshots are always taken, even at a lower or equal revision (a restarted server).
         assert!(!a.stale);
-        assert_eq!(a.routes, vec![p("10.65.2.0/26"), p("10.65.3.0/26")]);
+        assert_eq!(
+            a.routes,
+            vec![p("10.65.2.0/26"), p("10.65.3.0/26"), p("fd00:20::40/122")]
+        );
         let a = d.apply(&update(2, true, vec![], vec![]));
-        assert_eq!(a.routes.len(), 3);
+        assert_eq!(a.routes.len(), 5);
         assert!(d.routes().is_empty());
         assert_eq!(d.devices().iter().count(), 0);
     }
@@ -827,7 +852,7 @@ mod tests {
             true,
             vec![
                 route("10.65.0.1/26", P::Blackhole, "", "", false),
-                route("fd00::/64", P::Blackhole, "", "", false),
+                route("fd00::1/64", P::Blackhole, "", "", false),
                 route("10.65.1.0/26", P::Gateway, "", "", false),
                 route("10.65.2.0/26", P::Workload, "", "", false),
                 route("10.65.3.0/26", P::Unspecified, "", "", false),
@@ -839,30 +864,35 @@ mod tests {
                     "this-name-is-too-long",
                     false,
                 ),
+                // Families do not mix within a route.
+                route("10.65.7.0/26", P::Gateway, "fd00::1", "eth0", false),
+                route("fd00:1::/64", P::Vxlan, "10.65.1.1", "", true),
+                // IPIP is IPv4 only; a link-local gateway needs its device.
+                route("fd00:2::/64", P::Ipip, "fd00::2", "", true),
+                route("fd00:3::/64", P::Gateway, "fe80::1", "", false),
+                route("fd00:4::/64", P::Gateway, "ff02::1", "eth0", false),
                 route("10.65.6.0/26", P::Blackhole, "", "", false),
-                DesiredItem {
-                    item: Some(Item::Vtep(Vtep {
-                        node: "b".into(),
-                        underlay_address: "10.0.0.2".into(),
-                        mac: "not-a-mac".into(),
-                        tunnel_address: "10.65.1.0".into(),
-                    })),
-                },
-                DesiredItem {
-                    item: Some(Item::NatPool(NatPool {
-                        cidr: "10.65.0.0/16".into(),
-                        nat_outgoing: true,
-                    })),
-                },
+                route("fd00:5::/64", P::Blackhole, "", "", false),
+                vtep("b", "10.0.0.2", "not-a-mac", "10.65.1.0"),
+                vtep("c", "10.0.0.3", "66:00:00:00:00:03", "fd00:20::41"),
+                pool("10.65.0.0/16", true),
+                pool("fd00:20::/48", true),
+                pool("fd00:20::1/48", true),
                 DesiredItem { item: None },
             ],
             vec![],
         ));
-        assert_eq!(a.rejected.len(), 9, "{:#?}", a.rejected);
-        assert_eq!(d.routes().len(), 1);
+        assert_eq!(a.rejected.len(), 16, "{:#?}", a.rejected);
+        assert_eq!(d.routes().len(), 2);
         assert!(d.route(&p("10.65.6.0/26")).is_some());
-        assert_eq!(d.pools().len(), 1);
-        assert!(a.rejected.iter().any(|r| r.contains("IPv6")));
+        assert!(d.route(&p("fd00:5::/64")).is_some());
+        assert_eq!(d.pools().len(), 2);
+        let said = |what: &str| a.rejected.iter().any(|r| r.contains(what));
+        assert!(said("IPIP carries IPv4 only"), "{:#?}", a.rejected);
+        assert!(said("does not mix families"), "{:#?}", a.rejected);
+        assert!(said("link-local"), "{:#?}", a.rejected);
+        assert!(said("different families"), "{:#?}", a.rejected);
+        assert!(said("not a usable unicast address"), "{:#?}", a.rejected);
     }
 
     #[test]
@@ -871,104 +901,377 @@ mod tests {
         d.apply(&update(
             1,
             true,
-            vec![route("10.65.1.0/26", P::Gateway, "10.0.0.2", "", false)],
+            vec![
+                route("10.65.1.0/26", P::Gateway, "10.0.0.2", "", false),
+                route("fd00:20::40/122", P::Gateway, "fd00:10::2", "", false),
+            ],
             vec![],
         ));
         let a = d.apply(&update(
             2,
             false,
-            vec![route("10.65.1.0/26", P::Gateway, "", "", false)],
+            vec![
+                route("10.65.1.0/26", P::Gateway, "", "", false),
+                route("fd00:20::40/122", P::Ipip, "fd00:10::2", "", true),
+            ],
             vec![],
         ));
-        assert_eq!(a.routes, vec![p("10.65.1.0/26")]);
-        assert_eq!(a.rejected.len(), 1);
+        assert_eq!(a.routes, vec![p("10.65.1.0/26"), p("fd00:20::40/122")]);
+        assert_eq!(a.rejected.len(), 2);
         assert!(d.routes().is_empty());
+        assert_eq!(d.counts(Family::V6), [0; 5]);
     }
 
+    /// VTEPs and the local VTEP are kept per family, as the contract keys them: removing one
+    /// family's leaves the other's.
     #[test]
-    fn vteps_local_and_pools() {
+    fn vteps_and_local_vteps_per_family() {
         let mut d = DesiredState::new(Defaults::default());
-        let vtep = |mac: &str| DesiredItem {
-            item: Some(Item::Vtep(Vtep {
-                node: "b".into(),
-                underlay_address: "10.0.0.2".into(),
-                mac: mac.into(),
-                tunnel_address: "10.65.1.0".into(),
-            })),
-        };
-        let local = DesiredItem {
-            item: Some(Item::LocalVtep(LocalVtep {
-                underlay_address: "10.0.0.1".into(),
-                mac: String::new(),
-                tunnel_address: "10.65.0.0".into(),
-                vni: 0,
-                port: 0,
-                mtu: 0,
-            })),
-        };
+        let b4 = |mac: &str| vtep("b", "10.0.0.2", mac, "10.65.1.0");
+        let b6 = vtep("b", "fd00:10::2", "66:00:00:00:06:02", "fd00:20::41");
         let a = d.apply(&update(
             1,
             true,
-            vec![vtep("66:00:00:00:00:02"), local.clone()],
+            vec![
+                b4("66:00:00:00:00:02"),
+                b6.clone(),
+                local("10.0.0.1", "10.65.0.0", 0),
+                local("fd00:10::1", "fd00:20::1", 0),
+            ],
             vec![],
         ));
-        assert!(a.vteps && a.local_vtep && !a.nat);
+        assert!(a.rejected.is_empty(), "{:?}", a.rejected);
+        assert_eq!(a.vteps, [true, true]);
+        assert_eq!(a.local_vtep, [true, true]);
+        assert!(!a.nat);
+        assert_eq!(d.vteps(Family::V6)["b"].underlay, ip("fd00:10::2"));
+        assert_eq!(d.vteps(Family::V4)["b"].underlay, ip("10.0.0.2"));
+        assert_eq!(
+            d.local_vtep(Family::V6).map(|l| l.tunnel),
+            Some(ip("fd00:20::1"))
+        );
+        assert!(d.uses(Family::V6));
         let a = d.apply(&update(
             2,
             false,
-            vec![vtep("66:00:00:00:00:02"), local],
+            vec![b4("66:00:00:00:00:02"), b6.clone()],
             vec![],
         ));
-        assert!(!a.vteps && !a.local_vtep, "unchanged items change nothing");
-        let a = d.apply(&update(3, false, vec![vtep("66:00:00:00:00:03")], vec![]));
-        assert!(a.vteps);
-        assert_eq!(d.vteps()["b"].mac, [0x66, 0, 0, 0, 0, 3]);
+        assert!(a.is_empty(), "unchanged items change nothing: {a:?}");
+        let a = d.apply(&update(3, false, vec![b4("66:00:00:00:00:03")], vec![]));
+        assert_eq!(a.vteps, [true, false]);
+        assert_eq!(d.vteps(Family::V4)["b"].mac, [0x66, 0, 0, 0, 0, 3]);
+        // Removing the IPv6 VTEP and device leaves the IPv4 ones.
         let a = d.apply(&update(
             4,
             false,
             vec![],
+            vec![rm_vtep("b", IpFamily::V6), rm_local(IpFamily::V6)],
+        ));
+        assert_eq!((a.vteps, a.local_vtep), ([false, true], [false, true]));
+        assert!(d.vteps(Family::V6).is_empty() && d.local_vtep(Family::V6).is_none());
+        assert_eq!(d.vteps(Family::V4).len(), 1);
+        assert!(d.local_vtep(Family::V4).is_some());
+        assert!(!d.uses(Family::V6));
+        // A key without a family names nothing: rejected, nothing removed.
+        let a = d.apply(&update(
+            5,
+            false,
+            vec![],
             vec![
-                DesiredKey {
-                    key: Some(Key::Vtep("b".into())),
-                },
-                DesiredKey {
-                    key: Some(Key::LocalVtep(true)),
-                },
+                rm_vtep("b", IpFamily::Unspecified),
+                rm_local(IpFamily::Unspecified),
             ],
         ));
-        assert!(a.vteps && a.local_vtep);
-        assert!(d.vteps().is_empty() && d.local_vtep().is_none());
+        assert_eq!(a.rejected.len(), 2, "{:?}", a.rejected);
+        assert_eq!(d.vteps(Family::V4).len(), 1);
+        // A bad item drops the old value of the family it meant.
+        let a = d.apply(&update(
+            6,
+            false,
+            vec![vtep("b", "10.0.0.2", "bad", "10.65.1.0")],
+            vec![],
+        ));
+        assert_eq!(a.vteps, [true, false]);
+        assert!(d.vteps(Family::V4).is_empty());
+        let a = d.apply(&update(
+            7,
+            false,
+            vec![local("10.0.0.1", "10.65.0.0", 10)],
+            vec![],
+        ));
+        assert_eq!(a.local_vtep, [true, false]);
+        assert!(d.local_vtep(Family::V4).is_none());
+        // IPv6 needs an MTU of 1280 at least.
+        let a = d.apply(&update(
+            8,
+            false,
+            vec![local("fd00:10::1", "fd00:20::1", 1200)],
+            vec![],
+        ));
+        assert!(a.rejected[0].contains("1280"), "{:?}", a.rejected);
     }
 
     #[test]
-    fn devices_are_interned_and_freed() {
-        let mut devs = Devices::default();
-        let a = devs.intern("eth0").unwrap();
-        let b = devs.intern("eth0").unwrap();
-        assert_eq!(a, b);
-        let c = devs.intern("cali1").unwrap();
-        assert_ne!(a, c);
-        devs.release(a);
-        assert_eq!(devs.name(a), Some("eth0"));
-        devs.release(b);
-        assert_eq!(devs.name(a), None);
-        let d = devs.intern("cali2").unwrap();
-        assert_eq!(d, a, "the freed slot is reused");
-        devs.release(DevId::NONE);
-        devs.release(DevId(999));
+    fn pools_of_both_families() {
+        let mut d = DesiredState::new(Defaults::default());
+        d.apply(&update(
+            1,
+            true,
+            vec![pool("10.65.0.0/16", true), pool("fd00:20::/48", true)],
+            vec![],
+        ));
+        assert!(d.uses(Family::V6) && d.uses(Family::V4));
+        let a = d.apply(&update(
+            2,
+            false,
+            vec![],
+            vec![DesiredKey {
+                key: Some(Key::NatPool("fd00:20::/48".into())),
+            }],
+        ));
+        assert!(a.nat);
+        assert_eq!(d.pools().len(), 1);
+        assert!(!d.uses(Family::V6));
     }
 
     #[test]
     fn held_bytes_per_route_stay_small() {
-        let mut d = DesiredState::new(Defaults::default());
-        let items: Vec<_> = (0..10_000u32)
-            .map(|i| {
-                let net = Ipv4Addr::from(0x0A80_0000 + (i << 6));
-                route(&format!("{net}/26"), P::Gateway, "10.0.0.2", "eth0", false)
+        for (family, make) in [
+            (
+                Family::V4,
+                (|i: u32| {
+                    let net = std::net::Ipv4Addr::from(0x0A80_0000 + (i << 6));
+                    route(&format!("{net}/26"), P::Gateway, "10.0.0.2", "eth0", false)
+                }) as fn(u32) -> DesiredItem,
+            ),
+            (Family::V6, |i: u32| {
+                let net = std::net::Ipv6Addr::from((0xfd80u128 << 112) | (u128::from(i) << 6));
+                route(&format!("{net}/122"), P::Gateway, "fd00::2", "eth0", false)
+            }),
+        ] {
+            let mut d = DesiredState::new(Defaults::default());
+            let a = d.apply(&update(1, true, (0..10_000).map(make).collect(), vec![]));
+            assert!(a.rejected.is_empty(), "{:?}", &a.rejected[..1]);
+            assert_eq!(d.routes().len_of(family), 10_000);
+            let per_route = d.route_heap_bytes() / 10_000;
+            let limit = if family == Family::V4 { 40 } else { 64 };
+            assert!(per_route < limit, "{family:?}: {per_route} bytes per route");
+        }
+    }
+
+    /// Property: any sequence of updates (snapshots, upserts and removals of routes, VTEPs,
+    /// local VTEPs and pools of both families) leaves the state equal to a plain model of the
+    /// contract (a map from key to item), and every route reported as changed is exactly one
+    /// whose desired value moved.
+    mod model {
+        use super::*;
+        use proptest::prelude::*;
+        use std::collections::BTreeMap as Map;
+
+        #[derive(Debug, Clone)]
+        enum Op {
+            Route(u8, u8),
+            RemoveRoute(u8),
+            Vtep(u8, bool, u8),
+            RemoveVtep(u8, bool),
+            Local(bool, u8),
+            RemoveLocal(bool),
+            Pool(bool, bool),
+        }
+
+        /// Eight destinations, half of each family.
+        fn dest(i: u8) -> String {
+            match i % 8 {
+                0 => "10.65.0.0/26".into(),
+                1 => "10.65.1.0/26".into(),
+                2 => "10.65.0.5/32".into(),
+                3 => "0.0.0.0/0".into(),
+                4 => "fd00:20::/122".into(),
+                5 => "fd00:20::40/122".into(),
+                6 => "fd00:20::5/128".into(),
+                _ => "::/0".into(),
+            }
+        }
+
+        /// One of the route shapes of the destination's family (some invalid: IPIP for IPv6).
+        fn route_item(d: &str, shape: u8) -> DesiredItem {
+            let v6 = d.contains(':');
+            let (gw, gw2) = if v6 {
+                ("fd00:10::2", "fe80::2")
+            } else {
+                ("10.0.0.2", "10.0.0.3")
+            };
+            match shape % 6 {
+                0 => route(d, P::Blackhole, "", "", false),
+                1 => route(d, P::Workload, "", "cali1", false),
+                2 => route(d, P::Gateway, gw, "", false),
+                3 => route(d, P::Gateway, gw2, "eth0", true),
+                4 => route(d, P::Vxlan, gw, "", true),
+                _ => route(d, P::Ipip, gw, "", true),
+            }
+        }
+
+        fn op() -> impl Strategy<Value = Op> {
+            prop_oneof![
+                (any::<u8>(), any::<u8>()).prop_map(|(a, b)| Op::Route(a, b)),
+                any::<u8>().prop_map(Op::RemoveRoute),
+                (0u8..3, any::<bool>(), any::<u8>()).prop_map(|(n, v6, m)| Op::Vtep(n, v6, m)),
+                (0u8..3, any::<bool>()).prop_map(|(n, v6)| Op::RemoveVtep(n, v6)),
+                (any::<bool>(), any::<u8>()).prop_map(|(v6, m)| Op::Local(v6, m)),
+                any::<bool>().prop_map(Op::RemoveLocal),
+                (any::<bool>(), any::<bool>()).prop_map(|(v6, nat)| Op::Pool(v6, nat)),
+            ]
+        }
+
+        fn fam(v6: bool) -> IpFamily {
+            if v6 { IpFamily::V6 } else { IpFamily::V4 }
+        }
+
+        fn item_of(op: &Op) -> Option<(String, DesiredItem)> {
+            Some(match op {
+                Op::Route(d, s) => (format!("r{}", dest(*d)), route_item(&dest(*d), *s)),
+                Op::Vtep(n, v6, m) => {
+                    let (u, t) = if *v6 {
+                        (format!("fd00:10::{}", n + 2), format!("fd00:20::{}", n + 2))
+                    } else {
+                        (format!("10.0.0.{}", n + 2), format!("10.65.{n}.0"))
+                    };
+                    let mac = format!("66:00:00:00:00:{m:02x}");
+                    (format!("v{n}{v6}"), vtep(&format!("n{n}"), &u, &mac, &t))
+                }
+                Op::Local(v6, m) => {
+                    let mtu = 1300 + u32::from(*m % 2);
+                    let item = if *v6 {
+                        local("fd00:10::1", "fd00:20::1", mtu)
+                    } else {
+                        local("10.0.0.1", "10.65.9.0", mtu)
+                    };
+                    (format!("l{v6}"), item)
+                }
+                Op::Pool(v6, nat) => {
+                    let cidr = if *v6 { "fd00:20::/48" } else { "10.65.0.0/16" };
+                    (format!("p{cidr}"), pool(cidr, *nat))
+                }
+                _ => return None,
             })
-            .collect();
-        d.apply(&update(1, true, items, vec![]));
-        let per_route = d.route_heap_bytes() / 10_000;
-        assert!(per_route < 40, "{per_route} bytes per route");
+        }
+
+        fn key_of(op: &Op) -> Option<(String, DesiredKey)> {
+            Some(match op {
+                Op::RemoveRoute(d) => (format!("r{}", dest(*d)), rm_route(&dest(*d))),
+                Op::RemoveVtep(n, v6) => (format!("v{n}{v6}"), rm_vtep(&format!("n{n}"), fam(*v6))),
+                Op::RemoveLocal(v6) => (format!("l{v6}"), rm_local(fam(*v6))),
+                _ => return None,
+            })
+        }
+
+        /// The routes the state should hold for the model's items, as text (kind, gateway,
+        /// device with the family's default, onlink), and the number of VTEPs and local VTEPs.
+        fn expected(model: &Map<String, DesiredItem>) -> (Map<String, String>, usize, usize) {
+            let mut routes = Map::new();
+            let mut vteps = 0;
+            let mut locals = 0;
+            for item in model.values() {
+                match item.item.as_ref().unwrap() {
+                    Item::Route(r) => {
+                        let v6 = r.destination.contains(':');
+                        let dev = match (P::try_from(r.kind).unwrap(), v6) {
+                            // IPIP is IPv4 only: rejected.
+                            (P::Ipip, true) => continue,
+                            (P::Ipip, false) => "tunl0",
+                            (P::Vxlan, false) => "vxlan.calico",
+                            (P::Vxlan, true) => "vxlan-v6.calico",
+                            _ => r.device.as_str(),
+                        };
+                        let text = format!("{} {} {dev} {}", r.kind, r.gateway, r.onlink);
+                        routes.insert(r.destination.clone(), text);
+                    }
+                    Item::Vtep(_) => vteps += 1,
+                    Item::LocalVtep(_) => locals += 1,
+                    Item::NatPool(_) => {}
+                }
+            }
+            (routes, vteps, locals)
+        }
+
+        fn actual(d: &DesiredState) -> (Map<String, String>, usize, usize) {
+            let routes = d
+                .routes()
+                .iter()
+                .map(|(p, s)| {
+                    let gw = s.gateway().map(|g| g.to_string()).unwrap_or_default();
+                    let kind = match s.kind {
+                        Kind::Blackhole => P::Blackhole,
+                        Kind::Workload => P::Workload,
+                        Kind::Gateway => P::Gateway,
+                        Kind::Vxlan => P::Vxlan,
+                        Kind::Ipip => P::Ipip,
+                    };
+                    let dev = d.devices().name(s.dev).unwrap_or("");
+                    let text = format!("{} {gw} {dev} {}", kind as i32, s.onlink);
+                    (p.to_string(), text)
+                })
+                .collect();
+            let vteps = Family::ALL.iter().map(|f| d.vteps(*f).len()).sum();
+            let locals = Family::ALL
+                .iter()
+                .filter(|f| d.local_vtep(**f).is_some())
+                .count();
+            (routes, vteps, locals)
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(256))]
+            #[test]
+            fn the_state_follows_the_contract(batches in prop::collection::vec(
+                (any::<bool>(), prop::collection::vec(op(), 0..12)), 1..12)) {
+                let mut d = DesiredState::new(Defaults::default());
+                let mut model: Map<String, DesiredItem> = Map::new();
+                for (rev, (snapshot, ops)) in batches.into_iter().enumerate() {
+                    let before = actual(&d).0;
+                    let upserts: Vec<(String, DesiredItem)> = ops.iter().filter_map(item_of).collect();
+                    let removes: Vec<(String, DesiredKey)> = ops.iter().filter_map(key_of).collect();
+                    let u = if snapshot {
+                        // A snapshot replaces everything: the items named, last one wins.
+                        model = upserts.into_iter().collect();
+                        update(rev as u64 + 1, true, model.values().cloned().collect(), vec![])
+                    } else {
+                        // The contract: removals first, then upserts in order.
+                        for (k, _) in &removes {
+                            model.remove(k);
+                        }
+                        for (k, item) in &upserts {
+                            model.insert(k.clone(), item.clone());
+                        }
+                        update(
+                            rev as u64 + 1,
+                            false,
+                            upserts.into_iter().map(|(_, i)| i).collect(),
+                            removes.into_iter().map(|(_, k)| k).collect(),
+                        )
+                    };
+                    let a = d.apply(&u);
+                    prop_assert!(!a.stale);
+                    let now = actual(&d);
+                    prop_assert_eq!(&now, &expected(&model));
+                    // Reported route changes: exactly the destinations whose value moved.
+                    let moved: Vec<String> = before
+                        .keys()
+                        .chain(now.0.keys())
+                        .filter(|k| before.get(*k) != now.0.get(*k))
+                        .cloned()
+                        .collect::<std::collections::BTreeSet<_>>()
+                        .into_iter()
+                        .collect();
+                    let mut reported: Vec<String> = a.routes.iter().map(|p| p.to_string()).collect();
+                    reported.sort();
+                    prop_assert_eq!(reported, moved);
+                    for f in Family::ALL {
+                        prop_assert_eq!(d.counts(f).iter().sum::<usize>(), d.routes().len_of(f));
+                    }
+                }
+            }
+        }
     }
 }

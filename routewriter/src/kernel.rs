@@ -13,9 +13,14 @@
 //! refusal names its request by sequence number, so one bad route fails alone.
 //!
 //! The socket is opened in the network namespace of the calling thread and stays there.
+//!
+//! Both address families go through the same calls: a route, address or neighbour message
+//! takes its family from the addresses it carries, and dumps are made per family (a kernel
+//! without IPv6 answers an AF_INET6 dump with nothing, or with every family's objects, so
+//! answers are filtered by the family asked for).
 
 use std::io;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::AsRawFd;
 
 use netlink_packet_core::Emitable;
@@ -36,10 +41,10 @@ use netlink_packet_route::route::{
 };
 use netlink_sys::{Socket, protocols::NETLINK_ROUTE};
 
-use super::desired::{Kind, Prefix4};
+use super::desired::{Family, Kind, Prefix};
 use super::reconcile::{
     ActualFdb, ActualLink, ActualNeigh, ActualRoute, DeviceSpec, FdbOp, NeighOp, RouteOp,
-    VxlanParams,
+    VxlanParams, own_metric, route_scope,
 };
 use proto::mac::{Mac, format_mac};
 
@@ -341,15 +346,16 @@ impl Kernel {
     // -----------------------------------------------------------------------------------------
     // Routes
 
-    /// Every IPv4 route of `table` (optionally only those through interface `oif`).
+    /// Every route of `family` in `table` (optionally only those through interface `oif`).
     pub fn routes(
         &mut self,
+        family: Family,
         table: u32,
         oif: Option<u32>,
         mut f: impl FnMut(&ActualRoute),
     ) -> Result<(), KernelError> {
         let mut req = RouteMessage::default();
-        req.header.address_family = AddressFamily::Inet;
+        req.header.address_family = address_family(family);
         req.header.table = table_u8(table);
         req.header.scope = RouteScope::Universe;
         req.header.kind = RouteType::Unspec;
@@ -361,6 +367,7 @@ impl Kernel {
         self.dump(RTM_GETROUTE, &req, |t, payload| {
             if t == RTM_NEWROUTE
                 && let Some(r) = parse_route(payload)
+                && r.prefix.family() == family
             {
                 f(&r);
             }
@@ -369,6 +376,11 @@ impl Kernel {
 
     /// Applies route operations in batches. `NoDevice` operations are skipped (the caller
     /// tracks them). Returns the refusals, by index into `ops`.
+    ///
+    /// IPv6 checks an onlink gateway against the table (`ip6_route_check_nh_onlink`): a
+    /// route whose gateway lies inside its own prefix (a VXLAN tunnel address in the remote
+    /// block) cannot replace a route there through another device, which covers the gateway.
+    /// Such a refusal (EINVAL) is retried once as delete-then-write at that destination.
     pub fn apply_routes(
         &mut self,
         ops: &[RouteOp],
@@ -398,13 +410,14 @@ impl Kernel {
                 RouteOp::DeleteOwn { prefix } => {
                     (RTM_DELROUTE, 0, route_delete_own(*prefix, table, protocol))
                 }
+
                 RouteOp::NoDevice { .. } => continue,
             };
             batch.push(t, flags, &msg)?;
             index_of.push(i);
         }
         let refusals = batch.finish()?;
-        Ok(refusals
+        let mut out: Vec<Refusal> = refusals
             .into_iter()
             .filter_map(|r| {
                 let i = *index_of.get(r.index)?;
@@ -416,7 +429,54 @@ impl Kernel {
                     error: r.error,
                 })
             })
-            .collect())
+            .collect();
+        let again: Vec<usize> = out
+            .iter()
+            .filter(|r| r.error.errno == libc::EINVAL)
+            .map(|r| r.index)
+            .filter(|&i| {
+                matches!(ops[i], RouteOp::Write { prefix, spec, .. }
+                    if prefix.family() == Family::V6 && spec.onlink)
+            })
+            .collect();
+        if again.is_empty() {
+            return Ok(out);
+        }
+        let mut batch = Batch::new(self);
+        for &i in &again {
+            let RouteOp::Write {
+                prefix, spec, oif, ..
+            } = ops[i]
+            else {
+                continue;
+            };
+            // Whatever sits at the destination, any protocol (it is being replaced anyway).
+            batch.push(RTM_DELROUTE, 0, &route_delete_own(prefix, table, 0))?;
+            let msg = route_write_msg(
+                prefix,
+                spec.kind,
+                spec.gateway(),
+                oif,
+                spec.onlink,
+                table,
+                protocol,
+            );
+            batch.push(RTM_NEWROUTE, NLM_F_CREATE | NLM_F_REPLACE, &msg)?;
+        }
+        let retried = batch.finish()?;
+        // Only the writes (odd requests) count; a failed delete shows in its write.
+        let still: Vec<Refusal> = retried
+            .into_iter()
+            .filter(|r| r.index % 2 == 1)
+            .map(|r| Refusal {
+                index: again[r.index / 2],
+                error: r.error,
+            })
+            .collect();
+        out.retain(|r| !again.contains(&r.index));
+        out.extend(still);
+        out.sort_by_key(|r| r.index);
+        Ok(out)
     }
 
     // -----------------------------------------------------------------------------------------
@@ -446,12 +506,16 @@ impl Kernel {
             .map(|m| link_from(&m)))
     }
 
-    /// Creates the VXLAN device, up; its interface index.
+    /// Creates a VXLAN device (of the family of its local address), up; its interface index.
     pub fn create_vxlan(&mut self, spec: &DeviceSpec) -> Result<u32, KernelError> {
-        let msg = rtnetlink::LinkVxlan::new(&spec.name, spec.vni)
+        let b = rtnetlink::LinkVxlan::new(&spec.name, spec.vni)
             .dev(spec.link)
-            .port(spec.port)
-            .local(spec.local)
+            .port(spec.port);
+        let b = match spec.local {
+            IpAddr::V4(a) => b.local(a),
+            IpAddr::V6(a) => b.local6(a),
+        };
+        let msg = b
             .learning(false)
             .mtu(spec.mtu)
             .address(spec.mac.to_vec())
@@ -522,20 +586,24 @@ impl Kernel {
     // -----------------------------------------------------------------------------------------
     // Addresses
 
-    /// IPv4 addresses of interface `index`.
-    pub fn addresses(&mut self, index: u32) -> Result<Vec<(Ipv4Addr, u8)>, KernelError> {
+    /// Addresses of `family` on interface `index`.
+    pub fn addresses(
+        &mut self,
+        index: u32,
+        family: Family,
+    ) -> Result<Vec<(IpAddr, u8)>, KernelError> {
         Ok(self
-            .all_addresses()?
+            .all_addresses(family)?
             .into_iter()
             .filter(|(i, _, _)| *i == index)
             .map(|(_, a, l)| (a, l))
             .collect())
     }
 
-    /// Every IPv4 address: interface index, address, prefix length.
-    pub fn all_addresses(&mut self) -> Result<Vec<(u32, Ipv4Addr, u8)>, KernelError> {
+    /// Every address of `family`: interface index, address, prefix length.
+    pub fn all_addresses(&mut self, family: Family) -> Result<Vec<(u32, IpAddr, u8)>, KernelError> {
         let mut req = AddressMessage::default();
-        req.header.family = AddressFamily::Inet;
+        req.header.family = address_family(family);
         let mut out = Vec::new();
         self.dump(RTM_GETADDR, &req, |t, payload| {
             if t != RTM_NEWADDR {
@@ -544,34 +612,36 @@ impl Kernel {
             let Ok(m) = AddressMessage::parse(payload) else {
                 return;
             };
-            if m.header.family != AddressFamily::Inet {
+            if m.header.family != address_family(family) {
                 return;
             }
+            // IPv4 names the interface's own address in IFA_LOCAL (IFA_ADDRESS is the peer's
+            // on point-to-point links); IPv6 in IFA_ADDRESS.
             let local = m.attributes.iter().find_map(|a| match a {
-                AddressAttribute::Local(IpAddr::V4(a)) => Some(*a),
+                AddressAttribute::Local(a) => Some(*a),
                 _ => None,
             });
             let addr = local.or_else(|| {
                 m.attributes.iter().find_map(|a| match a {
-                    AddressAttribute::Address(IpAddr::V4(a)) => Some(*a),
+                    AddressAttribute::Address(a) => Some(*a),
                     _ => None,
                 })
             });
-            if let Some(a) = addr {
+            if let Some(a) = addr.filter(|a| Family::of(*a) == family) {
                 out.push((m.header.index, a, m.header.prefix_len));
             }
         })?;
         Ok(out)
     }
 
-    pub fn add_address(&mut self, index: u32, addr: Ipv4Addr, len: u8) -> Result<(), KernelError> {
+    pub fn add_address(&mut self, index: u32, addr: IpAddr, len: u8) -> Result<(), KernelError> {
         let msg = address_msg(index, addr, len);
         self.write_one(RTM_NEWADDR, NLM_F_CREATE | NLM_F_REPLACE, &msg, || {
             format!("add address {addr}/{len} to link {index}")
         })
     }
 
-    pub fn del_address(&mut self, index: u32, addr: Ipv4Addr, len: u8) -> Result<(), KernelError> {
+    pub fn del_address(&mut self, index: u32, addr: IpAddr, len: u8) -> Result<(), KernelError> {
         let msg = address_msg(index, addr, len);
         match self.write_one(RTM_DELADDR, 0, &msg, || {
             format!("delete address {addr}/{len} from link {index}")
@@ -584,10 +654,14 @@ impl Kernel {
     // -----------------------------------------------------------------------------------------
     // Neighbours and FDB
 
-    /// IPv4 neighbour entries on interface `index`.
-    pub fn neighbours(&mut self, index: u32) -> Result<Vec<ActualNeigh>, KernelError> {
+    /// Neighbour entries of `family` (ARP, NDP) on interface `index`.
+    pub fn neighbours(
+        &mut self,
+        index: u32,
+        family: Family,
+    ) -> Result<Vec<ActualNeigh>, KernelError> {
         let mut req = NeighbourMessage::default();
-        req.header.family = AddressFamily::Inet;
+        req.header.family = address_family(family);
         let mut out = Vec::new();
         self.dump(RTM_GETNEIGH, &req, |t, payload| {
             if t != RTM_NEWNEIGH {
@@ -596,14 +670,19 @@ impl Kernel {
             let Ok(m) = NeighbourMessage::parse(payload) else {
                 return;
             };
-            if m.header.ifindex != index || m.header.family != AddressFamily::Inet {
+            if m.header.ifindex != index || m.header.family != address_family(family) {
                 return;
             }
             let mut ip = None;
             let mut mac = None;
             for a in &m.attributes {
                 match a {
-                    NeighbourAttribute::Destination(NeighbourAddress::Inet(a)) => ip = Some(*a),
+                    NeighbourAttribute::Destination(NeighbourAddress::Inet(a)) => {
+                        ip = Some(IpAddr::V4(*a))
+                    }
+                    NeighbourAttribute::Destination(NeighbourAddress::Inet6(a)) => {
+                        ip = Some(IpAddr::V6(*a))
+                    }
                     NeighbourAttribute::LinkLayerAddress(l) => mac = mac_from(l),
                     _ => {}
                 }
@@ -619,7 +698,8 @@ impl Kernel {
         Ok(out)
     }
 
-    /// Bridge FDB entries of interface `index` (the VXLAN device's own table).
+    /// Bridge FDB entries of interface `index` (the VXLAN device's own table), with remotes of
+    /// either family.
     pub fn fdb(&mut self, index: u32) -> Result<Vec<ActualFdb>, KernelError> {
         let mut req = NeighbourMessage::default();
         req.header.family = AddressFamily::Bridge;
@@ -638,9 +718,15 @@ impl Kernel {
             let mut mac = None;
             for a in &m.attributes {
                 match a {
-                    NeighbourAttribute::Destination(NeighbourAddress::Inet(a)) => dst = Some(*a),
-                    NeighbourAttribute::Destination(NeighbourAddress::Other(b)) if b.len() == 4 => {
-                        dst = Some(Ipv4Addr::new(b[0], b[1], b[2], b[3]))
+                    NeighbourAttribute::Destination(NeighbourAddress::Inet(a)) => {
+                        dst = Some(IpAddr::V4(*a))
+                    }
+                    NeighbourAttribute::Destination(NeighbourAddress::Inet6(a)) => {
+                        dst = Some(IpAddr::V6(*a))
+                    }
+                    // AF_BRIDGE messages carry the remote as raw bytes: 4 or 16 of them.
+                    NeighbourAttribute::Destination(NeighbourAddress::Other(b)) => {
+                        dst = ip_from(b);
                     }
                     NeighbourAttribute::LinkLayerAddress(l) => mac = mac_from(l),
                     _ => {}
@@ -666,23 +752,20 @@ impl Kernel {
         let mut batch = Batch::new(self);
         for op in ops {
             let mut m = NeighbourMessage::default();
-            m.header.family = AddressFamily::Inet;
+            let (NeighOp::Set { ip, .. } | NeighOp::Del { ip }) = op;
+            m.header.family = address_family(Family::of(*ip));
             m.header.ifindex = index;
+            m.attributes
+                .push(NeighbourAttribute::Destination(neighbour_address(*ip)));
             match op {
-                NeighOp::Set { ip, mac } => {
+                NeighOp::Set { mac, .. } => {
                     m.header.state = NeighbourState::Permanent;
                     m.header.kind = RouteType::Unicast;
-                    m.attributes
-                        .push(NeighbourAttribute::Destination(NeighbourAddress::Inet(*ip)));
                     m.attributes
                         .push(NeighbourAttribute::LinkLayerAddress(mac.to_vec()));
                     batch.push(RTM_NEWNEIGH, NLM_F_CREATE | NLM_F_REPLACE, &m)?;
                 }
-                NeighOp::Del { ip } => {
-                    m.attributes
-                        .push(NeighbourAttribute::Destination(NeighbourAddress::Inet(*ip)));
-                    batch.push(RTM_DELNEIGH, 0, &m)?;
-                }
+                NeighOp::Del { .. } => batch.push(RTM_DELNEIGH, 0, &m)?,
             }
         }
         let refusals = batch.finish()?;
@@ -709,9 +792,7 @@ impl Kernel {
                     m.attributes
                         .push(NeighbourAttribute::LinkLayerAddress(mac.to_vec()));
                     m.attributes
-                        .push(NeighbourAttribute::Destination(NeighbourAddress::Inet(
-                            *dst,
-                        )));
+                        .push(NeighbourAttribute::Destination(neighbour_address(*dst)));
                     batch.push(RTM_NEWNEIGH, NLM_F_CREATE | NLM_F_REPLACE, &m)?;
                 }
                 FdbOp::Del { mac, dst } => {
@@ -719,9 +800,7 @@ impl Kernel {
                         .push(NeighbourAttribute::LinkLayerAddress(mac.to_vec()));
                     if let Some(dst) = dst {
                         m.attributes
-                            .push(NeighbourAttribute::Destination(NeighbourAddress::Inet(
-                                *dst,
-                            )));
+                            .push(NeighbourAttribute::Destination(neighbour_address(*dst)));
                     }
                     batch.push(RTM_DELNEIGH, 0, &m)?;
                 }
@@ -954,29 +1033,58 @@ fn mac_from(l: &[u8]) -> Option<Mac> {
     l.try_into().ok()
 }
 
-/// The kernel's form of a desired route.
+fn address_family(family: Family) -> AddressFamily {
+    match family {
+        Family::V4 => AddressFamily::Inet,
+        Family::V6 => AddressFamily::Inet6,
+    }
+}
+
+fn route_address(ip: IpAddr) -> RouteAddress {
+    match ip {
+        IpAddr::V4(a) => RouteAddress::Inet(a),
+        IpAddr::V6(a) => RouteAddress::Inet6(a),
+    }
+}
+
+fn neighbour_address(ip: IpAddr) -> NeighbourAddress {
+    match ip {
+        IpAddr::V4(a) => NeighbourAddress::Inet(a),
+        IpAddr::V6(a) => NeighbourAddress::Inet6(a),
+    }
+}
+
+/// An address from raw bytes (4 or 16 of them).
+fn ip_from(b: &[u8]) -> Option<IpAddr> {
+    if let Ok(a) = <[u8; 4]>::try_from(b) {
+        Some(IpAddr::V4(Ipv4Addr::from(a)))
+    } else {
+        <[u8; 16]>::try_from(b)
+            .ok()
+            .map(|a| IpAddr::V6(Ipv6Addr::from(a)))
+    }
+}
+
+/// The kernel's form of a desired route, at its family's own metric.
 pub fn route_write_msg(
-    prefix: Prefix4,
+    prefix: Prefix,
     kind: Kind,
-    gateway: Option<Ipv4Addr>,
+    gateway: Option<IpAddr>,
     oif: u32,
     onlink: bool,
     table: u32,
     protocol: u8,
 ) -> RouteMessage {
+    let family = prefix.family();
     let mut m = RouteMessage::default();
     m.header = RouteHeader {
-        address_family: AddressFamily::Inet,
+        address_family: address_family(family),
         destination_prefix_length: prefix.prefix_len(),
         source_prefix_length: 0,
         tos: 0,
         table: table_u8(table),
         protocol: RouteProtocol::from(protocol),
-        scope: if kind == Kind::Workload {
-            RouteScope::Link
-        } else {
-            RouteScope::Universe
-        },
+        scope: RouteScope::from(route_scope(kind, family)),
         kind: if kind == Kind::Blackhole {
             RouteType::BlackHole
         } else {
@@ -990,13 +1098,14 @@ pub fn route_write_msg(
     };
     m.attributes.push(RouteAttribute::Table(table));
     m.attributes
-        .push(RouteAttribute::Destination(RouteAddress::Inet(
-            prefix.addr(),
-        )));
+        .push(RouteAttribute::Destination(route_address(prefix.addr())));
+    let metric = own_metric(family);
+    if metric != 0 {
+        m.attributes.push(RouteAttribute::Priority(metric));
+    }
     if kind != Kind::Blackhole {
         if let Some(g) = gateway {
-            m.attributes
-                .push(RouteAttribute::Gateway(RouteAddress::Inet(g)));
+            m.attributes.push(RouteAttribute::Gateway(route_address(g)));
         }
         if oif != 0 {
             m.attributes.push(RouteAttribute::Oif(oif));
@@ -1008,7 +1117,7 @@ pub fn route_write_msg(
 /// Deletes exactly the route the kernel reported.
 fn route_delete_exact(r: &ActualRoute) -> RouteMessage {
     let mut m = RouteMessage::default();
-    m.header.address_family = AddressFamily::Inet;
+    m.header.address_family = address_family(r.prefix.family());
     m.header.destination_prefix_length = r.prefix.prefix_len();
     m.header.tos = r.tos;
     m.header.table = table_u8(r.table);
@@ -1017,15 +1126,12 @@ fn route_delete_exact(r: &ActualRoute) -> RouteMessage {
     m.header.kind = RouteType::from(r.rtype);
     m.attributes.push(RouteAttribute::Table(r.table));
     m.attributes
-        .push(RouteAttribute::Destination(RouteAddress::Inet(
-            r.prefix.addr(),
-        )));
+        .push(RouteAttribute::Destination(route_address(r.prefix.addr())));
     if r.metric != 0 {
         m.attributes.push(RouteAttribute::Priority(r.metric));
     }
     if let Some(g) = r.gateway() {
-        m.attributes
-            .push(RouteAttribute::Gateway(RouteAddress::Inet(g)));
+        m.attributes.push(RouteAttribute::Gateway(route_address(g)));
     }
     if r.oif != 0 {
         m.attributes.push(RouteAttribute::Oif(r.oif));
@@ -1033,11 +1139,12 @@ fn route_delete_exact(r: &ActualRoute) -> RouteMessage {
     m
 }
 
-/// Deletes our route at a prefix (metric 0), whatever its type: the kernel matches the
-/// protocol, so another protocol's route there stays.
-fn route_delete_own(prefix: Prefix4, table: u32, protocol: u8) -> RouteMessage {
+/// Deletes our route at a prefix (the own metric), whatever its type: the kernel matches the
+/// protocol, so another protocol's route there stays. Protocol 0 matches any.
+fn route_delete_own(prefix: Prefix, table: u32, protocol: u8) -> RouteMessage {
+    let family = prefix.family();
     let mut m = RouteMessage::default();
-    m.header.address_family = AddressFamily::Inet;
+    m.header.address_family = address_family(family);
     m.header.destination_prefix_length = prefix.prefix_len();
     m.header.table = table_u8(table);
     m.header.protocol = RouteProtocol::from(protocol);
@@ -1045,28 +1152,37 @@ fn route_delete_own(prefix: Prefix4, table: u32, protocol: u8) -> RouteMessage {
     m.header.kind = RouteType::Unspec;
     m.attributes.push(RouteAttribute::Table(table));
     m.attributes
-        .push(RouteAttribute::Destination(RouteAddress::Inet(
-            prefix.addr(),
-        )));
+        .push(RouteAttribute::Destination(route_address(prefix.addr())));
+    let metric = own_metric(family);
+    if metric != 0 {
+        m.attributes.push(RouteAttribute::Priority(metric));
+    }
     m
 }
 
-/// A dumped or announced route; `None` for what is not an IPv4 route.
+/// A dumped or announced route of either family; `None` for anything else.
 pub fn parse_route(payload: &[u8]) -> Option<ActualRoute> {
     let m = RouteMessage::parse(payload).ok()?;
-    if m.header.address_family != AddressFamily::Inet {
-        return None;
-    }
-    let mut dst = Ipv4Addr::UNSPECIFIED;
+    let mut dst = match m.header.address_family {
+        AddressFamily::Inet => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        AddressFamily::Inet6 => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+        _ => return None,
+    };
     let mut table = u32::from(m.header.table);
-    let mut gateway = 0;
+    let mut gateway = None;
     let mut oif = 0;
     let mut metric = 0;
     let mut multipath = false;
     for a in &m.attributes {
         match a {
-            RouteAttribute::Destination(RouteAddress::Inet(d)) => dst = *d,
-            RouteAttribute::Gateway(RouteAddress::Inet(g)) => gateway = u32::from(*g),
+            RouteAttribute::Destination(RouteAddress::Inet(d)) if dst.is_ipv4() => {
+                dst = IpAddr::V4(*d)
+            }
+            RouteAttribute::Destination(RouteAddress::Inet6(d)) if dst.is_ipv6() => {
+                dst = IpAddr::V6(*d)
+            }
+            RouteAttribute::Gateway(RouteAddress::Inet(g)) => gateway = Some(IpAddr::V4(*g)),
+            RouteAttribute::Gateway(RouteAddress::Inet6(g)) => gateway = Some(IpAddr::V6(*g)),
             RouteAttribute::Oif(i) => oif = *i,
             RouteAttribute::Table(t) => table = *t,
             RouteAttribute::Priority(p) => metric = *p,
@@ -1075,7 +1191,7 @@ pub fn parse_route(payload: &[u8]) -> Option<ActualRoute> {
         }
     }
     Some(ActualRoute {
-        prefix: Prefix4::new(dst, m.header.destination_prefix_length)?,
+        prefix: Prefix::new(dst, m.header.destination_prefix_length)?,
         table,
         protocol: u8::from(m.header.protocol),
         metric,
@@ -1115,7 +1231,8 @@ fn link_from(m: &LinkMessage) -> ActualLink {
                                 match x {
                                     InfoVxlan::Id(id) => p.vni = Some(*id),
                                     InfoVxlan::Port(port) => p.port = Some(*port),
-                                    InfoVxlan::Local(a) => p.local = Some(*a),
+                                    InfoVxlan::Local(a) => p.local = Some(IpAddr::V4(*a)),
+                                    InfoVxlan::Local6(a) => p.local = Some(IpAddr::V6(*a)),
                                     InfoVxlan::Link(i) => p.link = Some(*i),
                                     InfoVxlan::Learning(b) => p.learning = Some(*b),
                                     InfoVxlan::CollectMetadata(b) => p.collect_metadata = *b,
@@ -1145,16 +1262,21 @@ fn kind_name(k: &InfoKind) -> String {
     }
 }
 
-fn address_msg(index: u32, addr: Ipv4Addr, len: u8) -> AddressMessage {
+fn address_msg(index: u32, addr: IpAddr, len: u8) -> AddressMessage {
     let mut m = AddressMessage::default();
-    m.header.family = AddressFamily::Inet;
+    m.header.family = address_family(Family::of(addr));
     m.header.prefix_len = len;
     m.header.index = index;
     m.header.scope = AddressScope::Universe;
     m.header.flags = AddressHeaderFlags::Permanent;
-    m.attributes.push(AddressAttribute::Local(IpAddr::V4(addr)));
-    m.attributes
-        .push(AddressAttribute::Address(IpAddr::V4(addr)));
+    if addr.is_ipv4() {
+        m.attributes.push(AddressAttribute::Local(addr));
+    } else {
+        // The tunnel address is unique by IPAM: duplicate address detection would only keep
+        // it tentative (unusable as a source) for a second.
+        m.header.flags |= AddressHeaderFlags::Nodad;
+    }
+    m.attributes.push(AddressAttribute::Address(addr));
     m
 }
 
@@ -1181,7 +1303,7 @@ mod tests {
     fn messages_are_framed_and_found_again() {
         let mut buf = Vec::new();
         let m = route_write_msg(
-            Prefix4::parse("10.65.0.0/26").unwrap(),
+            Prefix::parse("10.65.0.0/26").unwrap(),
             Kind::Blackhole,
             None,
             0,

@@ -1,11 +1,13 @@
 //! routewriter: margay's dataplane agent (Felix's route table, VXLAN and NAT managers in one).
 //! It subscribes to bgpd's `Dataplane.Watch` stream of desired kernel state and makes the kernel
-//! match it: routes tagged with its protocol, the `vxlan.calico` device with its FDB and
-//! neighbour entries, one nftables table for natOutgoing, and the forwarding sysctls. It decides
-//! no policy: it reconciles desired against actual, repairs drift, and never touches what it does
-//! not own.
+//! match it: routes tagged with its protocol, the VXLAN devices (`vxlan.calico` for IPv4,
+//! `vxlan-v6.calico` for IPv6) with their FDB and neighbour entries, an nftables table per
+//! family for natOutgoing, and the forwarding sysctls. It decides no policy: it reconciles
+//! desired against actual, repairs drift, and never touches what it does not own. Both address
+//! families go through one mechanism, with the family as a parameter.
 //!
 //! - `config`: the TOML configuration (`[node]`, `[routewriter]`, `[log]`), `MARGAY_` overrides.
+//! - `routes`: the address family, prefixes and routes of both families, held compactly.
 //! - `desired`: the desired state built from the stream (sans-IO), with its revision for resume.
 //! - `reconcile`: the pure diff of desired against actual, as lists of operations (sans-IO).
 //! - `kernel`: rtnetlink reads and batched writes, every write counted.
@@ -27,5 +29,6 @@ pub mod metrics;
 pub mod monitor;
 pub mod nat;
 pub mod reconcile;
+pub mod routes;
 pub mod status;
 pub mod sysctl;

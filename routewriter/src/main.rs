@@ -1,6 +1,7 @@
 //! `routewriter`: margay's dataplane agent. Watches bgpd's desired kernel state and makes the
-//! kernel match it (routes of protocol 80, `vxlan.calico`, its FDB and neighbour entries,
-//! natOutgoing, sysctls). See the `routewriter` library.
+//! kernel match it (routes of protocol 80 of both families, `vxlan.calico` and
+//! `vxlan-v6.calico` with their FDB and neighbour entries, natOutgoing, sysctls). See the
+//! `routewriter` library.
 //!
 //!   routewriter --config /etc/margay/node.toml           run the agent
 //!   routewriter --config /etc/margay/node.toml status    a running agent's status (--json)

@@ -9,7 +9,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use tokio::net::TcpListener;
 
-use super::desired::Kind as RouteKind;
+use super::desired::{Family, Kind as RouteKind};
 use daemon_common::observe::http;
 use daemon_common::observe::prom::{Exposition, Kind};
 
@@ -21,8 +21,12 @@ pub struct State {
     pub stream_reconnects: u64,
     /// A snapshot has been applied and the kernel converged to it once.
     pub synced: bool,
-    /// Desired routes by kind.
+    /// Desired routes by kind (both families).
     pub routes: BTreeMap<&'static str, u64>,
+    /// Desired routes by family ("ipv4", "ipv6"), then kind.
+    pub routes_by_family: BTreeMap<&'static str, BTreeMap<&'static str, u64>>,
+    /// Remote VTEPs desired, by family.
+    pub vteps: BTreeMap<&'static str, u64>,
     /// Routes the kernel refused, waiting for a retry.
     pub routes_failing: u64,
     /// Routes whose device does not exist (yet).
@@ -37,7 +41,8 @@ pub struct State {
     pub nft_writes: u64,
     pub sysctl_writes: u64,
     pub items_rejected: u64,
-    pub vxlan_device: Option<String>,
+    /// The VXLAN devices programmed (one per family at most).
+    pub vxlan_devices: Vec<String>,
     pub last_error: Option<String>,
     pub last_error_unix: u64,
     /// Up to 20 failing routes with the kernel's reason.
@@ -56,6 +61,11 @@ impl Metrics {
         if let Ok(mut s) = m.state.lock() {
             for k in RouteKind::ALL {
                 s.routes.insert(k.name(), 0);
+            }
+            for f in Family::ALL {
+                let kinds = RouteKind::ALL.iter().map(|k| (k.name(), 0)).collect();
+                s.routes_by_family.insert(f.name(), kinds);
+                s.vteps.insert(f.name(), 0);
             }
         }
         Arc::new(m)
@@ -117,13 +127,19 @@ impl Metrics {
             Kind::Gauge,
             u8::from(s.synced),
         );
+        e.family("routes", "Desired routes by family and kind.", Kind::Gauge);
+        for (family, kinds) in &s.routes_by_family {
+            for (kind, n) in kinds {
+                e.sample("routes", &[("family", family), ("kind", kind)], n);
+            }
+        }
         labelled(
             &mut e,
-            "routes",
-            "Desired routes by kind.",
+            "vteps",
+            "Remote VXLAN endpoints desired, by family.",
             Kind::Gauge,
-            "kind",
-            &s.routes,
+            "family",
+            &s.vteps,
         );
         e.single(
             "routes_failing",
@@ -250,6 +266,15 @@ mod tests {
         m.update(|s| {
             s.revision = 7;
             s.routes.insert("vxlan", 3);
+            s.routes_by_family
+                .get_mut("ipv4")
+                .unwrap()
+                .insert("vxlan", 2);
+            s.routes_by_family
+                .get_mut("ipv6")
+                .unwrap()
+                .insert("vxlan", 1);
+            s.vteps.insert("ipv6", 4);
             s.netlink_writes = 12;
         });
         m.correction("route", 2);
@@ -257,8 +282,13 @@ mod tests {
         m.error("route 10.65.1.0/26: \"quoted\"\nnext");
         let t = m.render();
         assert!(t.contains("routewriter_revision 7\n"), "{t}");
-        assert!(t.contains("routewriter_routes{kind=\"vxlan\"} 3\n"));
-        assert!(t.contains("routewriter_routes{kind=\"blackhole\"} 0\n"));
+        assert!(
+            t.contains("routewriter_routes{family=\"ipv4\",kind=\"vxlan\"} 2\n"),
+            "{t}"
+        );
+        assert!(t.contains("routewriter_routes{family=\"ipv6\",kind=\"vxlan\"} 1\n"));
+        assert!(t.contains("routewriter_routes{family=\"ipv6\",kind=\"blackhole\"} 0\n"));
+        assert!(t.contains("routewriter_vteps{family=\"ipv6\"} 4\n"));
         assert!(t.contains("routewriter_corrections_total{object=\"route\"} 2\n"));
         assert!(!t.contains("object=\"fdb\""));
         assert!(t.contains("routewriter_netlink_writes_total 12\n"));
@@ -269,6 +299,8 @@ mod tests {
         }
         let j: serde_json::Value = serde_json::from_str(&m.status_json()).unwrap();
         assert_eq!(j["revision"], 7);
+        assert_eq!(j["routes"]["vxlan"], 3);
+        assert_eq!(j["routes_by_family"]["ipv6"]["vxlan"], 1);
     }
 
     #[tokio::test]

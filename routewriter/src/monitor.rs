@@ -1,4 +1,5 @@
-//! The netlink watch: a socket subscribed to IPv4 route, link and neighbour notifications,
+//! The netlink watch: a socket subscribed to IPv4 and IPv6 route, link and neighbour
+//! (ARP, NDP and FDB) notifications,
 //! read on a thread of its own, turned into small [`Event`]s on a bounded channel. It only
 //! reports; the agent decides what is drift. When the kernel drops notifications (the socket's
 //! buffer overflowed) or the agent falls behind, it reports [`Event::Overflow`], and the agent
@@ -18,6 +19,7 @@ use super::reconcile::ActualRoute;
 const RTNLGRP_LINK: u32 = 1;
 const RTNLGRP_NEIGH: u32 = 3;
 const RTNLGRP_IPV4_ROUTE: u32 = 7;
+const RTNLGRP_IPV6_ROUTE: u32 = 11;
 
 /// Something changed in the kernel.
 #[derive(Debug, Clone, PartialEq)]
@@ -46,7 +48,12 @@ pub enum Event {
 pub fn start(table: u32, capacity: usize) -> std::io::Result<mpsc::Receiver<Event>> {
     let mut sock = Socket::new(NETLINK_ROUTE)?;
     sock.bind_auto()?;
-    for g in [RTNLGRP_LINK, RTNLGRP_NEIGH, RTNLGRP_IPV4_ROUTE] {
+    for g in [
+        RTNLGRP_LINK,
+        RTNLGRP_NEIGH,
+        RTNLGRP_IPV4_ROUTE,
+        RTNLGRP_IPV6_ROUTE,
+    ] {
         sock.add_membership(g)?;
     }
     let size: libc::c_int = 16 << 20;

@@ -1,21 +1,33 @@
-//! natOutgoing with nftables: one table of routewriter's own (`table ip margay`), two interval
-//! sets (`all-pools`: every pool; `masq-pools`: pools with natOutgoing) and one rule in a
-//! postrouting NAT chain: a source in `masq-pools` going to a destination outside `all-pools`
-//! is masqueraded, fully random (Calico's `cali-nat-outgoing`). A pool change rewrites set
-//! elements, never the rule.
+//! natOutgoing with nftables: per family one table of routewriter's own (`table ip margay`,
+//! `table ip6 margay`), each with two interval sets (`all-pools`: every pool of the family;
+//! `masq-pools`: its pools with natOutgoing) and one rule in a postrouting NAT chain: a source
+//! in `masq-pools` going to a destination outside `all-pools` is masqueraded, fully random
+//! (Calico's `cali-nat-outgoing`). A pool change rewrites set elements, never the rule.
+//!
+//! Why this file is long: the reading, planning and running of both families' tables is one
+//! mechanism, and its tests carry what nft lists for each family verbatim.
+//!
+//! One mechanism for both families: the same plan and the same reader, with the family's
+//! names (`ip`/`ipv4_addr` or `ip6`/`ipv6_addr`) and address width as parameters. Two sibling
+//! tables rather than one `inet` table, so that the IPv4 table nodes already have stays as it
+//! is (a restart after an upgrade writes nothing), and so that a node without IPv6 never needs
+//! IPv6 NAT: the `ip6` table exists only while an IPv6 pool is desired, and is deleted when the
+//! last one goes. The `ip` table is there whenever NAT is on, as before.
 //!
 //! The `nft` binary does the work: `nft -j list table` to read, `nft -f -` batches (each one
 //! atomic) to write. Reading and planning are pure and tested without nft; nothing outside
-//! routewriter's table is ever touched.
+//! routewriter's tables is ever touched.
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use ipnet::Ipv4Net;
+use ipnet::IpNet;
 use serde_json::Value;
+
+use super::routes::Family;
 
 pub const ALL_SET: &str = "all-pools";
 pub const MASQ_SET: &str = "masq-pools";
@@ -34,22 +46,38 @@ pub enum NatError {
     Parse(String),
 }
 
-/// An inclusive range of IPv4 addresses.
-pub type Interval = (u32, u32);
+/// nft's names of a family: the table family (also the payload protocol of the rule's
+/// matches) and the set element type.
+pub fn nft_family(family: Family) -> &'static str {
+    match family {
+        Family::V4 => "ip",
+        Family::V6 => "ip6",
+    }
+}
 
-/// What the table should hold.
+fn set_type(family: Family) -> &'static str {
+    match family {
+        Family::V4 => "ipv4_addr",
+        Family::V6 => "ipv6_addr",
+    }
+}
+
+/// An inclusive range of addresses of one family, as integers (IPv4 in the low 32 bits).
+pub type Interval = (u128, u128);
+
+/// What a family's table should hold.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct NatDesired {
     pub all: Vec<Interval>,
     pub masq: Vec<Interval>,
 }
 
-/// The desired sets from the pools (CIDR → natOutgoing).
-pub fn desired_from_pools(pools: &BTreeMap<Ipv4Net, bool>) -> NatDesired {
-    let all = merge(pools.keys().map(interval_of).collect());
+/// The desired sets of one family from the pools of both (CIDR → natOutgoing).
+pub fn desired_from_pools(pools: &BTreeMap<IpNet, bool>, family: Family) -> NatDesired {
+    let of_family = || pools.iter().filter(|(n, _)| Family::of(n.addr()) == family);
+    let all = merge(of_family().map(|(n, _)| interval_of(n)).collect());
     let masq = merge(
-        pools
-            .iter()
+        of_family()
             .filter(|(_, nat)| **nat)
             .map(|(n, _)| interval_of(n))
             .collect(),
@@ -57,8 +85,22 @@ pub fn desired_from_pools(pools: &BTreeMap<Ipv4Net, bool>) -> NatDesired {
     NatDesired { all, masq }
 }
 
-fn interval_of(n: &Ipv4Net) -> Interval {
-    (u32::from(n.network()), u32::from(n.broadcast()))
+fn to_bits(ip: IpAddr) -> u128 {
+    match ip {
+        IpAddr::V4(a) => u128::from(u32::from(a)),
+        IpAddr::V6(a) => u128::from(a),
+    }
+}
+
+fn from_bits(family: Family, bits: u128) -> IpAddr {
+    match family {
+        Family::V4 => IpAddr::V4(Ipv4Addr::from(bits as u32)),
+        Family::V6 => IpAddr::V6(Ipv6Addr::from(bits)),
+    }
+}
+
+fn interval_of(n: &IpNet) -> Interval {
+    (to_bits(n.network()), to_bits(n.broadcast()))
 }
 
 /// Sorted, overlapping and adjacent intervals joined: one form for both sides of a compare.
@@ -74,31 +116,40 @@ pub fn merge(mut v: Vec<Interval>) -> Vec<Interval> {
     out
 }
 
-/// An interval as nft elements: aligned prefixes, written "a.b.c.d/len".
-fn elements(iv: &[Interval]) -> Vec<String> {
+/// Intervals as nft elements: aligned prefixes, written "address/len".
+fn elements(family: Family, iv: &[Interval]) -> Vec<String> {
+    let width = family.bits();
     let mut out = Vec::new();
     for &(mut a, b) in iv {
         loop {
             // The largest aligned block starting at `a` that stays within `b`.
-            let mut len = 32u8;
+            let mut len = width;
             while len > 0 {
-                let size = 1u64 << (33 - len);
-                let aligned = u64::from(a) % size == 0;
-                if !aligned || u64::from(a) + size - 1 > u64::from(b) {
+                let mask = host_mask(width, len - 1);
+                if a & mask != 0 || a | mask > b {
                     break;
                 }
                 len -= 1;
             }
-            let size = 1u64 << (32 - len);
-            out.push(format!("{}/{len}", Ipv4Addr::from(a)));
-            let next = u64::from(a) + size;
-            if next > u64::from(b) {
-                break;
+            let last = a | host_mask(width, len);
+            out.push(format!("{}/{len}", from_bits(family, a)));
+            match last.checked_add(1) {
+                Some(next) if next <= b => a = next,
+                _ => break,
             }
-            a = next as u32;
         }
     }
     out
+}
+
+/// The host bits of a prefix of `len` in `width` bits.
+fn host_mask(width: u8, len: u8) -> u128 {
+    let host = u32::from(width - len);
+    if host == 128 {
+        u128::MAX
+    } else {
+        (1u128 << host) - 1
+    }
 }
 
 /// What `nft -j list table` showed, reduced to what the plan compares.
@@ -112,8 +163,8 @@ pub struct NatActual {
     pub masq: Vec<Interval>,
 }
 
-/// Reads `nft -j list table ip <table>` output.
-pub fn parse_actual(json: &str) -> Result<NatActual, String> {
+/// Reads `nft -j list table <ip|ip6> <table>` output.
+pub fn parse_actual(json: &str, family: Family) -> Result<NatActual, String> {
     let v: Value = serde_json::from_str(json).map_err(|e| e.to_string())?;
     let items = v
         .get("nftables")
@@ -133,7 +184,7 @@ pub fn parse_actual(json: &str) -> Result<NatActual, String> {
         if let Some(set) = item.get("set") {
             sets += 1;
             let name = set.get("name").and_then(Value::as_str).unwrap_or("");
-            let typed = set.get("type").and_then(Value::as_str) == Some("ipv4_addr");
+            let typed = set.get("type").and_then(Value::as_str) == Some(set_type(family));
             let interval = set
                 .get("flags")
                 .and_then(Value::as_array)
@@ -141,7 +192,11 @@ pub fn parse_actual(json: &str) -> Result<NatActual, String> {
             let elems = set
                 .get("elem")
                 .and_then(Value::as_array)
-                .map(|e| e.iter().filter_map(element_interval).collect())
+                .map(|e| {
+                    e.iter()
+                        .filter_map(|e| element_interval(e, family))
+                        .collect()
+                })
                 .unwrap_or_default();
             match name {
                 ALL_SET if typed && interval => {
@@ -163,7 +218,7 @@ pub fn parse_actual(json: &str) -> Result<NatActual, String> {
                 && chain.get("policy").and_then(Value::as_str) == Some("accept");
         } else if let Some(rule) = item.get("rule") {
             rules += 1;
-            if rule_is_ours(rule) {
+            if rule_is_ours(rule, family) {
                 good_rules += 1;
             }
         }
@@ -173,42 +228,45 @@ pub fn parse_actual(json: &str) -> Result<NatActual, String> {
     Ok(a)
 }
 
-fn element_interval(e: &Value) -> Option<Interval> {
+fn element_interval(e: &Value, family: Family) -> Option<Interval> {
     // Elements with options come wrapped: {"elem": {"val": ...}}.
     if let Some(inner) = e.get("elem").and_then(|x| x.get("val")) {
-        return element_interval(inner);
+        return element_interval(inner, family);
     }
-    if let Some(s) = e.as_str() {
-        let a: Ipv4Addr = s.parse().ok()?;
-        return Some((u32::from(a), u32::from(a)));
+    let addr = |v: &Value| -> Option<IpAddr> {
+        let a: IpAddr = v.as_str()?.parse().ok()?;
+        (Family::of(a) == family).then_some(a)
+    };
+    if e.is_string() {
+        let a = to_bits(addr(e)?);
+        return Some((a, a));
     }
     if let Some(p) = e.get("prefix") {
-        let addr: Ipv4Addr = p.get("addr")?.as_str()?.parse().ok()?;
+        let a = addr(p.get("addr")?)?;
         let len = u8::try_from(p.get("len")?.as_u64()?).ok()?;
-        let net = Ipv4Net::new(addr, len).ok()?;
+        let net = IpNet::new(a, len).ok()?;
         return Some(interval_of(&net.trunc()));
     }
     if let Some(r) = e.get("range").and_then(Value::as_array) {
-        let a: Ipv4Addr = r.first()?.as_str()?.parse().ok()?;
-        let b: Ipv4Addr = r.get(1)?.as_str()?.parse().ok()?;
-        return Some((u32::from(a), u32::from(b)));
+        return Some((to_bits(addr(r.first()?)?), to_bits(addr(r.get(1)?)?)));
     }
     None
 }
 
-fn rule_is_ours(rule: &Value) -> bool {
+fn rule_is_ours(rule: &Value, family: Family) -> bool {
     if rule.get("comment").and_then(Value::as_str) != Some(RULE_COMMENT) {
         return false;
     }
     let Some(expr) = rule.get("expr").and_then(Value::as_array) else {
         return false;
     };
+    let protocol = nft_family(family);
     let matches = |e: &Value, op: &str, field: &str, set: &str| {
         let Some(m) = e.get("match") else {
             return false;
         };
         m.get("op").and_then(Value::as_str) == Some(op)
-            && m.pointer("/left/payload/protocol").and_then(Value::as_str) == Some("ip")
+            && m.pointer("/left/payload/protocol").and_then(Value::as_str) == Some(protocol)
             && m.pointer("/left/payload/field").and_then(Value::as_str) == Some(field)
             && m.get("right").and_then(Value::as_str) == Some(set)
     };
@@ -227,9 +285,9 @@ fn rule_is_ours(rule: &Value) -> bool {
         && fully_random(&expr[2])
 }
 
-fn set_def(name: &str, iv: &[Interval]) -> String {
-    let mut s = format!("  set {name} {{ type ipv4_addr; flags interval;");
-    let e = elements(iv);
+fn set_def(name: &str, family: Family, iv: &[Interval]) -> String {
+    let mut s = format!("  set {name} {{ type {}; flags interval;", set_type(family));
+    let e = elements(family, iv);
     if !e.is_empty() {
         s.push_str(&format!(" elements = {{ {} }};", e.join(", ")));
     }
@@ -237,29 +295,41 @@ fn set_def(name: &str, iv: &[Interval]) -> String {
     s
 }
 
-fn rule_text() -> String {
+fn rule_text(family: Family) -> String {
+    let p = nft_family(family);
     format!(
-        "ip saddr @{MASQ_SET} ip daddr != @{ALL_SET} masquerade fully-random comment \"{RULE_COMMENT}\""
+        "{p} saddr @{MASQ_SET} {p} daddr != @{ALL_SET} masquerade fully-random comment \"{RULE_COMMENT}\""
     )
 }
 
-/// The nft script that makes `actual` into `desired`; `None` when they already agree.
-pub fn plan(table: &str, desired: &NatDesired, actual: Option<&NatActual>) -> Option<String> {
+/// The nft script that makes `actual` into `desired` for one family's table; `None` when they
+/// already agree. `desired` `None`: the table should not exist.
+pub fn plan(
+    table: &str,
+    family: Family,
+    desired: Option<&NatDesired>,
+    actual: Option<&NatActual>,
+) -> Option<String> {
+    let fam = nft_family(family);
+    let actual = actual.filter(|a| a.exists);
+    let Some(desired) = desired else {
+        return actual.map(|_| format!("delete table {fam} {table}\n"));
+    };
     let full = |delete_first: bool| {
         let mut s = String::new();
         if delete_first {
-            s.push_str(&format!("delete table ip {table}\n"));
+            s.push_str(&format!("delete table {fam} {table}\n"));
         }
-        s.push_str(&format!("table ip {table} {{\n"));
-        s.push_str(&set_def(ALL_SET, &desired.all));
-        s.push_str(&set_def(MASQ_SET, &desired.masq));
+        s.push_str(&format!("table {fam} {table} {{\n"));
+        s.push_str(&set_def(ALL_SET, family, &desired.all));
+        s.push_str(&set_def(MASQ_SET, family, &desired.masq));
         s.push_str(&format!(
             "  chain {CHAIN} {{ type nat hook postrouting priority srcnat; policy accept;\n    {}\n  }}\n}}\n",
-            rule_text()
+            rule_text(family)
         ));
         s
     };
-    let Some(a) = actual.filter(|a| a.exists) else {
+    let Some(a) = actual else {
         return Some(full(false));
     };
     if !a.shape_ok {
@@ -271,24 +341,27 @@ pub fn plan(table: &str, desired: &NatDesired, actual: Option<&NatActual>) -> Op
         (MASQ_SET, &desired.masq, &a.masq),
     ] {
         if want != have {
-            s.push_str(&format!("flush set ip {table} {name}\n"));
-            let e = elements(want);
+            s.push_str(&format!("flush set {fam} {table} {name}\n"));
+            let e = elements(family, want);
             if !e.is_empty() {
                 s.push_str(&format!(
-                    "add element ip {table} {name} {{ {} }}\n",
+                    "add element {fam} {table} {name} {{ {} }}\n",
                     e.join(", ")
                 ));
             }
         }
     }
     if !a.rule_ok {
-        s.push_str(&format!("flush chain ip {table} {CHAIN}\n"));
-        s.push_str(&format!("add rule ip {table} {CHAIN} {}\n", rule_text()));
+        s.push_str(&format!("flush chain {fam} {table} {CHAIN}\n"));
+        s.push_str(&format!(
+            "add rule {fam} {table} {CHAIN} {}\n",
+            rule_text(family)
+        ));
     }
     (!s.is_empty()).then_some(s)
 }
 
-/// Runs nft for one table.
+/// Runs nft for the tables of one name.
 pub struct Nft {
     pub binary: PathBuf,
     pub table: String,
@@ -312,10 +385,11 @@ impl Nft {
         }
     }
 
-    /// The table as it is; `None` when it does not exist.
-    pub fn read(&self) -> Result<Option<NatActual>, NatError> {
+    /// A family's table as it is; `None` when it does not exist.
+    pub fn read(&self, family: Family) -> Result<Option<NatActual>, NatError> {
+        let fam = nft_family(family);
         let out = Command::new(&self.binary)
-            .args(["-j", "list", "table", "ip", &self.table])
+            .args(["-j", "list", "table", fam, &self.table])
             .stdin(Stdio::null())
             .output()
             .map_err(|e| self.no_nft(e))?;
@@ -325,11 +399,11 @@ impl Nft {
                 return Ok(None);
             }
             return Err(NatError::Nft {
-                args: format!("-j list table ip {}", self.table),
+                args: format!("-j list table {fam} {}", self.table),
                 stderr: stderr.trim().to_owned(),
             });
         }
-        parse_actual(&String::from_utf8_lossy(&out.stdout))
+        parse_actual(&String::from_utf8_lossy(&out.stdout), family)
             .map(Some)
             .map_err(NatError::Parse)
     }
@@ -360,10 +434,10 @@ impl Nft {
         }
     }
 
-    /// Reads, plans and applies; true when something was written.
-    pub fn sync(&mut self, desired: &NatDesired) -> Result<bool, NatError> {
-        let actual = self.read()?;
-        match plan(&self.table, desired, actual.as_ref()) {
+    /// Reads, plans and applies one family's table; true when something was written.
+    pub fn sync(&mut self, family: Family, desired: Option<&NatDesired>) -> Result<bool, NatError> {
+        let actual = self.read(family)?;
+        match plan(&self.table, family, desired, actual.as_ref()) {
             None => Ok(false),
             Some(script) => {
                 self.apply(&script)?;
@@ -376,15 +450,16 @@ impl Nft {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use Family::{V4, V6};
 
-    fn net(s: &str) -> Ipv4Net {
+    fn net(s: &str) -> IpNet {
         s.parse().unwrap()
     }
 
     fn iv(a: &str, b: &str) -> Interval {
         (
-            u32::from(a.parse::<Ipv4Addr>().unwrap()),
-            u32::from(b.parse::<Ipv4Addr>().unwrap()),
+            to_bits(a.parse::<IpAddr>().unwrap()),
+            to_bits(b.parse::<IpAddr>().unwrap()),
         )
     }
 
@@ -400,76 +475,158 @@ mod tests {
                  {"match": {"op": "!=", "left": {"payload": {"protocol": "ip", "field": "daddr"}}, "right": "@all-pools"}},
                  {"masquerade": {"flags": "fully-random"}}]}}]}"#;
 
-    fn pools() -> BTreeMap<Ipv4Net, bool> {
-        [(net("10.65.0.0/16"), true), (net("10.66.0.0/24"), false)]
-            .into_iter()
-            .collect()
+    /// What nft 1.0.6 lists for the IPv6 table routewriter writes.
+    const LISTED6: &str = r#"{"nftables": [{"metainfo": {"version": "1.0.6", "release_name": "Lester Gooch #5", "json_schema_version": 1}},
+      {"table": {"family": "ip6", "name": "margay", "handle": 5}},
+      {"set": {"family": "ip6", "name": "all-pools", "table": "margay", "type": "ipv6_addr", "handle": 1, "flags": ["interval"],
+        "elem": [{"prefix": {"addr": "fd00:20::", "len": 48}}, {"prefix": {"addr": "fd00:30::", "len": 64}}]}},
+      {"set": {"family": "ip6", "name": "masq-pools", "table": "margay", "type": "ipv6_addr", "handle": 2, "flags": ["interval"],
+        "elem": [{"prefix": {"addr": "fd00:20::", "len": 48}}]}},
+      {"chain": {"family": "ip6", "table": "margay", "name": "nat-outgoing", "handle": 3, "type": "nat", "hook": "postrouting", "prio": 100, "policy": "accept"}},
+      {"rule": {"family": "ip6", "table": "margay", "chain": "nat-outgoing", "handle": 4, "comment": "margay nat-outgoing",
+        "expr": [{"match": {"op": "==", "left": {"payload": {"protocol": "ip6", "field": "saddr"}}, "right": "@masq-pools"}},
+                 {"match": {"op": "!=", "left": {"payload": {"protocol": "ip6", "field": "daddr"}}, "right": "@all-pools"}},
+                 {"masquerade": {"flags": "fully-random"}}]}}]}"#;
+
+    /// Pools of both families: each table sees its own.
+    fn pools() -> BTreeMap<IpNet, bool> {
+        [
+            (net("10.65.0.0/16"), true),
+            (net("10.66.0.0/24"), false),
+            (net("fd00:20::/48"), true),
+            (net("fd00:30::/64"), false),
+        ]
+        .into_iter()
+        .collect()
     }
 
     #[test]
     fn what_nft_lists_is_what_we_want_so_nothing_is_written() {
-        let a = parse_actual(LISTED).unwrap();
-        assert!(a.exists && a.shape_ok && a.rule_ok, "{a:?}");
+        for (family, listed) in [(V4, LISTED), (V6, LISTED6)] {
+            let a = parse_actual(listed, family).unwrap();
+            assert!(a.exists && a.shape_ok && a.rule_ok, "{family:?}: {a:?}");
+            let d = desired_from_pools(&pools(), family);
+            assert_eq!(
+                plan("margay", family, Some(&d), Some(&a)),
+                None,
+                "{family:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn each_family_takes_only_its_pools() {
+        let d4 = desired_from_pools(&pools(), V4);
+        let d6 = desired_from_pools(&pools(), V6);
+        // Adjacent pools join into one interval.
+        assert_eq!(d4.all, vec![iv("10.65.0.0", "10.66.0.255")]);
         assert_eq!(
-            plan("margay", &desired_from_pools(&pools()), Some(&a)),
-            None
+            d6.masq,
+            vec![iv("fd00:20::", "fd00:20:0:ffff:ffff:ffff:ffff:ffff")]
         );
+        assert_eq!(d6.all.len(), 2);
+        // A listing of the other family's table is not the shape this family writes.
+        let a = parse_actual(LISTED, V6).unwrap();
+        assert!(!a.shape_ok && !a.rule_ok, "{a:?}");
     }
 
     #[test]
     fn a_pool_change_touches_set_elements_only() {
-        let a = parse_actual(LISTED).unwrap();
+        let a = parse_actual(LISTED, V4).unwrap();
         let mut p = pools();
         p.insert(net("10.66.0.0/24"), true);
-        let s = plan("margay", &desired_from_pools(&p), Some(&a)).unwrap();
+        let s = plan("margay", V4, Some(&desired_from_pools(&p, V4)), Some(&a)).unwrap();
         assert_eq!(
             s,
             "flush set ip margay masq-pools\nadd element ip margay masq-pools { 10.65.0.0/16, 10.66.0.0/24 }\n"
         );
-        let s = plan("margay", &desired_from_pools(&BTreeMap::new()), Some(&a)).unwrap();
+        let none = desired_from_pools(&BTreeMap::new(), V4);
+        let s = plan("margay", V4, Some(&none), Some(&a)).unwrap();
         assert_eq!(
             s,
             "flush set ip margay all-pools\nflush set ip margay masq-pools\n"
+        );
+        let a = parse_actual(LISTED6, V6).unwrap();
+        p.insert(net("fd00:30::/64"), true);
+        let s = plan("margay", V6, Some(&desired_from_pools(&p, V6)), Some(&a)).unwrap();
+        assert_eq!(
+            s,
+            "flush set ip6 margay masq-pools\nadd element ip6 margay masq-pools { fd00:20::/48, fd00:30::/64 }\n"
         );
     }
 
     #[test]
     fn a_missing_or_misshapen_table_is_written_whole() {
-        let d = desired_from_pools(&pools());
-        let s = plan("margay", &d, None).unwrap();
+        let d = desired_from_pools(&pools(), V4);
+        let s = plan("margay", V4, Some(&d), None).unwrap();
         assert!(s.starts_with("table ip margay {"), "{s}");
         assert!(s.contains("masquerade fully-random"));
         assert!(s.contains("set all-pools { type ipv4_addr; flags interval; elements = { 10.65.0.0/16, 10.66.0.0/24 }; }"));
         let broken = LISTED.replace("\"postrouting\"", "\"prerouting\"");
-        let a = parse_actual(&broken).unwrap();
+        let a = parse_actual(&broken, V4).unwrap();
         assert!(!a.shape_ok);
         assert!(
-            plan("margay", &d, Some(&a))
+            plan("margay", V4, Some(&d), Some(&a))
                 .unwrap()
                 .starts_with("delete table ip margay\n")
+        );
+        let d6 = desired_from_pools(&pools(), V6);
+        let s = plan("margay", V6, Some(&d6), None).unwrap();
+        assert!(s.starts_with("table ip6 margay {"), "{s}");
+        assert!(
+            s.contains(
+                "set masq-pools { type ipv6_addr; flags interval; elements = { fd00:20::/48 }; }"
+            ),
+            "{s}"
+        );
+        assert!(
+            s.contains("ip6 saddr @masq-pools ip6 daddr != @all-pools masquerade fully-random"),
+            "{s}"
         );
     }
 
     #[test]
+    fn a_table_not_wanted_is_deleted_and_an_absent_one_left_absent() {
+        let a = parse_actual(LISTED6, V6).unwrap();
+        assert_eq!(
+            plan("margay", V6, None, Some(&a)).as_deref(),
+            Some("delete table ip6 margay\n")
+        );
+        assert_eq!(plan("margay", V6, None, None), None);
+        let gone = NatActual::default();
+        assert_eq!(plan("margay", V6, None, Some(&gone)), None);
+    }
+
+    #[test]
     fn a_changed_or_extra_rule_is_replaced() {
-        let d = desired_from_pools(&pools());
-        for broken in [
-            LISTED.replace("fully-random", "random"),
-            LISTED.replace("\"!=\"", "\"==\""),
-            LISTED.replace("\"margay nat-outgoing\"", "\"hand made\""),
-            LISTED.replace(
-                "}]}}]}",
-                "}]}}, {\"rule\": {\"family\": \"ip\", \"expr\": []}}]}",
-            ),
-        ] {
-            let a = parse_actual(&broken).unwrap();
-            assert!(a.shape_ok && !a.rule_ok, "{broken}");
-            let s = plan("margay", &d, Some(&a)).unwrap();
-            assert!(
-                s.starts_with("flush chain ip margay nat-outgoing\nadd rule"),
-                "{s}"
-            );
+        for (family, listed) in [(V4, LISTED), (V6, LISTED6)] {
+            let d = desired_from_pools(&pools(), family);
+            let fam = nft_family(family);
+            for broken in [
+                listed.replace("fully-random", "random"),
+                listed.replace("\"!=\"", "\"==\""),
+                listed.replace("\"margay nat-outgoing\"", "\"hand made\""),
+                listed.replace(
+                    "}]}}]}",
+                    "}]}}, {\"rule\": {\"family\": \"ip\", \"expr\": []}}]}",
+                ),
+            ] {
+                let a = parse_actual(&broken, family).unwrap();
+                assert!(a.shape_ok && !a.rule_ok, "{broken}");
+                let s = plan("margay", family, Some(&d), Some(&a)).unwrap();
+                assert!(
+                    s.starts_with(&format!("flush chain {fam} margay nat-outgoing\nadd rule")),
+                    "{s}"
+                );
+            }
         }
+        // An IPv4 match in the IPv6 table is not ours.
+        let a = parse_actual(
+            &LISTED6.replace("\"ip6\", \"field\"", "\"ip\", \"field\""),
+            V6,
+        )
+        .unwrap();
+        assert!(!a.rule_ok);
     }
 
     #[test]
@@ -486,7 +643,7 @@ mod tests {
         let json = r#"{"nftables": [{"set": {"name": "all-pools", "type": "ipv4_addr", "flags": ["interval"], "elem": [
             {"prefix": {"addr": "10.1.0.0", "len": 24}}, {"prefix": {"addr": "10.1.1.0", "len": 24}}, "10.2.0.5",
             {"range": ["10.3.0.0", "10.3.0.9"]}, {"elem": {"val": "10.4.0.1", "comment": "x"}}]}}]}"#;
-        let a = parse_actual(json).unwrap();
+        let a = parse_actual(json, V4).unwrap();
         assert_eq!(
             a.all,
             vec![
@@ -497,25 +654,60 @@ mod tests {
             ]
         );
         assert_eq!(
-            elements(&[iv("10.3.0.0", "10.3.0.9")]),
+            elements(V4, &[iv("10.3.0.0", "10.3.0.9")]),
             vec!["10.3.0.0/29", "10.3.0.8/31"]
         );
         assert_eq!(
-            elements(&[iv("0.0.0.0", "255.255.255.255")]),
+            elements(V4, &[iv("0.0.0.0", "255.255.255.255")]),
             vec!["0.0.0.0/0"]
         );
         assert_eq!(
-            elements(&[iv("10.1.0.0", "10.1.1.255")]),
+            elements(V4, &[iv("10.1.0.0", "10.1.1.255")]),
             vec!["10.1.0.0/23"]
+        );
+        // The same for 128 bits, up to the whole space.
+        assert_eq!(
+            elements(V6, &[iv("::", "ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff")]),
+            vec!["::/0"]
+        );
+        assert_eq!(
+            elements(
+                V6,
+                &[iv("fd00:20::", "fd00:21:ffff:ffff:ffff:ffff:ffff:ffff")]
+            ),
+            vec!["fd00:20::/31"]
+        );
+        assert_eq!(
+            elements(V6, &[iv("fd00::", "fd00::2")]),
+            vec!["fd00::/127", "fd00::2/128"]
+        );
+        let json = r#"{"nftables": [{"set": {"name": "all-pools", "type": "ipv6_addr", "flags": ["interval"], "elem": [
+            {"prefix": {"addr": "fd00:20::", "len": 48}}, "fd00:40::1", {"range": ["fd00:50::", "fd00:50::9"]},
+            {"prefix": {"addr": "10.0.0.0", "len": 8}}]}}]}"#;
+        let a = parse_actual(json, V6).unwrap();
+        assert_eq!(
+            a.all,
+            vec![
+                iv("fd00:20::", "fd00:20:0:ffff:ffff:ffff:ffff:ffff"),
+                iv("fd00:40::1", "fd00:40::1"),
+                iv("fd00:50::", "fd00:50::9"),
+            ],
+            "an IPv4 element is not of this table"
         );
     }
 
     #[test]
     fn garbage_from_nft_is_an_error_not_a_panic() {
-        assert!(parse_actual("").is_err());
-        assert!(parse_actual("{}").is_err());
-        assert!(
-            parse_actual(r#"{"nftables": [{"set": 5}, {"rule": null}, {"chain": []}]}"#).is_ok()
-        );
+        for family in Family::ALL {
+            assert!(parse_actual("", family).is_err());
+            assert!(parse_actual("{}", family).is_err());
+            assert!(
+                parse_actual(
+                    r#"{"nftables": [{"set": 5}, {"rule": null}, {"chain": []}]}"#,
+                    family
+                )
+                .is_ok()
+            );
+        }
     }
 }

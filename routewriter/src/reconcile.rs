@@ -4,7 +4,8 @@
 //! with the tests of each.
 //!
 //! Ownership rules, after Felix: routewriter owns every route of its protocol in its table, and
-//! the desired destinations (prefix, TOS 0, metric 0). A route of ours that is not desired is
+//! the desired destinations (prefix, TOS 0, the family's own metric: 0 for IPv4, 1024 for IPv6,
+//! what each kernel gives a route written without one). A route of ours that is not desired is
 //! deleted; a route at a desired destination that differs is replaced, whoever wrote it (so a
 //! pod route the CNI plugin wrote is adopted, and `ip route change` by hand is undone). Routes of
 //! other protocols at any other destination are never touched. On the VXLAN device everything
@@ -12,11 +13,16 @@
 //!
 //! The kernel layer reports what exists; these functions say what to write. Devices are named
 //! in the desired state and resolved to interface indexes by a lookup the caller passes in.
+//!
+//! Both families go through the same diff. Where the kernels differ it is said once, here:
+//! the own metric ([`own_metric`]), the scope a route is reported with ([`route_scope`]: IPv6
+//! has none, every IPv6 route reads as universe), and which addresses on a VXLAN device are
+//! the kernel's (IPv6 link-local ones, [`diff_addresses`]).
 
-use std::collections::{BTreeMap, HashMap};
-use std::net::Ipv4Addr;
+use std::collections::BTreeMap;
+use std::net::IpAddr;
 
-use super::desired::{DevId, Kind, Prefix4, RouteSpec, VtepSpec};
+use super::desired::{DevId, Family, Kind, Prefix, RouteSpec, Routes, VtepSpec};
 use proto::mac::Mac;
 
 /// Kernel route types and scopes (rtnetlink.h) this module compares against.
@@ -25,18 +31,35 @@ pub const RTN_BLACKHOLE: u8 = 6;
 pub const RT_SCOPE_UNIVERSE: u8 = 0;
 pub const RT_SCOPE_LINK: u8 = 253;
 
+/// The metric a family's desired routes sit at: IPv4 takes 0; IPv6 turns 0 into 1024
+/// (IP6_RT_PRIO_USER), so routewriter writes 1024 itself and owns that metric.
+pub fn own_metric(family: Family) -> u32 {
+    match family {
+        Family::V4 => 0,
+        Family::V6 => 1024,
+    }
+}
+
+/// The scope a route of `kind` is written with and read back as: a workload route is link
+/// scope in IPv4; IPv6 routes have no scope (the kernel reports universe for all of them).
+pub fn route_scope(kind: Kind, family: Family) -> u8 {
+    match (kind, family) {
+        (Kind::Workload, Family::V4) => RT_SCOPE_LINK,
+        _ => RT_SCOPE_UNIVERSE,
+    }
+}
+
 /// A route as the kernel reports it (only what the diff looks at).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct ActualRoute {
-    pub prefix: Prefix4,
+    pub prefix: Prefix,
     pub table: u32,
     pub protocol: u8,
     pub metric: u32,
     pub tos: u8,
     pub rtype: u8,
     pub scope: u8,
-    /// 0 for none.
-    pub gateway: u32,
+    pub gateway: Option<IpAddr>,
     /// 0 for none.
     pub oif: u32,
     pub onlink: bool,
@@ -44,8 +67,13 @@ pub struct ActualRoute {
 }
 
 impl ActualRoute {
-    pub fn gateway(&self) -> Option<Ipv4Addr> {
-        (self.gateway != 0).then(|| Ipv4Addr::from(self.gateway))
+    pub fn gateway(&self) -> Option<IpAddr> {
+        self.gateway
+    }
+
+    /// Whether it sits at the own metric of its family.
+    pub fn at_own_metric(&self) -> bool {
+        self.metric == own_metric(self.prefix.family())
     }
 }
 
@@ -67,25 +95,25 @@ pub enum Why {
 pub enum RouteOp {
     /// Create or replace the route at `prefix` with `spec` through interface `oif` (0: none).
     Write {
-        prefix: Prefix4,
+        prefix: Prefix,
         spec: RouteSpec,
         oif: u32,
         why: Why,
     },
     /// Delete exactly this route of ours.
     Delete(ActualRoute),
-    /// Delete our route at `prefix` (metric 0), whatever it looks like.
-    DeleteOwn { prefix: Prefix4 },
+    /// Delete our route at `prefix` (the own metric), whatever it looks like.
+    DeleteOwn { prefix: Prefix },
     /// Cannot be programmed now: its device does not exist.
     NoDevice {
-        prefix: Prefix4,
+        prefix: Prefix,
         kind: Kind,
         dev: DevId,
     },
 }
 
 impl RouteOp {
-    pub fn prefix(&self) -> Prefix4 {
+    pub fn prefix(&self) -> Prefix {
         match self {
             RouteOp::Write { prefix, .. }
             | RouteOp::DeleteOwn { prefix }
@@ -125,7 +153,7 @@ impl RouteContext<'_> {
         }
     }
 
-    fn write_or_wait(&self, prefix: Prefix4, spec: &RouteSpec, why: Why) -> RouteOp {
+    fn write_or_wait(&self, prefix: Prefix, spec: &RouteSpec, why: Why) -> RouteOp {
         match self.oif(spec) {
             Some(oif) => RouteOp::Write {
                 prefix,
@@ -147,22 +175,24 @@ pub fn route_matches(spec: &RouteSpec, oif: u32, r: &ActualRoute, protocol: u8) 
     if r.protocol != protocol || r.multipath {
         return false;
     }
-    let gw = spec.gateway().map(u32::from).unwrap_or(0);
+    let gw = spec.gateway();
+    let scope = route_scope(spec.kind, r.prefix.family());
     match spec.kind {
+        // An IPv6 blackhole reads as through `lo`: its interface says nothing.
         Kind::Blackhole => r.rtype == RTN_BLACKHOLE,
         Kind::Workload => {
-            r.rtype == RTN_UNICAST && r.scope == RT_SCOPE_LINK && r.gateway == 0 && r.oif == oif
+            r.rtype == RTN_UNICAST && r.scope == scope && r.gateway.is_none() && r.oif == oif
         }
         Kind::Gateway => {
             r.rtype == RTN_UNICAST
-                && r.scope == RT_SCOPE_UNIVERSE
+                && r.scope == scope
                 && r.gateway == gw
                 && (spec.dev == DevId::NONE || r.oif == oif)
                 && r.onlink == spec.onlink
         }
         Kind::Vxlan | Kind::Ipip => {
             r.rtype == RTN_UNICAST
-                && r.scope == RT_SCOPE_UNIVERSE
+                && r.scope == scope
                 && r.gateway == gw
                 && r.oif == oif
                 && r.onlink
@@ -170,17 +200,18 @@ pub fn route_matches(spec: &RouteSpec, oif: u32, r: &ActualRoute, protocol: u8) 
     }
 }
 
-/// Full diff of the desired routes against a dump of the table, fed one route at a time so
-/// the dump need not be held: only the desired prefixes seen are kept (8 bytes each).
+/// Full diff of the desired routes against dumps of the table (of both families, one after
+/// the other), fed one route at a time so the dumps need not be held: only the desired
+/// prefixes seen are kept.
 pub struct RouteDiffer<'a> {
-    desired: &'a HashMap<Prefix4, RouteSpec>,
+    desired: &'a Routes,
     ctx: &'a RouteContext<'a>,
-    seen: Vec<Prefix4>,
+    seen: Vec<Prefix>,
     ops: Vec<RouteOp>,
 }
 
 impl<'a> RouteDiffer<'a> {
-    pub fn new(desired: &'a HashMap<Prefix4, RouteSpec>, ctx: &'a RouteContext<'a>) -> Self {
+    pub fn new(desired: &'a Routes, ctx: &'a RouteContext<'a>) -> Self {
         RouteDiffer {
             desired,
             ctx,
@@ -195,7 +226,7 @@ impl<'a> RouteDiffer<'a> {
             return;
         }
         let ours = r.protocol == self.ctx.protocol;
-        let desired = if r.metric == 0 {
+        let desired = if r.at_own_metric() {
             self.desired.get(&r.prefix)
         } else {
             None
@@ -215,16 +246,16 @@ impl<'a> RouteDiffer<'a> {
             return;
         }
         self.seen.push(r.prefix);
-        match self.ctx.oif(spec) {
+        match self.ctx.oif(&spec) {
             None => self.ops.push(RouteOp::NoDevice {
                 prefix: r.prefix,
                 kind: spec.kind,
                 dev: spec.dev,
             }),
-            Some(oif) if route_matches(spec, oif, r, self.ctx.protocol) => {}
+            Some(oif) if route_matches(&spec, oif, r, self.ctx.protocol) => {}
             Some(oif) => self.ops.push(RouteOp::Write {
                 prefix: r.prefix,
-                spec: *spec,
+                spec,
                 oif,
                 why: if ours {
                     Why::Differs
@@ -243,7 +274,7 @@ impl<'a> RouteDiffer<'a> {
             .desired
             .iter()
             .filter(|(p, _)| self.seen.binary_search(p).is_err())
-            .map(|(p, spec)| self.ctx.write_or_wait(*p, spec, Why::Missing))
+            .map(|(p, spec)| self.ctx.write_or_wait(p, &spec, Why::Missing))
             .collect();
         // A stable order makes logs and tests readable and batches cache-friendly.
         missing.sort_unstable_by_key(|op| op.prefix());
@@ -254,7 +285,7 @@ impl<'a> RouteDiffer<'a> {
 
 /// Full diff over a slice (tests, small tables).
 pub fn diff_routes(
-    desired: &HashMap<Prefix4, RouteSpec>,
+    desired: &Routes,
     actual: &[ActualRoute],
     ctx: &RouteContext<'_>,
 ) -> Vec<RouteOp> {
@@ -267,7 +298,7 @@ pub fn diff_routes(
 
 /// The operation for one prefix whose desired value changed, without reading the kernel.
 pub fn op_for_change(
-    prefix: Prefix4,
+    prefix: Prefix,
     desired: Option<&RouteSpec>,
     ctx: &RouteContext<'_>,
 ) -> RouteOp {
@@ -280,15 +311,15 @@ pub fn op_for_change(
 /// Diff of only the routes through one interface (after a link event), against a dump
 /// filtered by that interface. Routes of ours through it that are not desired there go.
 pub fn diff_routes_on_link(
-    desired: &HashMap<Prefix4, RouteSpec>,
+    desired: &Routes,
     dev: DevId,
     actual_on_link: &[ActualRoute],
     ctx: &RouteContext<'_>,
 ) -> Vec<RouteOp> {
     let mut ops = Vec::new();
-    let mut present: Vec<Prefix4> = Vec::new();
+    let mut present: Vec<Prefix> = Vec::new();
     for r in actual_on_link {
-        if r.table != ctx.table || r.tos != 0 || r.metric != 0 {
+        if r.table != ctx.table || r.tos != 0 || !r.at_own_metric() {
             continue;
         }
         match desired.get(&r.prefix) {
@@ -297,12 +328,12 @@ pub fn diff_routes_on_link(
                     present.push(r.prefix);
                 }
                 let matches = ctx
-                    .oif(spec)
-                    .is_some_and(|oif| route_matches(spec, oif, r, ctx.protocol));
+                    .oif(&spec)
+                    .is_some_and(|oif| route_matches(&spec, oif, r, ctx.protocol));
                 // Desired through another device: only ours is ours to fix here (a foreign
                 // route there waits for the full resync).
                 if !matches && (spec.dev == dev || r.protocol == ctx.protocol) {
-                    ops.push(ctx.write_or_wait(r.prefix, spec, Why::Differs));
+                    ops.push(ctx.write_or_wait(r.prefix, &spec, Why::Differs));
                 }
             }
             None if r.protocol == ctx.protocol => ops.push(RouteOp::Delete(*r)),
@@ -313,7 +344,7 @@ pub fn diff_routes_on_link(
     let mut missing: Vec<RouteOp> = desired
         .iter()
         .filter(|(p, s)| s.dev == dev && present.binary_search(p).is_err())
-        .map(|(p, s)| ctx.write_or_wait(*p, s, Why::Missing))
+        .map(|(p, s)| ctx.write_or_wait(p, &s, Why::Missing))
         .collect();
     missing.sort_unstable_by_key(|op| op.prefix());
     ops.extend(missing);
@@ -321,15 +352,15 @@ pub fn diff_routes_on_link(
 }
 
 // ---------------------------------------------------------------------------------------------
-// The VXLAN device
+// The VXLAN devices (one per family)
 
-/// The VXLAN device as it should be.
+/// A VXLAN device as it should be; its family is that of `local`.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct DeviceSpec {
     pub name: String,
     pub vni: u32,
     pub port: u16,
-    pub local: Ipv4Addr,
+    pub local: IpAddr,
     /// Interface index of the uplink.
     pub link: u32,
     pub mac: Mac,
@@ -352,7 +383,8 @@ pub struct ActualLink {
 pub struct VxlanParams {
     pub vni: Option<u32>,
     pub port: Option<u16>,
-    pub local: Option<Ipv4Addr>,
+    /// IFLA_VXLAN_LOCAL or IFLA_VXLAN_LOCAL6, whichever the device has.
+    pub local: Option<IpAddr>,
     pub link: Option<u32>,
     pub learning: Option<bool>,
     pub collect_metadata: bool,
@@ -423,25 +455,43 @@ pub fn diff_device(spec: &DeviceSpec, actual: Option<&ActualLink>) -> DeviceActi
     }
 }
 
-/// An IPv4 address with its prefix length.
-pub type Addr = (Ipv4Addr, u8);
+/// An address with its prefix length.
+pub type Addr = (IpAddr, u8);
 
-/// The device's IPv4 addresses: the tunnel address as /32 and nothing else. What to add,
-/// and what to remove.
-pub fn diff_addresses(want: Option<Ipv4Addr>, have: &[Addr]) -> (Option<Addr>, Vec<Addr>) {
-    let want = want.map(|a| (a, 32u8));
+/// A VXLAN device's addresses of its family: the tunnel address as a host address (/32,
+/// /128) and nothing else. What to add, and what to remove. Addresses of the other family and
+/// IPv6 link-local ones are the kernel's (every IPv6 link makes one) and never touched.
+pub fn diff_addresses(
+    family: Family,
+    want: Option<IpAddr>,
+    have: &[Addr],
+) -> (Option<Addr>, Vec<Addr>) {
+    let want = want.map(|a| (a, family.bits()));
+    let ours = |(a, _): &&Addr| Family::of(*a) == family && !is_link_local(*a);
     let add = want.filter(|w| !have.contains(w));
-    let del = have.iter().filter(|h| Some(**h) != want).copied().collect();
+    let del = have
+        .iter()
+        .filter(ours)
+        .filter(|h| Some(**h) != want)
+        .copied()
+        .collect();
     (add, del)
+}
+
+fn is_link_local(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V6(a) => a.segments()[0] & 0xffc0 == 0xfe80,
+        IpAddr::V4(_) => false,
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
 // Neighbour and FDB entries of the remote VTEPs
 
-/// An IPv4 neighbour entry on the VXLAN device.
+/// A neighbour entry (ARP or NDP) on a VXLAN device.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct ActualNeigh {
-    pub ip: Ipv4Addr,
+    pub ip: IpAddr,
     pub mac: Option<Mac>,
     pub permanent: bool,
 }
@@ -450,34 +500,35 @@ pub struct ActualNeigh {
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct ActualFdb {
     pub mac: Mac,
-    pub dst: Option<Ipv4Addr>,
+    pub dst: Option<IpAddr>,
     pub permanent: bool,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum NeighOp {
-    Set { ip: Ipv4Addr, mac: Mac },
-    Del { ip: Ipv4Addr },
+    Set { ip: IpAddr, mac: Mac },
+    Del { ip: IpAddr },
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum FdbOp {
-    Set { mac: Mac, dst: Ipv4Addr },
-    Del { mac: Mac, dst: Option<Ipv4Addr> },
+    Set { mac: Mac, dst: IpAddr },
+    Del { mac: Mac, dst: Option<IpAddr> },
 }
 
 /// Permanent neighbour (tunnel address → MAC) and FDB (MAC → node address) entries for each
 /// remote VTEP; permanent entries nobody wants are removed, dynamic ones left to the kernel.
-/// `local_tunnel` is this node's own tunnel address: a VTEP naming it is skipped.
+/// `local_tunnel` is this node's own tunnel address: a VTEP naming it is skipped. One call
+/// covers one device, so one family: the caller passes that family's VTEPs and entries.
 pub fn diff_vteps<'a>(
     desired: impl IntoIterator<Item = &'a VtepSpec>,
-    local_tunnel: Option<Ipv4Addr>,
+    local_tunnel: Option<IpAddr>,
     neigh: &[ActualNeigh],
     fdb: &[ActualFdb],
 ) -> (Vec<NeighOp>, Vec<FdbOp>) {
     // First VTEP wins a tunnel address or MAC: the caller passes them in a stable order.
-    let mut want_neigh: BTreeMap<Ipv4Addr, Mac> = BTreeMap::new();
-    let mut want_fdb: BTreeMap<Mac, Ipv4Addr> = BTreeMap::new();
+    let mut want_neigh: BTreeMap<IpAddr, Mac> = BTreeMap::new();
+    let mut want_fdb: BTreeMap<Mac, IpAddr> = BTreeMap::new();
     for v in desired {
         if Some(v.tunnel) == local_tunnel {
             continue;
@@ -544,11 +595,11 @@ mod tests {
     const PROTO: u8 = 80;
     const MAIN: u32 = 254;
 
-    fn p(s: &str) -> Prefix4 {
-        Prefix4::parse(s).unwrap()
+    fn p(s: &str) -> Prefix {
+        Prefix::parse(s).unwrap()
     }
 
-    fn ip(s: &str) -> Ipv4Addr {
+    fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
     }
 
@@ -578,7 +629,7 @@ mod tests {
             tos: 0,
             rtype: RTN_BLACKHOLE,
             scope: RT_SCOPE_UNIVERSE,
-            gateway: 0,
+            gateway: None,
             oif: 0,
             onlink: false,
             multipath: false,
@@ -588,15 +639,19 @@ mod tests {
     fn via(prefix: &str, gw: &str, oif: u32, onlink: bool) -> ActualRoute {
         ActualRoute {
             rtype: RTN_UNICAST,
-            gateway: u32::from(ip(gw)),
+            gateway: Some(ip(gw)).filter(|g| !g.is_unspecified()),
             oif,
             onlink,
             ..blackhole(prefix)
         }
     }
 
-    fn desired(routes: &[(&str, RouteSpec)]) -> HashMap<Prefix4, RouteSpec> {
-        routes.iter().map(|(s, r)| (p(s), *r)).collect()
+    fn desired(routes: &[(&str, RouteSpec)]) -> Routes {
+        let mut d = Routes::default();
+        for (s, r) in routes {
+            d.insert(p(s), *r).unwrap();
+        }
+        d
     }
 
     fn vx(gw: &str) -> RouteSpec {
@@ -755,7 +810,10 @@ mod tests {
             scope: RT_SCOPE_LINK,
             ..via("10.65.0.5/32", "0.0.0.0", 2, false)
         };
-        let good = ActualRoute { gateway: 0, ..good };
+        let good = ActualRoute {
+            gateway: None,
+            ..good
+        };
         assert!(route_matches(&work, 2, &good, PROTO));
         assert!(!route_matches(&work, 3, &good, PROTO), "other interface");
         assert!(
@@ -884,7 +942,12 @@ mod tests {
         ];
         for spec in &specs {
             for actual in &actuals {
-                let d: HashMap<_, _> = spec.iter().map(|s| (p("10.65.1.0/26"), *s)).collect();
+                let d = desired(
+                    &spec
+                        .iter()
+                        .map(|s| ("10.65.1.0/26", *s))
+                        .collect::<Vec<_>>(),
+                );
                 let mut table: Vec<ActualRoute> = actual.iter().copied().collect();
                 let ops = diff_routes(&d, &table, &ctx());
                 // Apply the ops the way the kernel would.
@@ -911,7 +974,7 @@ mod tests {
                                 tos: 0,
                                 rtype,
                                 scope,
-                                gateway: spec.gateway().map(u32::from).unwrap_or(0),
+                                gateway: spec.gateway(),
                                 oif: *oif,
                                 onlink: spec.onlink,
                                 multipath: false,
@@ -928,6 +991,224 @@ mod tests {
                 // Foreign routes at other metrics stay.
                 if let Some(a) = actual.filter(|a| a.protocol != PROTO) {
                     assert!(spec.is_some() || table.contains(&a));
+                }
+            }
+        }
+    }
+
+    fn v6(prefix: &str, gw: &str, oif: u32, onlink: bool) -> ActualRoute {
+        ActualRoute {
+            metric: 1024,
+            ..via(prefix, gw, oif, onlink)
+        }
+    }
+
+    /// IPv6 routes of every kind as the kernel reports them (metric 1024, scope universe, a
+    /// blackhole through `lo`) beside IPv4 ones: converged, nothing to do.
+    #[test]
+    fn ipv6_routes_converge_at_their_own_metric() {
+        let work6 = RouteSpec::new(Kind::Workload, None, DevId(1), false);
+        let ll = RouteSpec::new(Kind::Gateway, Some(ip("fe80::2")), DevId(1), false);
+        let global = RouteSpec::new(Kind::Gateway, Some(ip("fd00:10::2")), DevId::NONE, false);
+        let vx6 = RouteSpec::new(Kind::Vxlan, Some(ip("fd00:20::41")), DevId(2), true);
+        let d = desired(&[
+            ("fd00:20::/122", bh()),
+            ("fd00:20::5/128", work6),
+            ("fd00:20::c0/122", ll),
+            ("fd00:20::100/122", global),
+            ("fd00:20::40/122", vx6),
+            ("10.65.0.0/26", bh()),
+            ("10.65.1.0/26", vx("10.65.1.0")),
+        ]);
+        let actual = [
+            ActualRoute {
+                metric: 1024,
+                oif: 1,
+                ..blackhole("fd00:20::/122")
+            },
+            v6("fd00:20::5/128", "::", 2, false),
+            v6("fd00:20::c0/122", "fe80::2", 2, false),
+            v6("fd00:20::100/122", "fd00:10::2", 2, false),
+            v6("fd00:20::40/122", "fd00:20::41", 5, true),
+            blackhole("10.65.0.0/26"),
+            via("10.65.1.0/26", "10.65.1.0", 5, true),
+        ];
+        assert_eq!(diff_routes(&d, &actual, &ctx()), vec![]);
+        // The same IPv6 route at metric 0 is not at its own metric: it goes, and the desired
+        // one is written.
+        let d = desired(&[("fd00:20::40/122", vx6)]);
+        let at0 = via("fd00:20::40/122", "fd00:20::41", 5, true);
+        assert_eq!(
+            diff_routes(&d, &[at0], &ctx()),
+            vec![
+                RouteOp::Delete(at0),
+                RouteOp::Write {
+                    prefix: p("fd00:20::40/122"),
+                    spec: vx6,
+                    oif: 5,
+                    why: Why::Missing
+                }
+            ]
+        );
+        // A kernel route (prefix routes of addresses, metric 256) is never ours.
+        let kernel = ActualRoute {
+            protocol: 2,
+            metric: 256,
+            ..v6("fd00:10::/64", "::", 2, false)
+        };
+        assert_eq!(diff_routes(&Routes::default(), &[kernel], &ctx()), vec![]);
+        // IPv6 workload routes read as universe scope; an IPv4 one must be link scope.
+        assert_eq!(route_scope(Kind::Workload, Family::V6), RT_SCOPE_UNIVERSE);
+        assert_eq!(route_scope(Kind::Workload, Family::V4), RT_SCOPE_LINK);
+        assert!(!route_matches(
+            &work6,
+            2,
+            &ActualRoute {
+                scope: RT_SCOPE_LINK,
+                ..v6("fd00:20::5/128", "::", 2, false)
+            },
+            PROTO
+        ));
+    }
+
+    /// Applies ops the way the kernel would, to a table model.
+    fn apply_ops(table: &mut Vec<ActualRoute>, ops: &[RouteOp]) {
+        for op in ops {
+            match op {
+                RouteOp::Delete(r) => table.retain(|t| t != r),
+                RouteOp::DeleteOwn { prefix } => table
+                    .retain(|t| !(t.prefix == *prefix && t.protocol == PROTO && t.at_own_metric())),
+                RouteOp::Write {
+                    prefix, spec, oif, ..
+                } => {
+                    table.retain(|t| !(t.prefix == *prefix && t.at_own_metric() && t.tos == 0));
+                    let family = prefix.family();
+                    table.push(ActualRoute {
+                        prefix: *prefix,
+                        table: MAIN,
+                        protocol: PROTO,
+                        metric: own_metric(family),
+                        tos: 0,
+                        rtype: if spec.kind == Kind::Blackhole {
+                            RTN_BLACKHOLE
+                        } else {
+                            RTN_UNICAST
+                        },
+                        scope: route_scope(spec.kind, family),
+                        gateway: spec.gateway(),
+                        // The kernel puts an IPv6 blackhole on lo.
+                        oif: if spec.kind == Kind::Blackhole && family == Family::V6 {
+                            1
+                        } else {
+                            *oif
+                        },
+                        onlink: spec.onlink,
+                        multipath: false,
+                    });
+                }
+                RouteOp::NoDevice { .. } => panic!("all devices exist here"),
+            }
+        }
+    }
+
+    /// Property: desired routes of both families over any table (ours and foreign routes, at
+    /// own and other metrics, of every shape) converge in one round, and a second diff finds
+    /// nothing; foreign routes away from desired destinations (or at other metrics) stay.
+    mod converge {
+        use super::*;
+        use proptest::prelude::*;
+
+        const PREFIXES: [&str; 6] = [
+            "10.65.0.0/26",
+            "10.65.1.0/26",
+            "10.65.0.5/32",
+            "fd00:20::/122",
+            "fd00:20::40/122",
+            "fd00:20::5/128",
+        ];
+
+        fn spec_for(prefix: &str, shape: u8) -> RouteSpec {
+            let v6 = prefix.contains(':');
+            let (a, b) = if v6 {
+                (ip("fd00:10::2"), ip("fe80::2"))
+            } else {
+                (ip("10.0.0.2"), ip("10.0.0.3"))
+            };
+            match shape % 5 {
+                0 => bh(),
+                1 => RouteSpec::new(Kind::Workload, None, DevId(1), false),
+                2 => RouteSpec::new(Kind::Gateway, Some(a), DevId::NONE, false),
+                3 => RouteSpec::new(Kind::Gateway, Some(b), DevId(1), true),
+                _ => RouteSpec::new(Kind::Vxlan, Some(a), DevId(2), true),
+            }
+        }
+
+        fn actual_for(prefix: &str, shape: u8, proto: bool, own: bool) -> ActualRoute {
+            let v6 = prefix.contains(':');
+            let gw = match (v6, shape % 3) {
+                (_, 0) => "0.0.0.0",
+                (false, 1) => "10.0.0.2",
+                (false, _) => "10.0.0.9",
+                (true, 1) => "fd00:10::2",
+                (true, _) => "fe80::9",
+            };
+            let mut r = if shape.is_multiple_of(3) {
+                blackhole(prefix)
+            } else {
+                via(prefix, gw, 2 + u32::from(shape % 2) * 3, shape % 4 == 1)
+            };
+            if shape % 7 == 3 && r.gateway.is_none() {
+                // A workload-like route of IPv4: link scope through eth0.
+                r.rtype = RTN_UNICAST;
+                r.scope = RT_SCOPE_LINK;
+                r.oif = 2;
+            }
+            r.protocol = if proto { PROTO } else { 3 };
+            let base = own_metric(r.prefix.family());
+            r.metric = if own { base } else { base + 7 };
+            r
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(512))]
+            #[test]
+            fn mixed_family_tables_converge(
+                want in prop::collection::vec(prop::option::of(any::<u8>()), 6),
+                have in prop::collection::vec((0usize..6, any::<u8>(), any::<bool>(), any::<bool>()), 0..12),
+            ) {
+                let d = desired(
+                    &PREFIXES
+                        .iter()
+                        .zip(&want)
+                        .filter_map(|(p, s)| s.map(|s| (*p, spec_for(p, s))))
+                        .collect::<Vec<_>>(),
+                );
+                // One route per destination and metric, a destination's routes together.
+                let mut table: Vec<ActualRoute> = Vec::new();
+                for (i, shape, proto, own) in have {
+                    let r = actual_for(PREFIXES[i], shape, proto, own);
+                    if !table.iter().any(|t| t.prefix == r.prefix && t.metric == r.metric) {
+                        table.push(r);
+                    }
+                }
+                table.sort_by_key(|r| (r.prefix, r.metric));
+                let before = table.clone();
+                let ops = diff_routes(&d, &table, &ctx());
+                apply_ops(&mut table, &ops);
+                table.sort_by_key(|r| (r.prefix, r.metric));
+                let again = diff_routes(&d, &table, &ctx());
+                prop_assert!(again.is_empty(), "{:?}\nthen {:?}", ops, again);
+                for r in &before {
+                    let foreign = r.protocol != PROTO;
+                    let away = !r.at_own_metric() || d.get(&r.prefix).is_none();
+                    if foreign && away {
+                        prop_assert!(table.contains(r), "foreign {:?} was touched", r);
+                    }
+                }
+                // Every desired route is there, each once at its own metric.
+                for (p, _) in d.iter() {
+                    let n = table.iter().filter(|t| t.prefix == p && t.at_own_metric()).count();
+                    prop_assert_eq!(n, 1, "{}", p);
                 }
             }
         }
@@ -1013,14 +1294,29 @@ mod tests {
 
     #[test]
     fn address_diff() {
+        let v4 = Family::V4;
         let t = ip("10.65.0.0");
-        assert_eq!(diff_addresses(Some(t), &[(t, 32)]), (None, vec![]));
-        assert_eq!(diff_addresses(Some(t), &[]), (Some((t, 32)), vec![]));
+        assert_eq!(diff_addresses(v4, Some(t), &[(t, 32)]), (None, vec![]));
+        assert_eq!(diff_addresses(v4, Some(t), &[]), (Some((t, 32)), vec![]));
         assert_eq!(
-            diff_addresses(Some(t), &[(t, 24), (ip("10.9.9.9"), 32)]),
+            diff_addresses(v4, Some(t), &[(t, 24), (ip("10.9.9.9"), 32)]),
             (Some((t, 32)), vec![(t, 24), (ip("10.9.9.9"), 32)])
         );
-        assert_eq!(diff_addresses(None, &[(t, 32)]), (None, vec![(t, 32)]));
+        assert_eq!(diff_addresses(v4, None, &[(t, 32)]), (None, vec![(t, 32)]));
+        // The IPv6 device: a /128; the kernel's link-local address (and any IPv4 one, which
+        // is not this device's family) stay.
+        let v6 = Family::V6;
+        let t6 = ip("fd00:20::1");
+        let ll = (ip("fe80::6466:1ff:fe02:304"), 64);
+        assert_eq!(
+            diff_addresses(v6, Some(t6), &[ll, (t6, 128)]),
+            (None, vec![])
+        );
+        assert_eq!(
+            diff_addresses(v6, Some(t6), &[ll, (t6, 64), (ip("10.65.0.0"), 32)]),
+            (Some((t6, 128)), vec![(t6, 64)])
+        );
+        assert_eq!(diff_addresses(v4, Some(t), &[ll]), (Some((t, 32)), vec![]));
     }
 
     #[test]

@@ -54,6 +54,30 @@ pub fn render(body: &str) -> Result<String, String> {
     ));
     line(format!("synced              {}", yes("synced")));
     line(format!("routes              {}", map("routes")));
+    let per_family = |k: &str| {
+        v[k].as_object()
+            .map(|m| {
+                m.iter()
+                    .map(|(family, x)| {
+                        // A family's total over its kinds, or the number itself.
+                        let n = x.as_u64().unwrap_or_else(|| {
+                            x.as_object()
+                                .map(|k| k.values().filter_map(|n| n.as_u64()).sum())
+                                .unwrap_or(0)
+                        });
+                        format!("{family} {n}")
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            })
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| "none".into())
+    };
+    line(format!(
+        "routes by family    {}",
+        per_family("routes_by_family")
+    ));
+    line(format!("vteps by family     {}", per_family("vteps")));
     line(format!(
         "failing             {} (waiting for their device {}, unsupported: {})",
         n("routes_failing"),
@@ -72,9 +96,19 @@ pub fn render(body: &str) -> Result<String, String> {
         v["last_resync_seconds"].as_f64().unwrap_or(0.0) * 1e3,
         n("resyncs")
     ));
+    let devices: Vec<&str> = v["vxlan_devices"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|d| d.as_str())
+        .collect();
     line(format!(
-        "vxlan device        {}",
-        v["vxlan_device"].as_str().unwrap_or("none")
+        "vxlan devices       {}",
+        if devices.is_empty() {
+            "none".to_owned()
+        } else {
+            devices.join(", ")
+        }
     ));
     line(format!(
         "last error          {}",
@@ -84,4 +118,26 @@ pub fn render(body: &str) -> Result<String, String> {
         line(format!("  {}", f.as_str().unwrap_or_default()));
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_both_families() {
+        let body = r#"{"revision": 3, "synced": true, "routes": {"blackhole": 2, "vxlan": 1},
+            "routes_by_family": {"ipv4": {"blackhole": 1, "vxlan": 1}, "ipv6": {"blackhole": 1, "vxlan": 0}},
+            "vteps": {"ipv4": 2, "ipv6": 1}, "vxlan_devices": ["vxlan.calico", "vxlan-v6.calico"]}"#;
+        let t = render(body).unwrap();
+        assert!(t.contains("routes by family    ipv4 2, ipv6 1\n"), "{t}");
+        assert!(t.contains("vteps by family     ipv4 2, ipv6 1\n"), "{t}");
+        assert!(
+            t.contains("vxlan devices       vxlan.calico, vxlan-v6.calico\n"),
+            "{t}"
+        );
+        let t = render("{}").unwrap();
+        assert!(t.contains("vxlan devices       none\n"), "{t}");
+        assert!(render("not json").is_err());
+    }
 }

@@ -1,11 +1,15 @@
-//! The sysctls Calico keeps: `net.ipv4.ip_forward` on, and on each workload (`cali*`)
+//! The sysctls Calico keeps: forwarding on per family (`net.ipv4.ip_forward`, and
+//! `net.ipv6.conf.all.forwarding` where IPv6 is desired), and on each workload (`cali*`)
 //! interface proxy ARP (pods reach 169.254.1.1 through it), forwarding, route_localnet, no
-//! proxy delay, and rp_filter as the host's default. A value is written only when it differs,
-//! so a restart with nothing changed writes nothing.
+//! proxy delay, and rp_filter as the host's default; for a workload with IPv6, IPv6 on, no
+//! DAD, proxy NDP and forwarding on its interface (what the CNI plugin sets on the host side).
+//! A value is written only when it differs, so a restart with nothing changed writes nothing.
 //!
 //! Paths are read in the network namespace of the process (what /proc/sys/net shows).
 
 use std::path::{Path, PathBuf};
+
+use super::routes::Family;
 
 #[derive(Debug, thiserror::Error)]
 #[error("cannot set {path} to {value}: {source} (routewriter needs root and a writable /proc/sys)")]
@@ -53,8 +57,12 @@ impl Sysctls {
         Ok(true)
     }
 
-    pub fn ensure_forwarding(&mut self) -> Result<bool, SysctlError> {
-        self.ensure("net/ipv4/ip_forward", "1")
+    /// Forwarding of one family on, for the whole host.
+    pub fn ensure_forwarding(&mut self, family: Family) -> Result<bool, SysctlError> {
+        match family {
+            Family::V4 => self.ensure("net/ipv4/ip_forward", "1"),
+            Family::V6 => self.ensure("net/ipv6/conf/all/forwarding", "1"),
+        }
     }
 
     /// The per-interface settings of a workload interface; how many were written.
@@ -76,6 +84,26 @@ impl Sysctls {
         }
         Ok(n)
     }
+
+    /// The IPv6 settings of a workload interface that carries IPv6; how many were written.
+    pub fn ensure_workload_v6(&mut self, ifname: &str) -> Result<usize, SysctlError> {
+        let conf = format!("net/ipv6/conf/{ifname}");
+        let mut n = 0;
+        for (key, value) in Self::WORKLOAD_V6 {
+            n += usize::from(self.ensure(&format!("{conf}/{key}"), value)?);
+        }
+        Ok(n)
+    }
+
+    /// The per-interface IPv6 settings of a workload's host side (Felix's): IPv6 on, no DAD
+    /// (the pod's address is unique by IPAM), proxy NDP (the pod's gateway is answered for)
+    /// and forwarding.
+    pub const WORKLOAD_V6: [(&'static str, &'static str); 4] = [
+        ("disable_ipv6", "0"),
+        ("accept_dad", "0"),
+        ("proxy_ndp", "1"),
+        ("forwarding", "1"),
+    ];
 }
 
 #[cfg(test)]
@@ -95,12 +123,32 @@ mod tests {
             std::fs::write(root.join(format!("net/ipv4/conf/cali1/{k}")), "0\n").unwrap();
         }
         std::fs::write(root.join("net/ipv4/neigh/cali1/proxy_delay"), "80\n").unwrap();
+        std::fs::create_dir_all(root.join("net/ipv6/conf/all")).unwrap();
+        std::fs::create_dir_all(root.join("net/ipv6/conf/cali1")).unwrap();
+        std::fs::write(root.join("net/ipv6/conf/all/forwarding"), "0\n").unwrap();
+        for (k, v) in [
+            ("disable_ipv6", "1"),
+            ("accept_dad", "1"),
+            ("proxy_ndp", "1"),
+            ("forwarding", "0"),
+        ] {
+            std::fs::write(root.join(format!("net/ipv6/conf/cali1/{k}")), v).unwrap();
+        }
         let mut s = Sysctls::new(root);
-        assert!(s.ensure_forwarding().unwrap());
-        assert!(!s.ensure_forwarding().unwrap());
+        assert!(s.ensure_forwarding(Family::V4).unwrap());
+        assert!(!s.ensure_forwarding(Family::V4).unwrap());
+        assert!(s.ensure_forwarding(Family::V6).unwrap());
+        assert!(!s.ensure_forwarding(Family::V6).unwrap());
+        assert_eq!(
+            std::fs::read_to_string(root.join("net/ipv6/conf/all/forwarding")).unwrap(),
+            "1"
+        );
         assert_eq!(s.ensure_workload("cali1").unwrap(), 5);
         assert_eq!(s.ensure_workload("cali1").unwrap(), 0);
-        assert_eq!(s.writes, 6);
+        // proxy_ndp was right already: three of four.
+        assert_eq!(s.ensure_workload_v6("cali1").unwrap(), 3);
+        assert_eq!(s.ensure_workload_v6("cali1").unwrap(), 0);
+        assert_eq!(s.writes, 10);
         assert_eq!(
             std::fs::read_to_string(root.join("net/ipv4/conf/cali1/rp_filter")).unwrap(),
             "2"
