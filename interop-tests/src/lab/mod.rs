@@ -4,6 +4,7 @@ pub mod bgp_peer;
 pub mod bgpd;
 pub mod bird;
 pub mod calico_bird;
+pub mod calico_node;
 pub mod etcd;
 pub mod frr;
 pub mod gobgp;
