@@ -1,6 +1,7 @@
 //! The local cluster of the README's first command, end to end, on a lab of this run's own
-//! name: every pod reaches every pod (same node, same subnet directly, the other subnet over
-//! VXLAN), natOutgoing hides pod addresses from the outside but not from other pods, a
+//! name, dual stack: every pod reaches every pod over both families (same node, same subnet
+//! directly, the other subnet over VXLAN, and a capture on the node link shows it for IPv6),
+//! natOutgoing hides pod addresses from the outside but not from other pods (both families), a
 //! deleted pod leaves nothing, restarts of bgpd and routewriter lose no ping, a removed node
 //! leaves every kernel table; `up` twice is safe and `down` leaves nothing. The same cluster
 //! also runs on etcd (`up --etcd`).
@@ -64,17 +65,44 @@ impl Lab {
         )
     }
 
-    /// A pod's address from `margay-lab status`.
+    /// A pod's IPv4 address from `margay-lab status`.
     fn pod_address(&self, pod: &str) -> String {
+        self.pod_column(pod, 0)
+    }
+
+    /// A pod's IPv6 address from `margay-lab status`.
+    fn pod_address6(&self, pod: &str) -> String {
+        self.pod_column(pod, 1)
+    }
+
+    fn pod_column(&self, pod: &str, column: usize) -> String {
         let status = self.ok(&["status"]);
         status
             .lines()
             .find_map(|l| {
                 let mut w = l.split_whitespace();
                 (w.next() == Some("pod") && w.next() == Some(pod))
-                    .then(|| w.next().unwrap().to_owned())
+                    .then(|| w.nth(column).unwrap().to_owned())
             })
             .unwrap_or_else(|| panic!("no pod {pod} in:\n{status}"))
+    }
+
+    /// What tcpdump sees on a node's uplink (`-n`, `-c count`) matching `filter` while `act`
+    /// runs.
+    fn capture(&self, node: &str, filter: &str, count: u32, act: impl FnOnce()) -> String {
+        let child = Command::new("ip")
+            .args(["netns", "exec", &self.ns(node)])
+            .args(["timeout", "10", "tcpdump", "-n", "-l", "-i", "eth0"])
+            .args(["-c", &count.to_string(), filter])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("tcpdump (apt-get install tcpdump)");
+        // tcpdump needs a moment to open the interface.
+        std::thread::sleep(Duration::from_millis(700));
+        act();
+        let out = child.wait_with_output().unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
     /// TX packets of node's vxlan.calico.
@@ -152,11 +180,50 @@ fn the_local_cluster_end_to_end() {
     };
     let text = lab.ok(&["up"]);
     println!("{text}");
-    assert!(text.contains("every pod answers every pod"), "{text}");
+    assert!(
+        text.contains("every pod answers every pod (ping)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("every pod answers every pod (ping -6)"),
+        "{text}"
+    );
     assert_eq!(text.matches(" FAIL").count(), 0, "{text}");
     assert!(text.contains("dev vxlan.calico proto 80 onlink"), "{text}");
     assert!(text.contains("via 10.99.1.12 dev eth0 proto 80"), "{text}");
     assert!(text.contains("blackhole"), "{text}");
+    // The IPv6 table: the same shapes.
+    assert!(text.contains("dev vxlan-v6.calico proto 80"), "{text}");
+    assert!(
+        text.contains("via fd00:99:1::12 dev eth0 proto 80"),
+        "{text}"
+    );
+    assert!(text.contains("blackhole fd00:20:"), "{text}");
+
+    // On node-1's link, IPv6 to node-2's pod is plain ICMPv6 between the pods' addresses;
+    // to node-4's pod it is VXLAN in UDP over IPv6 between the nodes.
+    let n2_6 = lab.pod_address6("node-2-a");
+    let n4_6 = lab.pod_address6("node-4-a");
+    let plain = lab.capture("node-1", &format!("icmp6 and host {n2_6}"), 2, || {
+        lab.ping_train("node-1-a", &n2_6, 3);
+    });
+    println!("same subnet, IPv6:\n{plain}");
+    assert!(
+        plain.contains(&format!("> {n2_6}: ICMP6, echo request")),
+        "{plain}"
+    );
+    let tunnelled = lab.capture("node-1", "ip6 and udp port 4789", 2, || {
+        lab.ping_train("node-1-a", &n4_6, 3);
+    });
+    println!("across the router, IPv6:\n{tunnelled}");
+    assert!(
+        tunnelled.contains("fd00:99:1::11.") && tunnelled.contains("fd00:99:2::14.4789: VXLAN"),
+        "{tunnelled}"
+    );
+    assert!(
+        tunnelled.contains(&format!("> {n4_6}: ICMP6, echo request")),
+        "{tunnelled}"
+    );
 
     // Same subnet is plain IP: node-1's VXLAN device sends nothing for node-2's pods; the
     // other subnet goes over VXLAN.
@@ -182,6 +249,13 @@ fn the_local_cluster_end_to_end() {
     let inside = peer_seen_in(&lab.ns("node-2-a"), &format!("{n2}:8081"));
     connect_from(&lab, "node-1-a", &n2, 8081);
     assert_eq!(inside.join().unwrap(), lab.pod_address("node-1-a"));
+    // And for IPv6.
+    let outside = peer_seen_in(&lab.ns("internet"), "[2001:db8:113::10]:8080");
+    connect_from(&lab, "node-1-a", "2001:db8:113::10", 8080);
+    assert_eq!(outside.join().unwrap(), "fd00:99:1::11");
+    let inside = peer_seen_in(&lab.ns("node-2-a"), &format!("[{n2_6}]:8081"));
+    connect_from(&lab, "node-1-a", &n2_6, 8081);
+    assert_eq!(inside.join().unwrap(), lab.pod_address6("node-1-a"));
 
     // A pod deleted: its route, veth and address go.
     let gone = lab.pod_address("node-1-b");
@@ -200,8 +274,17 @@ fn the_local_cluster_end_to_end() {
         .output()
         .unwrap();
     let v: serde_json::Value = serde_json::from_slice(&show.stdout).unwrap();
-    // 7 pods and 4 tunnel addresses.
-    assert_eq!(v["pools"][0]["used"], 11, "{v}");
+    // 7 pods and 4 tunnel addresses, in each family's pool.
+    let used = |cidr: &str| {
+        v["pools"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|p| p["cidr"] == cidr)
+            .map(|p| p["used"].clone())
+    };
+    assert_eq!(used("172.20.0.0/16"), Some(11.into()), "{v}");
+    assert_eq!(used("fd00:20::/48"), Some(11.into()), "{v}");
     lab.ok(&["pod-add", "node-1", "c"]);
 
     // Restarts lose no ping: routewriter (leaving the kernel as it is, rewriting nothing),
@@ -264,12 +347,17 @@ fn the_local_cluster_end_to_end() {
 /// namespace); every bgpd uses it, `status` says so, `up` twice is safe, and `down` stops etcd
 /// by PID and removes its data.
 /// The ToR of the no-encapsulation test: FRR with zebra in the lab's router namespace,
-/// taking every node of both segments as a dynamic eBGP neighbour.
+/// taking every node of both segments as a dynamic eBGP neighbour, over IPv4 for IPv4 and
+/// over IPv6 for IPv6.
 fn tor_conf() -> String {
     "frr defaults traditional\nhostname tor\nrouter bgp 65000\n bgp router-id 10.99.1.1\n\
-     no bgp ebgp-requires-policy\n neighbor NODES peer-group\n neighbor NODES remote-as external\n\
+     no bgp ebgp-requires-policy\n no bgp default ipv4-unicast\n\
+     neighbor NODES peer-group\n neighbor NODES remote-as external\n\
+     neighbor NODES6 peer-group\n neighbor NODES6 remote-as external\n\
      bgp listen range 10.99.1.0/24 peer-group NODES\n bgp listen range 10.99.2.0/24 peer-group NODES\n\
-     address-family ipv4 unicast\n  neighbor NODES activate\n exit-address-family\n"
+     bgp listen range fd00:99:1::/64 peer-group NODES6\n bgp listen range fd00:99:2::/64 peer-group NODES6\n\
+     address-family ipv4 unicast\n  neighbor NODES activate\n exit-address-family\n\
+     address-family ipv6 unicast\n  neighbor NODES6 activate\n exit-address-family\n"
         .to_string()
 }
 
@@ -290,24 +378,39 @@ fn a_no_encapsulation_pool_with_a_tor_reaches_pods_directly() {
         assert!(out.status.success(), "bgpctl {args:?}: {out:?}");
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
-    // The pool without encapsulation; each node peers with its gateway, the ToR.
-    ctl(
-        "node-1",
-        &[
-            "pool",
-            "set",
-            "default-ipv4-ippool",
-            "--vxlan-mode",
-            "Never",
-        ],
+    // A link-local BGPPeer cannot name its interface: refused, naming the field, and
+    // nothing stored (no session anywhere).
+    let sock = format!("/run/margay-lab-{}/node-1/bgpd.sock", lab.name);
+    let bad = Command::new(lab::binary("bgpctl"))
+        .args(["--socket", &sock, "peer", "add", "fe80::1", "--as", "65000"])
+        .args(["--resource", "tor-link-local"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(!bad.status.success(), "a link-local BGPPeer was accepted");
+    assert!(
+        err.contains("peer_address") && err.contains("link-local"),
+        "{err}"
     );
-    for (node, gw) in [
-        ("node-1", "10.99.1.1"),
-        ("node-2", "10.99.1.1"),
-        ("node-3", "10.99.1.1"),
-        ("node-4", "10.99.2.1"),
+    std::thread::sleep(Duration::from_millis(500));
+    let protocols = ctl("node-2", &["show", "protocols"]);
+    assert!(!protocols.contains("fe80"), "{protocols}");
+    // The pools without encapsulation; each node peers with its gateway, the ToR, over
+    // each family.
+    for pool in ["default-ipv4-ippool", "default-ipv6-ippool"] {
+        ctl("node-1", &["pool", "set", pool, "--vxlan-mode", "Never"]);
+    }
+    for (node, gw, family) in [
+        ("node-1", "10.99.1.1", 4),
+        ("node-2", "10.99.1.1", 4),
+        ("node-3", "10.99.1.1", 4),
+        ("node-4", "10.99.2.1", 4),
+        ("node-1", "fd00:99:1::1", 6),
+        ("node-2", "fd00:99:1::1", 6),
+        ("node-3", "fd00:99:1::1", 6),
+        ("node-4", "fd00:99:2::1", 6),
     ] {
-        let name = format!("tor-{node}");
+        let name = format!("tor{family}-{node}");
         ctl(
             "node-1",
             &[
@@ -335,34 +438,47 @@ fn a_no_encapsulation_pool_with_a_tor_reaches_pods_directly() {
         .flatten()
         .filter_map(|b| b["cidr"].as_str().map(str::to_owned))
         .collect();
-    assert_eq!(cidrs.len(), 4, "{blocks}");
+    // Four blocks of each family, one per node.
+    assert_eq!(cidrs.len(), 8, "{blocks}");
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let (_, routes) = lab.exec("router", &["ip", "route", "show", "proto", "bgp"]);
-        if cidrs.iter().all(|c| routes.contains(c.as_str())) {
-            println!("the ToR's kernel:\n{routes}");
+        let (_, routes6) = lab.exec("router", &["ip", "-6", "route", "show", "proto", "bgp"]);
+        let all = format!("{routes}{routes6}");
+        if cidrs.iter().all(|c| all.contains(c.as_str())) {
+            println!("the ToR's kernel:\n{all}");
             break;
         }
         assert!(
             Instant::now() < deadline,
-            "the ToR did not learn every block: {routes}\n{}\n{}",
+            "the ToR did not learn every block: {all}\n{}\n{}\n{}",
             ctl("node-1", &["show", "protocols"]),
-            tor.vtysh(&["show bgp ipv4 unicast"])
+            tor.vtysh(&["show bgp ipv4 unicast"]),
+            tor.vtysh(&["show bgp ipv6 unicast"])
         );
         std::thread::sleep(Duration::from_millis(250));
     }
-    // Its namespace reaches every pod directly: the router has no tunnel of any kind.
+    // Its namespace reaches every pod directly over both families: the router has no tunnel
+    // of any kind.
     for pod in ["node-1-a", "node-2-b", "node-3-a", "node-4-b"] {
-        let ip = lab.pod_address(pod);
-        let (ok, out) = lab.exec("router", &["ping", "-c", "1", "-W", "2", &ip]);
-        assert!(ok, "the ToR cannot reach {pod} ({ip}): {out}");
+        for ip in [lab.pod_address(pod), lab.pod_address6(pod)] {
+            let (ok, out) = lab.exec("router", &["ping", "-c", "1", "-W", "2", &ip]);
+            assert!(ok, "the ToR cannot reach {pod} ({ip}): {out}");
+        }
     }
     // And every pod still reaches every pod, node-4 through the ToR (no VXLAN left).
     let text = lab.ok(&["check"]);
-    assert!(text.contains("every pod answers every pod"), "{text}");
+    assert!(
+        text.contains("every pod answers every pod (ping)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("every pod answers every pod (ping -6)"),
+        "{text}"
+    );
     let (_, links) = lab.exec("node-1", &["ip", "-o", "link", "show", "type", "vxlan"]);
     assert!(
-        !links.contains("vxlan.calico"),
+        !links.contains("vxlan.calico") && !links.contains("vxlan-v6.calico"),
         "a VXLAN device is left without a VXLAN pool: {links}"
     );
 }
@@ -374,7 +490,14 @@ fn the_local_cluster_on_etcd() {
     };
     let text = lab.ok(&["up", "--etcd"]);
     println!("{text}");
-    assert!(text.contains("every pod answers every pod"), "{text}");
+    assert!(
+        text.contains("every pod answers every pod (ping)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("every pod answers every pod (ping -6)"),
+        "{text}"
+    );
     assert!(
         text.contains("etcd:http://10.99.1.1:2379 (connected)"),
         "{text}"

@@ -4,12 +4,14 @@
 //! steps share the topology's names.
 //!
 //! `up` builds nothing itself (scripts/up builds first) and brings up: three nodes on one L2
-//! segment and a fourth in another subnet behind a router namespace; on each node bgpd and
-//! routewriter, all sharing one embedded SQLite datastore; the default pool 172.20.0.0/16
-//! (/26 blocks, vxlanMode CrossSubnet, natOutgoing); two pods per node created through the
-//! real CNI protocol (the `margay` plugin run with the CNI environment and stdin). It prints a
-//! node's status, blocks and kernel routes, and a ping matrix of every pod to every pod, and
-//! exits non-zero unless every pair answers. `check` re-runs the matrix; `status` shows what
+//! segment and a fourth in another subnet behind a router namespace, dual stack (every node
+//! and router leg has an IPv4 and an IPv6 address); on each node bgpd and routewriter, all
+//! sharing one embedded SQLite datastore; the default pools 172.20.0.0/16 (/26 blocks) and
+//! fd00:20::/48 (/122 blocks), both vxlanMode CrossSubnet and natOutgoing; two pods per node
+//! created through the real CNI protocol (the `margay` plugin run with the CNI environment and
+//! stdin), each with one address of each family. It prints a node's status, blocks and
+//! kernel routes of both families, and two ping matrices of every pod to every pod (`ping`
+//! and `ping -6`), and exits non-zero unless every pair answers in both. `check` re-runs the matrix; `status` shows what
 //! is up; `down` removes every namespace and process it created. `up` twice is safe.
 //!
 //! `up --etcd` puts the cluster's state in a real etcd (Debian's etcd-server) instead of the
@@ -85,12 +87,14 @@ enum Cmd {
     NodeDel { node: String },
 }
 
-/// One node: its name, namespace, segment, address.
+/// One node: its name, namespace, segment, addresses and gateways of both families.
 struct NodeSpec {
     name: &'static str,
     segment: &'static str,
     address: &'static str,
     gateway: &'static str,
+    address6: &'static str,
+    gateway6: &'static str,
 }
 
 const NODES: [NodeSpec; 4] = [
@@ -99,24 +103,32 @@ const NODES: [NodeSpec; 4] = [
         segment: "seg1",
         address: "10.99.1.11/24",
         gateway: "10.99.1.1",
+        address6: "fd00:99:1::11/64",
+        gateway6: "fd00:99:1::1",
     },
     NodeSpec {
         name: "node-2",
         segment: "seg1",
         address: "10.99.1.12/24",
         gateway: "10.99.1.1",
+        address6: "fd00:99:1::12/64",
+        gateway6: "fd00:99:1::1",
     },
     NodeSpec {
         name: "node-3",
         segment: "seg1",
         address: "10.99.1.13/24",
         gateway: "10.99.1.1",
+        address6: "fd00:99:1::13/64",
+        gateway6: "fd00:99:1::1",
     },
     NodeSpec {
         name: "node-4",
         segment: "seg2",
         address: "10.99.2.14/24",
         gateway: "10.99.2.1",
+        address6: "fd00:99:2::14/64",
+        gateway6: "fd00:99:2::1",
     },
 ];
 const PODS_PER_NODE: [&str; 2] = ["a", "b"];
@@ -236,10 +248,17 @@ fn topology() -> Result<(), String> {
     ip(&["netns", "add", &router])?;
     in_ns(
         &router,
-        &["sh", "-c", "echo 1 > /proc/sys/net/ipv4/ip_forward"],
+        &[
+            "sh",
+            "-c",
+            "echo 1 > /proc/sys/net/ipv4/ip_forward && echo 1 > /proc/sys/net/ipv6/conf/all/forwarding",
+        ],
     )?;
-    for (seg, addr) in [("seg1", "10.99.1.1/24"), ("seg2", "10.99.2.1/24")] {
-        attach(&router, &format!("r-{seg}"), seg, addr)?;
+    for (seg, addr, addr6) in [
+        ("seg1", "10.99.1.1/24", "fd00:99:1::1/64"),
+        ("seg2", "10.99.2.1/24", "fd00:99:2::1/64"),
+    ] {
+        attach(&router, &format!("r-{seg}"), seg, addr, addr6)?;
     }
     // "The internet": a host outside the cluster behind the router, which knows nothing of
     // pod addresses (natOutgoing must hide them).
@@ -253,32 +272,47 @@ fn topology() -> Result<(), String> {
             &outside,
         ],
     )?;
-    in_ns(
-        &router,
-        &["ip", "addr", "add", "203.0.113.1/24", "dev", "r-inet"],
-    )?;
+    for (inside, dev, addr) in [
+        (&router, "r-inet", "203.0.113.1/24"),
+        (&router, "r-inet", "2001:db8:113::1/64"),
+        (&outside, "eth0", "203.0.113.10/24"),
+        (&outside, "eth0", "2001:db8:113::10/64"),
+    ] {
+        in_ns(inside, &["ip", "addr", "add", addr, "dev", dev, "nodad"])?;
+    }
     in_ns(&router, &["ip", "link", "set", "r-inet", "up"])?;
-    in_ns(
-        &outside,
-        &["ip", "addr", "add", "203.0.113.10/24", "dev", "eth0"],
-    )?;
     in_ns(&outside, &["ip", "link", "set", "eth0", "up"])?;
     in_ns(
         &outside,
         &["ip", "route", "add", "10.99.0.0/16", "via", "203.0.113.1"],
     )?;
+    in_ns(
+        &outside,
+        &[
+            "ip",
+            "route",
+            "add",
+            "fd00:99::/32",
+            "via",
+            "2001:db8:113::1",
+        ],
+    )?;
     for n in &NODES {
         let node = ns(n.name);
         ip(&["netns", "add", &node])?;
         in_ns(&node, &["ip", "link", "set", "lo", "up"])?;
-        attach(&node, "eth0", n.segment, n.address)?;
+        attach(&node, "eth0", n.segment, n.address, n.address6)?;
         in_ns(&node, &["ip", "route", "add", "default", "via", n.gateway])?;
+        in_ns(
+            &node,
+            &["ip", "-6", "route", "add", "default", "via", n.gateway6],
+        )?;
     }
     Ok(())
 }
 
-/// A veth from `inside` (named `dev`, with `addr`) to segment `seg`'s bridge.
-fn attach(inside: &str, dev: &str, seg: &str, addr: &str) -> Result<(), String> {
+/// A veth from `inside` (named `dev`, with `addr` and `addr6`) to segment `seg`'s bridge.
+fn attach(inside: &str, dev: &str, seg: &str, addr: &str, addr6: &str) -> Result<(), String> {
     let port = format!("p{}", &inside[prefix().len()..].replace('-', ""))
         .chars()
         .take(15)
@@ -299,6 +333,9 @@ fn attach(inside: &str, dev: &str, seg: &str, addr: &str) -> Result<(), String> 
         &["ip", "link", "set", &port, "master", "br0", "up"],
     )?;
     in_ns(inside, &["ip", "addr", "add", addr, "dev", dev])?;
+    // No duplicate address detection: the lab's addresses are its own, and waiting for DAD
+    // would only delay the first IPv6 sessions.
+    in_ns(inside, &["ip", "addr", "add", addr6, "dev", dev, "nodad"])?;
     in_ns(inside, &["ip", "link", "set", dev, "up"])?;
     Ok(())
 }
@@ -409,15 +446,18 @@ fn write_config(n: &NodeSpec, datastore: Datastore) -> Result<PathBuf, String> {
     std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
     let config = dir.join("node.toml");
     let text = format!(
-        "[node]\nname = \"{name}\"\naddress = \"{addr}\"\n\
+        "[node]\nname = \"{name}\"\naddress = \"{addr}\"\naddress6 = \"{addr6}\"\n\
          [api]\nsocket = \"{sock}\"\n\
          {store}\
          [[ipam.default_pools]]\nname = \"default-ipv4-ippool\"\ncidr = \"172.20.0.0/16\"\nblock_size = 26\n\
+         vxlan_mode = \"CrossSubnet\"\nnat_outgoing = true\n\
+         [[ipam.default_pools]]\nname = \"default-ipv6-ippool\"\ncidr = \"fd00:20::/48\"\nblock_size = 122\n\
          vxlan_mode = \"CrossSubnet\"\nnat_outgoing = true\n\
          [log]\nlevel = \"info\"\n\
          [routewriter]\nsocket = \"{sock}\"\nuplink = \"eth0\"\n",
         name = n.name,
         addr = n.address,
+        addr6 = n.address6,
         sock = socket(n.name).display(),
         store = datastore.config_section(),
     );
@@ -488,6 +528,7 @@ struct Pod {
     ns: String,
     node: String,
     address: String,
+    address6: String,
 }
 
 /// Runs the margay CNI plugin in the node's namespace for `command` on `pod`.
@@ -499,7 +540,12 @@ fn cni(command: &str, node: &str, pod: &str) -> Result<String, String> {
         "name": NETWORK,
         "type": "margay",
         "socket": sock,
-        "ipam": { "type": "margay-ipam", "socket": sock },
+        "ipam": {
+            "type": "margay-ipam",
+            "socket": sock,
+            "assign_ipv4": "true",
+            "assign_ipv6": "true",
+        },
     });
     let pod_name = format!("{node}-{pod}");
     let cni_path = bin("margay")
@@ -552,16 +598,30 @@ fn cni_add(node: &str, pod: &str) -> Result<Pod, String> {
     let text = cni("ADD", node, pod)?;
     let result: serde_json::Value = serde_json::from_str(&text)
         .map_err(|e| format!("CNI result of {pod_name}: {e}: {text}"))?;
-    let address = result["ips"][0]["address"]
-        .as_str()
-        .and_then(|a| a.split('/').next())
-        .ok_or_else(|| format!("no address in the CNI result of {pod_name}: {text}"))?
-        .to_owned();
+    let addresses: Vec<String> = result["ips"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|ip| ip["address"].as_str()?.split('/').next().map(str::to_owned))
+        .collect();
+    let of_family = |v6: bool| {
+        addresses
+            .iter()
+            .find(|a| a.contains(':') == v6)
+            .cloned()
+            .ok_or_else(|| {
+                format!(
+                    "no IPv{} address in the CNI result of {pod_name}: {text}",
+                    if v6 { 6 } else { 4 }
+                )
+            })
+    };
     Ok(Pod {
+        address: of_family(false)?,
+        address6: of_family(true)?,
         name: pod_name,
         ns: pns,
         node: node.into(),
-        address,
     })
 }
 
@@ -669,7 +729,7 @@ fn grpc_delete_node(via: &str, node: &str) -> Result<(), String> {
 fn save_pods(pods: &[Pod]) -> Result<(), String> {
     let v: Vec<serde_json::Value> = pods
         .iter()
-        .map(|p| serde_json::json!({"name": p.name, "ns": p.ns, "node": p.node, "address": p.address}))
+        .map(|p| serde_json::json!({"name": p.name, "ns": p.ns, "node": p.node, "address": p.address, "address6": p.address6}))
         .collect();
     std::fs::write(
         state().join("pods.json"),
@@ -690,13 +750,15 @@ fn load_pods() -> Vec<Pod> {
                 ns: p["ns"].as_str()?.into(),
                 node: p["node"].as_str()?.into(),
                 address: p["address"].as_str()?.into(),
+                address6: p["address6"].as_str().unwrap_or_default().into(),
             })
         })
         .collect()
 }
 
-/// Every pod pings every other pod once; the matrix and whether all answered.
-fn matrix(pods: &[Pod]) -> (String, bool) {
+/// Every pod pings every other pod once at its address of one family (`ping` or `ping -6`);
+/// the matrix and whether all answered.
+fn matrix(pods: &[Pod], v6: bool) -> (String, bool) {
     let results: BTreeMap<(usize, usize), bool> = std::thread::scope(|s| {
         let handles: Vec<_> = pods
             .iter()
@@ -709,8 +771,13 @@ fn matrix(pods: &[Pod]) -> (String, bool) {
             })
             .map(|(i, j, from, to)| {
                 s.spawn(move || {
+                    let (flag, to) = if v6 {
+                        ("-6", &to.address6)
+                    } else {
+                        ("-4", &to.address)
+                    };
                     let ok =
-                        in_ns(&from.ns, &["ping", "-c", "1", "-W", "1", "-q", &to.address]).is_ok();
+                        in_ns(&from.ns, &["ping", flag, "-c", "1", "-W", "1", "-q", to]).is_ok();
                     ((i, j), ok)
                 })
             })
@@ -776,7 +843,7 @@ fn up(datastore: Datastore) -> Result<bool, String> {
     }
     std::fs::create_dir_all(state()).map_err(|e| e.to_string())?;
     println!(
-        "margay-lab: topology (3 nodes on 10.99.1.0/24, node-4 on 10.99.2.0/24 behind a router)"
+        "margay-lab: topology (3 nodes on 10.99.1.0/24 and fd00:99:1::/64, node-4 on 10.99.2.0/24 and fd00:99:2::/64 behind a router)"
     );
     topology()?;
     datastore.record()?;
@@ -826,7 +893,8 @@ fn up(datastore: Datastore) -> Result<bool, String> {
             .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
             .and_then(|v| v.as_array().cloned())
             .is_some_and(|a| {
-                a.len() == NODES.len() - 1 && a.iter().all(|p| p["state"] == "Established")
+                // One session per family with every other node.
+                a.len() == 2 * (NODES.len() - 1) && a.iter().all(|p| p["state"] == "Established")
             })
     };
     if let Err(e) = wait_for(
@@ -840,6 +908,8 @@ fn up(datastore: Datastore) -> Result<bool, String> {
     print!("{}", bgpctl("node-1", &["show", "protocols"])?);
     println!("\n== kernel routes of node-1 (ip route)");
     print!("{}", in_ns(&ns("node-1"), &["ip", "route"])?);
+    println!("\n== kernel routes of node-1 (ip -6 route)");
+    print!("{}", in_ns(&ns("node-1"), &["ip", "-6", "route"])?);
     println!();
     check(Duration::from_secs(30))
 }
@@ -851,23 +921,28 @@ fn check(settle: Duration) -> Result<bool, String> {
         return Err("the lab is not up: run margay-lab up".into());
     }
     let start = Instant::now();
-    loop {
-        let (table, all) = matrix(&pods);
-        if all || start.elapsed() > settle {
-            println!("== ping matrix ({} pods)", pods.len());
-            print!("{table}");
-            println!(
-                "{}",
-                if all {
-                    "every pod answers every pod"
-                } else {
-                    "some pairs do not answer"
-                }
-            );
-            return Ok(all);
+    let mut every = true;
+    for (v6, what) in [(false, "ping"), (true, "ping -6")] {
+        loop {
+            let (table, all) = matrix(&pods, v6);
+            if all || start.elapsed() > settle {
+                println!("== {what} matrix ({} pods)", pods.len());
+                print!("{table}");
+                println!(
+                    "{}",
+                    if all {
+                        format!("every pod answers every pod ({what})")
+                    } else {
+                        format!("some pairs do not answer ({what})")
+                    }
+                );
+                every &= all;
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(500));
         }
-        std::thread::sleep(Duration::from_millis(500));
     }
+    Ok(every)
 }
 
 /// bgpd on `node` answers and has its datastore open (with etcd it connects in the
@@ -900,7 +975,10 @@ fn status() -> Result<(), String> {
         );
     }
     for p in load_pods() {
-        println!("pod {:<12} {:<16} on {}", p.name, p.address, p.node);
+        println!(
+            "pod {:<12} {:<16} {:<24} on {}",
+            p.name, p.address, p.address6, p.node
+        );
     }
     Ok(())
 }
