@@ -184,11 +184,29 @@ impl Bgpd {
         &mut self,
         req: pb::AutoAssignRequest,
     ) -> Result<pb::AutoAssignResponse, IpamError> {
+        self.assign(req, true).await
+    }
+
+    /// Allocates more addresses under a handle that already holds some. A retry cannot release
+    /// the handle first, so an attempt whose answer was lost may leave an address under it that
+    /// the caller never saw: the caller gives back what the handle holds beyond its result.
+    pub async fn auto_assign_more(
+        &mut self,
+        req: pb::AutoAssignRequest,
+    ) -> Result<pb::AutoAssignResponse, IpamError> {
+        self.assign(req, false).await
+    }
+
+    async fn assign(
+        &mut self,
+        req: pb::AutoAssignRequest,
+        fresh: bool,
+    ) -> Result<pb::AutoAssignResponse, IpamError> {
         self.call("allocate addresses", |ch, attempt| {
             let req = req.clone();
             async move {
                 let mut c = IpamClient::new(ch);
-                if attempt > 0 {
+                if attempt > 0 && fresh {
                     c.release_by_handle(pb::ReleaseByHandleRequest {
                         handle: req.handle.clone(),
                     })
@@ -237,6 +255,20 @@ impl Bgpd {
             async move {
                 let r = IpamClient::new(ch)
                     .release_by_handle(pb::ReleaseByHandleRequest { handle })
+                    .await?;
+                Ok(r.into_inner().released)
+            }
+        })
+        .await
+    }
+
+    /// Releases the given addresses (each guarded by handle and sequence number when set).
+    pub async fn release_ips(&mut self, ips: Vec<pb::ReleaseIp>) -> Result<Vec<String>, IpamError> {
+        self.call("release addresses", |ch, _| {
+            let ips = ips.clone();
+            async move {
+                let r = IpamClient::new(ch)
+                    .release_ips(pb::ReleaseIpsRequest { ips })
                     .await?;
                 Ok(r.into_inner().released)
             }

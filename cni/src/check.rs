@@ -1,13 +1,15 @@
 //! CHECK: is the pod still wired as ADD left it? Compared against `prevResult`: the host end
-//! (veth, MAC ee:ee:ee:ee:ee:ee, up, Calico's sysctls, a host route per pod address), the pod
-//! end (present, its MAC, up, paired with the host end, its addresses, its default routes),
-//! and IPAM (the handle still holds the addresses). Every problem found is reported at once,
-//! one per line, with code 103. Routes other plugins may add are not looked at: only that ours
-//! are there.
+//! (veth, MAC ee:ee:ee:ee:ee:ee, up, Calico's sysctls, a host route per pod address, and for
+//! IPv6 its link-local fe80::ecee:eeff:feee:eeee), the pod end (present, its MAC, up, paired
+//! with the host end, its addresses, its default routes), and IPAM (the handle still holds the
+//! addresses), for each family the pod has. Every problem found is reported at once, one per
+//! line, with code 103. Routes other plugins may add are not looked at: only that ours are
+//! there.
 
 use std::net::IpAddr;
 
 use netlink_packet_route::AddressFamily;
+use routewriter::sysctl::Sysctls;
 use tokio::runtime::Runtime;
 
 use crate::attachment::{host_ifname, open_netns};
@@ -109,6 +111,17 @@ pub fn check(rt: &Runtime, conf: &NetConf, env: &Env, stdin: &[u8]) -> Result<()
         &host_routes,
         &host_sysctls,
     ));
+    if let Some(link) = &host_link
+        && want.addresses.iter().any(IpAddr::is_ipv6)
+    {
+        let addrs: Vec<(u32, IpAddr)> = host
+            .addresses(AddressFamily::Inet6)
+            .map_err(kernel_err)?
+            .iter()
+            .map(|a| (a.index, a.address))
+            .collect();
+        problems.extend(check_gateway_v6(&want.host_if, link.index, &addrs));
+    }
 
     let (pod_link, pod_addresses, pod_routes) = {
         let _inside = netns
@@ -167,8 +180,10 @@ fn read_host_sysctls(ifname: &str, v6: bool) -> Vec<SysctlReading> {
         (format!("net/ipv4/neigh/{ifname}/proxy_delay"), "0"),
     ];
     if v6 {
-        keys.push((format!("net/ipv6/conf/{ifname}/proxy_ndp"), "1"));
-        keys.push((format!("net/ipv6/conf/{ifname}/forwarding"), "1"));
+        // What ADD set on the host end for IPv6 (routewriter keeps the same).
+        for (key, value) in Sysctls::WORKLOAD_V6 {
+            keys.push((format!("net/ipv6/conf/{ifname}/{key}"), value));
+        }
         keys.push((format!("net/ipv6/conf/{ifname}/accept_ra"), "0"));
     }
     keys.into_iter()
@@ -232,6 +247,15 @@ pub fn check_host(
         }
     }
     p
+}
+
+/// The pods' IPv6 gateway is the host end's own link-local address (its MAC's EUI-64): without
+/// it the pod's neighbour discovery for the gateway goes unanswered. `addresses` are
+/// (ifindex, address) of the host's IPv6 addresses.
+pub fn check_gateway_v6(host_if: &str, index: u32, addresses: &[(u32, IpAddr)]) -> Option<String> {
+    let gw = IpAddr::V6(GATEWAY_V6);
+    (!addresses.iter().any(|(i, a)| *i == index && *a == gw))
+        .then(|| format!("{host_if} lacks its link-local address {gw}, the pods' IPv6 gateway"))
 }
 
 /// Pod-side problems (pure: compares readings). `addresses` are (ifindex, address, prefix).
@@ -433,5 +457,18 @@ mod tests {
             1
         );
         assert!(check_pod(&want, None, Some(9), &addrs, &routes)[0].contains("missing"));
+    }
+
+    #[test]
+    fn the_host_end_must_answer_as_the_ipv6_gateway() {
+        let gw = IpAddr::V6(GATEWAY_V6);
+        assert_eq!(check_gateway_v6("calihost", 9, &[(9, gw)]), None);
+        let p = check_gateway_v6("calihost", 9, &[(8, gw), (9, "fe80::1".parse().unwrap())]);
+        assert_eq!(
+            p.as_deref(),
+            Some(
+                "calihost lacks its link-local address fe80::ecee:eeff:feee:eeee, the pods' IPv6 gateway"
+            )
+        );
     }
 }

@@ -1,8 +1,9 @@
 //! The kernel side of a pod, the way Calico wires it: a veth pair with the host end
 //! `cali…` (MAC ee:ee:ee:ee:ee:ee, proxy ARP, forwarding, route_localnet, no proxy delay, IPv6
-//! accept_ra 0 and proxy_ndp), a host route per pod address on it, and inside the pod the
-//! interface with its /32 and /128, a link-scope route to 169.254.1.1 and the default routes
-//! via 169.254.1.1 and fe80::ecee:eeff:feee:eeee.
+//! accept_ra 0; for a pod with IPv6 also IPv6 on, no DAD, proxy NDP, forwarding, and the
+//! EUI-64 link-local fe80::ecee:eeff:feee:eeee that the MAC gives), a host route per pod address
+//! on it (/32, /128), and inside the pod the interface with its /32 and /128, a link-scope
+//! route to 169.254.1.1 and the default routes via 169.254.1.1 and fe80::ecee:eeff:feee:eeee.
 //!
 //! Netlink round trips for an ADD: create the pair (peer created directly in the pod's
 //! namespace, down); read the pod end (its index, MAC, and the host end's index); add the host
@@ -308,14 +309,11 @@ fn host_sysctls(ifname: &str, v6: bool) -> Result<(), SysctlError> {
     // Router advertisements from a pod must never configure the host.
     ignore_missing(s.ensure(&format!("{conf}/accept_ra"), "0"))?;
     if v6 {
-        for (key, value) in [
-            ("disable_ipv6", "0"),
-            ("accept_dad", "0"),
-            ("proxy_ndp", "1"),
-            ("forwarding", "1"),
-        ] {
-            s.ensure(&format!("{conf}/{key}"), value)?;
-        }
+        s.ensure_workload_v6(ifname)?;
+        // The pods' IPv6 gateway is this end's EUI-64 link-local: a host whose default makes
+        // other link-locals (stable privacy, none) must not change it. Set before the carrier
+        // comes up, when the kernel makes the address.
+        ignore_missing(s.ensure(&format!("{conf}/addr_gen_mode"), "0"))?;
     }
     Ok(())
 }

@@ -4,23 +4,36 @@
 //! binary under any main plugin (ptp, bridge, ...).
 //!
 //! - ADD: the requested addresses (`runtimeConfig.ips`, `args.cni.ips`, else CNI_ARGS `IP=`),
-//!   or one IPv4 and/or one IPv6 address from the configured pools; dual stack all or nothing.
+//!   or one IPv4 and/or one IPv6 address from the configured pools (`assign_ipv4`,
+//!   `assign_ipv6`); dual stack all or nothing: when one family fails, the other is released.
 //! - DEL: releases the handle; an unknown handle is success, so DEL is idempotent.
 //! - CHECK: the handle still holds the addresses of prevResult.
 //! - GC: releases this network's handles whose container is not among the valid attachments.
-//! - STATUS: bgpd answers, and some pool can serve each family asked for.
+//! - STATUS (`ipam_status`): bgpd answers, and some pool can serve each family asked for.
+//!
+//! Gateways. Under `margay` the pod gets a host address and routes through 169.254.1.1 and
+//! fe80::ecee:eeff:feee:eeee. Under another main plugin each address carries its block's prefix
+//! (as calico-ipam's do) and a gateway that plugin can use, chosen by `ipam.gateway`:
+//! `"link-local"` (the default under `ptp`) reports Calico's two link-local gateways, which ptp
+//! puts on the host end of each pod's veth; `"block"` (the default under every other plugin:
+//! bridge, macvlan, ...) reports the block's first address after its network address, as
+//! host-local and bridge do by default, for a plugin that puts the gateway inside the pods'
+//! subnet (bridge's isGateway: one gateway per block, so such a node's pods of one family
+//! should fit one block). Either way no pod gets an address that is the subnet's rather than a
+//! host's (see `subnet`): when bgpd hands one out, margay-ipam keeps it while it asks for
+//! another, then gives it back. Pools shared with `margay` pods on the same node are best
+//! avoided under `"block"`: such a pod may hold a block's first address, which a bridge then
+//! also claims.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::time::Duration;
 
 use ipnet::IpNet;
 use proto::v1 as pb;
 
 use crate::bgpd_client::{Bgpd, IpamError};
-use crate::names::{GATEWAY_V4, GATEWAY_V6};
 use crate::spec::NetConf;
-use crate::spec::config::parse_requested_ip;
+use crate::spec::config::{Gateway, MAIN_TYPE, parse_requested_ip};
 use crate::spec::env::Env;
 use crate::spec::error::{CniError, code};
 use crate::spec::result::{CniResult, IpConfig};
@@ -59,7 +72,7 @@ pub fn attributes(conf: &NetConf, env: &Env) -> HashMap<String, String> {
     a.insert("container_id".into(), env.container_id.clone());
     // Only our main plugin wires the host side: bgpd then desires the pod's route on it
     // (another main plugin using margay-ipam has interfaces of its own).
-    if conf.plugin_type == "margay" {
+    if conf.plugin_type == MAIN_TYPE {
         a.insert(
             WORKLOAD_INTERFACE.into(),
             crate::attachment::host_ifname(conf, env),
@@ -87,31 +100,52 @@ pub fn requested(conf: &NetConf, env: &Env) -> Result<Vec<IpAddr>, CniError> {
         .collect()
 }
 
-/// Allocates this attachment's addresses; each with the prefix length of its block.
+/// The AutoAssign request of this attachment, for `num_ipv4` and `num_ipv6` addresses.
+fn assign_request(
+    conf: &NetConf,
+    env: &Env,
+    num_ipv4: u32,
+    num_ipv6: u32,
+) -> pb::AutoAssignRequest {
+    pb::AutoAssignRequest {
+        handle: conf.handle(&env.container_id),
+        attributes: attributes(conf, env),
+        num_ipv4,
+        num_ipv6,
+        node: conf.nodename.clone().unwrap_or_default(),
+        ipv4_pools: conf.ipam.ipv4_pools.clone(),
+        ipv6_pools: conf.ipam.ipv6_pools.clone(),
+        r#use: pb::AllowedUse::Workload.into(),
+        strict_affinity: false,
+    }
+}
+
+/// Allocates this attachment's addresses; each with the prefix length of its block. Under a
+/// main plugin other than margay, none is an address of the block's subnet (see the module).
 pub async fn allocate(bgpd: &mut Bgpd, conf: &NetConf, env: &Env) -> Result<Vec<IpNet>, CniError> {
     let handle = conf.handle(&env.container_id);
-    let attributes = attributes(conf, env);
-    let node = conf.nodename.clone().unwrap_or_default();
     let wanted = requested(conf, env)?;
+    // margay's pods get host addresses: every address of a block suits them.
+    let subnet = (conf.plugin_type != MAIN_TYPE).then(|| conf.ipam_gateway());
     let allocations = if wanted.is_empty() {
         let r = bgpd
-            .auto_assign(pb::AutoAssignRequest {
-                handle: handle.clone(),
-                attributes,
-                num_ipv4: u32::from(conf.ipam.assign_ipv4),
-                num_ipv6: u32::from(conf.ipam.assign_ipv6),
-                node,
-                ipv4_pools: conf.ipam.ipv4_pools.clone(),
-                ipv6_pools: conf.ipam.ipv6_pools.clone(),
-                r#use: pb::AllowedUse::Workload.into(),
-                strict_affinity: false,
-            })
+            .auto_assign(assign_request(
+                conf,
+                env,
+                u32::from(conf.ipam.assign_ipv4),
+                u32::from(conf.ipam.assign_ipv6),
+            ))
             .await
             .map_err(|e| ambiguous(e, &handle))?;
         let mut all = r.ipv4;
         all.extend(r.ipv6);
-        all
+        match subnet {
+            Some(mode) => skip_withheld(bgpd, conf, env, all, mode).await?,
+            None => all,
+        }
     } else {
+        let attributes = attributes(conf, env);
+        let node = conf.nodename.clone().unwrap_or_default();
         let reqs = wanted
             .iter()
             .map(|ip| pb::AssignIpRequest {
@@ -121,9 +155,17 @@ pub async fn allocate(bgpd: &mut Bgpd, conf: &NetConf, env: &Env) -> Result<Vec<
                 node: node.clone(),
             })
             .collect();
-        bgpd.assign_ips(reqs)
+        let got = bgpd
+            .assign_ips(reqs)
             .await
-            .map_err(|e| ambiguous(e, &handle))?
+            .map_err(|e| ambiguous(e, &handle))?;
+        if let Some(mode) = subnet
+            && let Some(refusal) = refuse_withheld(&got, mode)
+        {
+            give_back_all(bgpd, &handle).await;
+            return Err(refusal);
+        }
+        got
     };
     let mut out = Vec::with_capacity(allocations.len());
     for a in &allocations {
@@ -136,6 +178,139 @@ pub async fn allocate(bgpd: &mut Bgpd, conf: &NetConf, env: &Env) -> Result<Vec<
         ));
     }
     Ok(out)
+}
+
+/// Rounds of asking bgpd for replacements before giving up: a fresh block costs up to two (its
+/// network address, then its gateway), a block that fills up on its broadcast address one more
+/// before the next block's two.
+const SKIP_ROUNDS: usize = 6;
+
+/// Whether the allocation is one a pod must not get (an error for a block too small for the
+/// gateway mode).
+fn is_withheld(a: &pb::Allocation, mode: Gateway) -> Result<bool, CniError> {
+    let net = address_of(a).map_err(|e| CniError::new(code::IPAM_REFUSED, e))?;
+    crate::subnet::withheld(&net, mode).map_err(|e| CniError::new(code::IPAM_REFUSED, e))
+}
+
+/// Replaces each withheld allocation by another of its family. The withheld ones stay held
+/// while bgpd is asked again, so it moves past them (to another block if need be); then they
+/// are given back. All or nothing: on failure the handle is released.
+async fn skip_withheld(
+    bgpd: &mut Bgpd,
+    conf: &NetConf,
+    env: &Env,
+    mut got: Vec<pb::Allocation>,
+    mode: Gateway,
+) -> Result<Vec<pb::Allocation>, CniError> {
+    let handle = conf.handle(&env.container_id);
+    let mut skipped = false;
+    for round in 0..=SKIP_ROUNDS {
+        let mut keep = Vec::with_capacity(got.len());
+        let mut bad = Vec::new();
+        for a in got {
+            match is_withheld(&a, mode) {
+                Ok(true) => bad.push(a),
+                Ok(false) => keep.push(a),
+                Err(e) => {
+                    give_back_all(bgpd, &handle).await;
+                    return Err(e);
+                }
+            }
+        }
+        if bad.is_empty() {
+            got = keep;
+            break;
+        }
+        if round == SKIP_ROUNDS {
+            give_back_all(bgpd, &handle).await;
+            return Err(CniError::new(
+                code::NO_ADDRESS,
+                format!(
+                    "bgpd offered only addresses that are a block's network, broadcast or gateway address ({}) after {SKIP_ROUNDS} tries; the node's blocks are nearly full",
+                    bad.iter()
+                        .map(|a| a.address.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ));
+        }
+        let v6 = bad.iter().filter(|a| a.address.contains(':')).count() as u32;
+        let v4 = bad.len() as u32 - v6;
+        tracing::debug!(withheld = ?bad.iter().map(|a| &a.address).collect::<Vec<_>>(), "addresses of the subnet held back from the pod");
+        skipped = true;
+        match bgpd
+            .auto_assign_more(assign_request(conf, env, v4, v6))
+            .await
+        {
+            Ok(r) => {
+                keep.extend(r.ipv4);
+                keep.extend(r.ipv6);
+                got = keep;
+            }
+            Err(e) => {
+                give_back_all(bgpd, &handle).await;
+                return Err(e.to_cni());
+            }
+        }
+    }
+    if skipped {
+        give_back_extra(bgpd, &handle, &got).await;
+    }
+    Ok(got)
+}
+
+/// Gives back what `handle` holds beyond `kept`: the withheld addresses, and any a lost answer
+/// left. A failure only costs those addresses until the pod's DEL releases the handle.
+async fn give_back_extra(bgpd: &mut Bgpd, handle: &str, kept: &[pb::Allocation]) {
+    let held = match bgpd.get_handle(handle).await {
+        Ok(h) => h,
+        Err(e) => {
+            tracing::warn!(%handle, "cannot read the handle to give back withheld addresses: {e}; DEL releases them");
+            return;
+        }
+    };
+    let extra: Vec<pb::ReleaseIp> = held
+        .into_iter()
+        .filter(|h| !kept.iter().any(|k| k.address == h.address))
+        .map(|h| pb::ReleaseIp {
+            address: h.address,
+            handle: handle.to_owned(),
+            sequence: h.sequence,
+        })
+        .collect();
+    if let Err(e) = bgpd.release_ips(extra).await {
+        tracing::warn!(%handle, "cannot give back withheld addresses: {e}; DEL releases them");
+    }
+}
+
+/// Releases everything under `handle` after a failed ADD (logged if that fails too: the
+/// runtime's DEL releases it).
+async fn give_back_all(bgpd: &mut Bgpd, handle: &str) {
+    if let Err(e) = bgpd.release_handle(handle).await {
+        tracing::warn!(%handle, "cannot release the handle after a failed ADD: {e}; DEL releases it");
+    }
+}
+
+/// A requested address a pod must not have: the refusal to give.
+fn refuse_withheld(got: &[pb::Allocation], mode: Gateway) -> Option<CniError> {
+    for a in got {
+        match is_withheld(a, mode) {
+            Ok(false) => {}
+            Ok(true) => {
+                return Some(CniError::new(
+                    code::IPAM_REFUSED,
+                    format!(
+                        "{} is the network, broadcast or gateway address of its block {} (ipam.gateway {:?}); ask for another address",
+                        a.address,
+                        a.block,
+                        mode.name()
+                    ),
+                ));
+            }
+            Err(e) => return Some(e),
+        }
+    }
+    None
 }
 
 /// A transient failure may have allocated before the answer was lost: say where it is.
@@ -245,128 +420,25 @@ pub async fn collect(bgpd: &mut Bgpd, conf: &NetConf) -> Result<Vec<pb::Released
     Ok(r.released)
 }
 
-/// STATUS: bgpd answers, and each family asked for has an enabled workload pool with free
-/// addresses. (Pool node selectors are bgpd's to evaluate; a pool whose selector excludes this
-/// node still counts here.)
-pub async fn status(conf: &NetConf) -> Result<(), CniError> {
-    // STATUS is a readiness probe: answer within a second or two, not after the ADD budget.
-    let mut bgpd = Bgpd::new(
-        conf.ipam_socket(),
-        conf.bgpd_timeout.min(Duration::from_secs(2)),
-        conf.bgpd_retry.min(Duration::from_secs(1)),
-    );
-    let (pools, usage) = bgpd
-        .pools()
-        .await
-        .map_err(|e| CniError::new(code::NOT_AVAILABLE, e.to_string()))?;
-    let mut families = Vec::new();
-    if conf.ipam.assign_ipv4 {
-        families.push((false, &conf.ipam.ipv4_pools));
-    }
-    if conf.ipam.assign_ipv6 {
-        families.push((true, &conf.ipam.ipv6_pools));
-    }
-    for (v6, wanted) in families {
-        let family = if v6 { "IPv6" } else { "IPv4" };
-        match serving_pools(&pools, &usage, v6, wanted) {
-            PoolCheck::Ok => {}
-            PoolCheck::NoPool => {
-                return Err(CniError::new(
-                    code::NOT_AVAILABLE,
-                    format!("no enabled {family} pool serves workloads{}", only(wanted)),
-                ));
-            }
-            PoolCheck::Full(names) => {
-                return Err(CniError::new(
-                    code::NOT_AVAILABLE,
-                    format!("every {family} pool is full: {}", names.join(", ")),
-                ));
-            }
-        }
-    }
-    Ok(())
-}
-
-fn only(wanted: &[String]) -> String {
-    if wanted.is_empty() {
-        String::new()
-    } else {
-        format!(" among {}", wanted.join(", "))
-    }
-}
-
-#[derive(Debug, PartialEq, Eq)]
-enum PoolCheck {
-    Ok,
-    NoPool,
-    Full(Vec<String>),
-}
-
-/// Whether some pool can serve a workload address of the family.
-fn serving_pools(
-    pools: &[pb::IpPool],
-    usage: &[pb::PoolUsage],
-    v6: bool,
-    wanted: &[String],
-) -> PoolCheck {
-    let candidates: Vec<&pb::IpPool> = pools
-        .iter()
-        .filter(|p| !p.disabled)
-        .filter(|p| {
-            p.cidr
-                .parse::<IpNet>()
-                .is_ok_and(|c| c.addr().is_ipv6() == v6)
-        })
-        .filter(|p| {
-            p.allowed_uses.is_empty()
-                || p.allowed_uses
-                    .contains(&i32::from(pb::AllowedUse::Workload))
-        })
-        .filter(|p| {
-            if wanted.is_empty() {
-                p.assignment_mode != i32::from(pb::AssignmentMode::Manual)
-            } else {
-                wanted.iter().any(|w| *w == p.name || *w == p.cidr)
-            }
-        })
-        .collect();
-    if candidates.is_empty() {
-        return PoolCheck::NoPool;
-    }
-    let free = |p: &pb::IpPool| {
-        usage
-            .iter()
-            .find(|u| u.name == p.name)
-            // No usage row yet: nothing allocated, so it has room.
-            .is_none_or(|u| u.free > 0)
-    };
-    if candidates.iter().any(|p| free(p)) {
-        PoolCheck::Ok
-    } else {
-        PoolCheck::Full(candidates.iter().map(|p| p.name.clone()).collect())
-    }
-}
-
 /// The `margay-ipam` ADD result: each address with its block prefix and the gateway the main
-/// plugin routes through (169.254.1.1 / fe80::ecee:eeff:feee:eeee, which ptp puts on its host
-/// end).
-pub fn ipam_result(conf: &NetConf, addresses: &[IpNet]) -> CniResult {
-    CniResult {
-        ips: addresses
-            .iter()
-            .map(|a| IpConfig {
-                address: *a,
-                gateway: Some(if a.addr().is_ipv4() {
-                    IpAddr::V4(GATEWAY_V4)
-                } else {
-                    IpAddr::V6(GATEWAY_V6)
-                }),
-                interface: None,
-            })
-            .collect(),
+/// plugin routes through ([`NetConf::ipam_gateway`]).
+pub fn ipam_result(conf: &NetConf, addresses: &[IpNet]) -> Result<CniResult, CniError> {
+    let mode = conf.ipam_gateway();
+    let mut ips = Vec::with_capacity(addresses.len());
+    for a in addresses {
+        let gateway =
+            crate::subnet::gateway(a, mode).map_err(|e| CniError::new(code::IPAM_REFUSED, e))?;
+        ips.push(IpConfig {
+            address: *a,
+            gateway: Some(gateway),
+            interface: None,
+        });
+    }
+    Ok(CniResult {
+        ips,
         dns: conf.dns.clone(),
         ..CniResult::default()
-    }
+    })
 }
 
 #[cfg(test)]
@@ -477,93 +549,27 @@ mod tests {
         assert!(address_of(&a("x", "")).is_err());
     }
 
-    fn pool(name: &str, cidr: &str) -> pb::IpPool {
-        pb::IpPool {
-            name: name.into(),
-            cidr: cidr.into(),
-            ..Default::default()
-        }
-    }
-
-    fn used(name: &str, free: u64) -> pb::PoolUsage {
-        pb::PoolUsage {
-            name: name.into(),
-            free,
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn which_pools_can_serve() {
-        let v4 = pool("v4", "172.20.0.0/16");
-        let v6 = pool("v6", "fd00::/48");
-        assert_eq!(
-            serving_pools(std::slice::from_ref(&v4), &[], false, &[]),
-            PoolCheck::Ok
-        );
-        assert_eq!(
-            serving_pools(std::slice::from_ref(&v4), &[], true, &[]),
-            PoolCheck::NoPool
-        );
-        assert_eq!(
-            serving_pools(&[v4.clone(), v6.clone()], &[used("v6", 3)], true, &[]),
-            PoolCheck::Ok
-        );
-        assert_eq!(
-            serving_pools(std::slice::from_ref(&v4), &[used("v4", 0)], false, &[]),
-            PoolCheck::Full(vec!["v4".into()])
-        );
-        let disabled = pb::IpPool {
-            disabled: true,
-            ..v4.clone()
-        };
-        assert_eq!(
-            serving_pools(&[disabled], &[], false, &[]),
-            PoolCheck::NoPool
-        );
-        let tunnel_only = pb::IpPool {
-            allowed_uses: vec![pb::AllowedUse::Tunnel.into()],
-            ..v4.clone()
-        };
-        assert_eq!(
-            serving_pools(&[tunnel_only], &[], false, &[]),
-            PoolCheck::NoPool
-        );
-        let manual = pb::IpPool {
-            assignment_mode: pb::AssignmentMode::Manual.into(),
-            ..v4.clone()
-        };
-        assert_eq!(
-            serving_pools(std::slice::from_ref(&manual), &[], false, &[]),
-            PoolCheck::NoPool
-        );
-        // A manual pool serves when the configuration names it (by name or CIDR).
-        assert_eq!(
-            serving_pools(std::slice::from_ref(&manual), &[], false, &["v4".into()]),
-            PoolCheck::Ok
-        );
-        assert_eq!(
-            serving_pools(&[manual], &[], false, &["172.20.0.0/16".into()]),
-            PoolCheck::Ok
-        );
-        assert_eq!(
-            serving_pools(&[v4], &[], false, &["other".into()]),
-            PoolCheck::NoPool
-        );
-    }
-
     #[test]
     fn ipam_results_carry_gateways() {
         let c = conf(serde_json::json!({"dns": {"nameservers": ["10.96.0.10"]}}));
-        let r = ipam_result(
-            &c,
-            &[
-                "172.20.0.5/26".parse().unwrap(),
-                "fd00::5/122".parse().unwrap(),
-            ],
+        let nets = [
+            "172.20.0.5/26".parse().unwrap(),
+            "fd00::5/122".parse().unwrap(),
+        ];
+        let r = ipam_result(&c, &nets).unwrap();
+        // margay-ipam on its own (type margay-ipam, no main plugin named): block gateways.
+        assert_eq!(r.ips[0].gateway, Some("172.20.0.1".parse().unwrap()));
+        assert_eq!(r.ips[1].gateway, Some("fd00::1".parse().unwrap()));
+        let ptp = conf(serde_json::json!({"type": "ptp"}));
+        let r = ipam_result(&ptp, &nets).unwrap();
+        assert_eq!(r.ips[0].gateway, Some("169.254.1.1".parse().unwrap()));
+        assert_eq!(
+            r.ips[1].gateway,
+            Some("fe80::ecee:eeff:feee:eeee".parse().unwrap())
         );
-        assert_eq!(r.ips[0].gateway, Some(IpAddr::V4(GATEWAY_V4)));
-        assert_eq!(r.ips[1].gateway, Some(IpAddr::V6(GATEWAY_V6)));
+        let tiny = ["10.0.0.4/31".parse().unwrap()];
+        assert_eq!(ipam_result(&c, &tiny).unwrap_err().code, code::IPAM_REFUSED);
+        let r = ipam_result(&c, &nets).unwrap();
         assert!(r.interfaces.is_empty() && r.ips.iter().all(|i| i.interface.is_none()));
         assert_eq!(r.dns.nameservers, ["10.96.0.10"]);
     }

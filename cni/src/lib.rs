@@ -5,14 +5,15 @@
 //! - `spec`: the CNI protocol, sans IO (environment, configuration, results, errors, versions).
 //! - `plugin` (this file): one invocation: stdin and environment in, one JSON document out.
 //! - `main_plugin`: ADD/DEL/GC/STATUS of `margay`; `check`: its CHECK.
-//! - `ipam_plugin`: `margay-ipam`, also run in-process by `margay`.
+//! - `ipam_plugin`: `margay-ipam`, also run in-process by `margay`; `ipam_status`: STATUS.
 //! - `attachment`: what both plugins know of one attachment: its host interface's name and its
 //!   namespace.
 //! - `dataplane`: the veth pair, addresses, routes and sysctls, with rollback.
 //! - `netlink`, `netns`: the kernel and namespace plumbing.
 //! - `bgpd_client`, `retry`: the bounded gRPC calls to bgpd.
 //! - `delegate`: running another IPAM plugin per the spec.
-//! - `names`: Calico's interface names, MAC and gateways.
+//! - `names`: Calico's interface names, MAC and gateways; `subnet`: the gateway and the
+//!   withheld addresses of a block whose prefix a pod of another main plugin has.
 //! - `install`: the install command; `logging`: log lines to a file or stderr.
 
 pub mod attachment;
@@ -22,6 +23,7 @@ pub mod dataplane;
 pub mod delegate;
 pub mod install;
 pub mod ipam_plugin;
+pub mod ipam_status;
 pub mod logging;
 pub mod main_plugin;
 pub mod names;
@@ -29,6 +31,7 @@ pub mod netlink;
 pub mod netns;
 pub mod retry;
 pub mod spec;
+pub mod subnet;
 
 use std::io::{Read, Write};
 use std::panic::AssertUnwindSafe;
@@ -219,8 +222,17 @@ fn execute(
         (Plugin::Ipam, Command::Add) => {
             let mut bgpd = ipam_plugin::client(conf);
             let nets = rt.block_on(ipam_plugin::allocate(&mut bgpd, conf, env))?;
-            tracing::info!(container = %env.container_id, addresses = ?nets, "IPAM ADD");
-            Some(ipam_plugin::ipam_result(conf, &nets))
+            match ipam_plugin::ipam_result(conf, &nets) {
+                Ok(r) => {
+                    tracing::info!(container = %env.container_id, addresses = ?nets, "IPAM ADD");
+                    Some(r)
+                }
+                Err(e) => {
+                    // Nothing half-done: the addresses go back with the error.
+                    let _ = rt.block_on(ipam_plugin::release(&mut bgpd, conf, env));
+                    return Err(e);
+                }
+            }
         }
         (Plugin::Ipam, Command::Del) => {
             let mut bgpd = ipam_plugin::client(conf);
@@ -246,7 +258,7 @@ fn execute(
             None
         }
         (Plugin::Ipam, Command::Status) => {
-            rt.block_on(ipam_plugin::status(conf))?;
+            rt.block_on(crate::ipam_status::status(conf))?;
             None
         }
     };

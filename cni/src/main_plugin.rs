@@ -146,7 +146,7 @@ pub fn add(rt: &Runtime, conf: &NetConf, env: &Env, stdin: &[u8]) -> Result<CniR
             .iter()
             .map(|ip| IpConfig {
                 address: IpNet::from(*ip),
-                gateway: Some(gateway_for(*ip)),
+                gateway: Some(names::gateway_of(*ip)),
                 interface: Some(1),
             })
             .collect(),
@@ -185,14 +185,6 @@ fn pod_mtu(conf: &NetConf) -> u32 {
         None => dataplane::uplink_mtu().ok().flatten(),
     };
     dataplane::pod_mtu(conf.mtu, uplink, conf.encapsulation)
-}
-
-fn gateway_for(ip: IpAddr) -> IpAddr {
-    if ip.is_ipv4() {
-        IpAddr::V4(GATEWAY_V4)
-    } else {
-        IpAddr::V6(GATEWAY_V6)
-    }
 }
 
 /// The default route of each family the pod has.
@@ -285,7 +277,7 @@ pub fn gc(rt: &Runtime, conf: &NetConf, env: &Env, stdin: &[u8]) -> Result<(), C
 
 pub fn status(rt: &Runtime, conf: &NetConf, env: &Env, stdin: &[u8]) -> Result<(), CniError> {
     if conf.ipam_is_ours() {
-        rt.block_on(ipam_plugin::status(conf))
+        rt.block_on(crate::ipam_status::status(conf))
     } else {
         let plugin = delegate::find(&conf.ipam.plugin_type, &env.path)
             .map_err(|e| CniError::new(code::NOT_AVAILABLE, e.msg))?;
@@ -309,6 +301,6 @@ mod tests {
         assert_eq!(r[1].dst.to_string(), "::/0");
         assert_eq!(r[1].gw, Some(IpAddr::V6(GATEWAY_V6)));
         assert!(default_routes(&[]).is_empty());
-        assert_eq!(gateway_for(v6), IpAddr::V6(GATEWAY_V6));
+        assert_eq!(names::gateway_of(v6), IpAddr::V6(GATEWAY_V6));
     }
 }

@@ -1,7 +1,7 @@
 //! Names and fixed addresses a Calico node uses, so `ip link` and `ip route` read the same on a
 //! margay node: the host-side interface name, the host-side MAC and the pod's gateways.
 
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use proto::mac::sha1;
 
@@ -11,6 +11,14 @@ pub const HOST_MAC: [u8; 6] = [0xee; 6];
 pub const GATEWAY_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 1, 1);
 /// The pod's IPv6 gateway: the link-local address the kernel derives (EUI-64) from HOST_MAC.
 pub const GATEWAY_V6: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0xecee, 0xeeff, 0xfeee, 0xeeee);
+
+/// The link-local gateway of `ip`'s family (169.254.1.1 or fe80::ecee:eeff:feee:eeee).
+pub fn gateway_of(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V4(_) => IpAddr::V4(GATEWAY_V4),
+        IpAddr::V6(_) => IpAddr::V6(GATEWAY_V6),
+    }
+}
 
 /// The host-side interface of a workload: `prefix` followed by the first hex digits of SHA-1
 /// of `<namespace>.<pod>` (Kubernetes), or of the container id when there is no pod name, so

@@ -1,7 +1,8 @@
 //! margay in chains with Debian's reference plugins (/usr/lib/cni, containernetworking-plugins):
 //! `margay` followed by `portmap` (a TCP port in the pod reached through the node's host port),
 //! by `tuning` and `bandwidth` (they accept our result), and `margay-ipam` under `ptp` (the pod
-//! gets our address and works). All inside network namespaces.
+//! gets our address and works), and no pod of such a plugin gets its subnet's own addresses
+//! (network, broadcast, a gateway in the block). All inside network namespaces.
 
 mod cni_lab;
 
@@ -278,5 +279,101 @@ fn margay_ipam_under_the_reference_bridge_plugin() {
         )
         .ok();
     }
+    assert_eq!(node.ipam_used(), 0);
+}
+
+/// The block of a result's first address, and that address.
+fn block_and_ip(result: &Value) -> (ipnet::IpNet, std::net::IpAddr) {
+    let a: ipnet::IpNet = result["ips"][0]["address"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    (a.trunc(), a.addr())
+}
+
+#[test]
+fn margay_ipam_never_hands_a_pod_its_subnets_own_addresses() {
+    // Blocks of eight: a ptp pod gets one of the six between the network and the broadcast
+    // address; the seventh pod needs a second block.
+    let pools =
+        "[[ipam.default_pools]]\nname = \"small\"\ncidr = \"172.22.0.0/24\"\nblock_size = 29\n";
+    let ptp = reference("ptp");
+    let node = Node::start("sub", pools);
+    let conf = json!({
+        "cniVersion": "1.0.0", "name": "ptp-net", "type": "ptp", "nodename": "test-node",
+        "ipam": {"type": "margay-ipam", "socket": node.daemon.socket}
+    });
+    let pods: Vec<Netns> = (0..7)
+        .map(|i| Netns::new(&format!("subp{i}")).unwrap())
+        .collect();
+    let mut results = Vec::new();
+    for (i, pod) in pods.iter().enumerate() {
+        let r = node
+            .run(
+                &ptp,
+                &Call::new("ADD", &format!("s{i}"), Some(&pod.path()), &conf),
+            )
+            .result();
+        let (block, ip) = block_and_ip(&r);
+        assert_eq!(block.prefix_len(), 29, "{r}");
+        assert!(
+            ip != block.network() && ip != block.broadcast(),
+            "pod {i} got {ip}, an address of the subnet {block}"
+        );
+        // The handle holds the pod's address only: the withheld ones went back.
+        assert_eq!(
+            node.handle_addresses(&format!("ptp-net.s{i}")),
+            [ip.to_string()]
+        );
+        results.push(r);
+    }
+    let blocks: std::collections::BTreeSet<_> = results.iter().map(|r| block_and_ip(r).0).collect();
+    assert_eq!(blocks.len(), 2, "{blocks:?}");
+    assert_eq!(node.ipam_used(), 7);
+    // ptp routes a pod's block through its gateway (nothing more without routes from IPAM).
+    assert!(
+        ping(&pods[0], &block_and_ip(&results[5]).1.to_string()),
+        "pod -> pod"
+    );
+    assert!(
+        ping(&node.ns, &block_and_ip(&results[6]).1.to_string()),
+        "node -> pod"
+    );
+    for (i, pod) in pods.iter().enumerate() {
+        let c = with_prev(&conf, &results[i]);
+        node.run(
+            &ptp,
+            &Call::new("DEL", &format!("s{i}"), Some(&pod.path()), &c),
+        )
+        .ok();
+    }
+    assert_eq!(node.ipam_used(), 0);
+    node.ipam_consistent();
+
+    // Under bridge the gateway is the block's first address: asking for it is refused, and
+    // nothing is left allocated.
+    let bridge = reference("bridge");
+    let mut br = conf.clone();
+    br["type"] = json!("bridge");
+    br["bridge"] = json!("mgybrs");
+    br["name"] = json!("bridge-net");
+    let gw = {
+        let b = blocks.iter().next().unwrap();
+        match b.network() {
+            std::net::IpAddr::V4(n) => std::net::Ipv4Addr::from(u32::from(n) + 1).to_string(),
+            other => panic!("{other}"),
+        }
+    };
+    let out = node.run(
+        &bridge,
+        &Call::new("ADD", "g1", Some(&pods[0].path()), &br)
+            .set("CNI_ARGS", &format!("IgnoreUnknown=1;IP={gw}")),
+    );
+    assert!(!out.status.success(), "{out:?}");
+    let e: Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(e["code"], 102, "{out:?}");
+    assert!(e["msg"].as_str().unwrap().contains("gateway"), "{e}");
+    assert!(node.handle_addresses("bridge-net.g1").is_empty());
     assert_eq!(node.ipam_used(), 0);
 }

@@ -147,67 +147,6 @@ fn add_wires_a_pod_like_calico_and_it_is_reachable() {
 }
 
 #[test]
-fn dual_stack_pods_get_a_128_and_the_link_local_gateway() {
-    let node = Node::start("ds", &format!("{POOLS_V4}{POOLS_V6}"));
-    let pod1 = Netns::new("dsp1").unwrap();
-    let pod2 = Netns::new("dsp2").unwrap();
-    let mut conf = node.conf("1.1.0");
-    conf["ipam"]["assign_ipv6"] = json!(true);
-    conf["mtu"] = json!(1400);
-    let r1 = node
-        .run(
-            &margay(),
-            &Call::new("ADD", "d1", Some(&pod1.path()), &conf),
-        )
-        .result();
-    let r2 = node
-        .run(
-            &margay(),
-            &Call::new("ADD", "d2", Some(&pod2.path()), &conf),
-        )
-        .result();
-    let v6 = |r: &Value| {
-        r["ips"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|i| i["address"].as_str().unwrap().to_owned())
-            .find(|a| a.contains(':'))
-            .unwrap()
-    };
-    let (a1, a2) = (v6(&r1), v6(&r2));
-    assert!(a1.ends_with("/128") && a1.starts_with("fd00:20:"), "{a1}");
-    assert_eq!(r1["ips"].as_array().unwrap().len(), 2);
-    assert_eq!(r1["interfaces"][1]["mtu"], 1400, "1.1.0 reports the MTU");
-    assert_eq!(
-        r1["routes"][1],
-        json!({"dst": "::/0", "gw": "fe80::ecee:eeff:feee:eeee"})
-    );
-    let host_if = cali_name("d1");
-    assert_eq!(
-        node.sysctl(&format!("net/ipv6/conf/{host_if}/proxy_ndp")),
-        "1"
-    );
-    assert_eq!(
-        node.sysctl(&format!("net/ipv6/conf/{host_if}/accept_ra")),
-        "0"
-    );
-    let routes6 = pod1.ip(&["-6", "route"]).unwrap();
-    assert!(
-        routes6.contains("default via fe80::ecee:eeff:feee:eeee dev eth0"),
-        "{routes6}"
-    );
-    let ip2 = a2.split('/').next().unwrap();
-    assert!(ping(&pod1, ip2), "pod -> pod over IPv6");
-    assert!(ping(&pod1, &first_ip(&r2)), "pod -> pod over IPv4");
-    for (cid, pod) in [("d1", &pod1), ("d2", &pod2)] {
-        node.run(&margay(), &Call::new("DEL", cid, Some(&pod.path()), &conf))
-            .ok();
-    }
-    assert_eq!(node.ipam_used(), 0);
-}
-
-#[test]
 fn check_passes_then_fails_after_the_host_route_is_deleted() {
     let node = Node::start("chk", POOLS_V4);
     let pod = Netns::new("chkp").unwrap();
@@ -437,6 +376,32 @@ fn bad_input_gets_the_specs_error_codes() {
                     .as_bytes(),
             ),
             2,
+        ),
+        (
+            "unknown ipam.gateway",
+            add().stdin(
+                with_key(
+                    &conf,
+                    "ipam",
+                    json!({"type": "margay-ipam", "gateway": "10.0.0.1"}),
+                )
+                .to_string()
+                .as_bytes(),
+            ),
+            7,
+        ),
+        (
+            "block gateways for margay's own pods",
+            add().stdin(
+                with_key(
+                    &conf,
+                    "ipam",
+                    json!({"type": "margay-ipam", "gateway": "block"}),
+                )
+                .to_string()
+                .as_bytes(),
+            ),
+            7,
         ),
         ("GC in 1.0.0", Call::new("GC", "", None, &conf), 1),
         (

@@ -26,6 +26,8 @@ use super::version::{self, Version};
 pub const DEFAULT_SOCKET: &str = "/run/margay/bgpd.sock";
 /// The IPAM plugin served by this crate.
 pub const IPAM_TYPE: &str = "margay-ipam";
+/// The main plugin served by this crate.
+pub const MAIN_TYPE: &str = "margay";
 
 /// Encapsulation of the pools the pods use: it sets how much of the uplink MTU a pod may use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -56,6 +58,28 @@ pub enum LogLevel {
     Trace,
 }
 
+/// The gateway `margay-ipam` reports with each address (`ipam.gateway`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Gateway {
+    /// Calico's fixed link-local gateways, 169.254.1.1 and fe80::ecee:eeff:feee:eeee: for main
+    /// plugins that put the gateway on the host end of each pod's veth (margay, ptp), where it
+    /// never collides with a pod's address.
+    LinkLocal,
+    /// The block's first address after its network address: for main plugins whose pods share
+    /// a segment with the gateway on it (bridge with isGateway, macvlan, ipvlan), which needs
+    /// an address inside the pods' subnet. Pods never get it.
+    Block,
+}
+
+impl Gateway {
+    pub fn name(self) -> &'static str {
+        match self {
+            Gateway::LinkLocal => "link-local",
+            Gateway::Block => "block",
+        }
+    }
+}
+
 /// The `ipam` section.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct IpamConf {
@@ -67,6 +91,8 @@ pub struct IpamConf {
     /// Pool names or CIDRs; empty means every pool the node may use.
     pub ipv4_pools: Vec<String>,
     pub ipv6_pools: Vec<String>,
+    /// margay-ipam's `gateway`; None chooses by the main plugin ([`NetConf::ipam_gateway`]).
+    pub gateway: Option<Gateway>,
 }
 
 impl Default for IpamConf {
@@ -78,6 +104,7 @@ impl Default for IpamConf {
             assign_ipv6: false,
             ipv4_pools: Vec::new(),
             ipv6_pools: Vec::new(),
+            gateway: None,
         }
     }
 }
@@ -258,6 +285,12 @@ impl NetConf {
             Some(Value::Object(m)) => parse_ipam(m)?,
             Some(_) => return Err(wrong_type("ipam", "an object")),
         };
+        if plugin_type == MAIN_TYPE && ipam.gateway == Some(Gateway::Block) {
+            return Err(invalid(
+                "ipam.gateway",
+                "\"block\" is for main plugins whose pods share a segment: margay routes every pod through 169.254.1.1 and fe80::ecee:eeff:feee:eeee",
+            ));
+        }
         let dns: Dns = field(&obj, "dns")?.unwrap_or_default();
 
         let mut requested_ips = Vec::new();
@@ -348,6 +381,18 @@ impl NetConf {
         self.ipam.plugin_type == IPAM_TYPE
     }
 
+    /// The gateway margay-ipam reports: `ipam.gateway` when set, else link-local under the
+    /// main plugins that put it on each pod's veth (margay, ptp) and the block's first address
+    /// under every other (bridge and the like need it inside the pods' subnet).
+    pub fn ipam_gateway(&self) -> Gateway {
+        self.ipam
+            .gateway
+            .unwrap_or(match self.plugin_type.as_str() {
+                MAIN_TYPE | "ptp" => Gateway::LinkLocal,
+                _ => Gateway::Block,
+            })
+    }
+
     /// The IPAM handle of one container: `<network>.<container id>`, as Calico names it.
     pub fn handle(&self, container_id: &str) -> String {
         format!("{}.{}", self.name, container_id)
@@ -379,8 +424,27 @@ fn parse_ipam(m: &Map<String, Value>) -> Result<IpamConf, CniError> {
             "assign_ipv4 and assign_ipv6 are both false: the pod would get no address",
         ));
     }
+    // Another IPAM plugin's `gateway` is its own business (host-local's is an address).
+    let gateway = if plugin_type == IPAM_TYPE {
+        match field::<String>(m, "gateway").map_err(p)?.as_deref() {
+            None => None,
+            Some("link-local") => Some(Gateway::LinkLocal),
+            Some("block") => Some(Gateway::Block),
+            Some(other) => {
+                return Err(invalid(
+                    "ipam.gateway",
+                    format!(
+                        "{other:?} is not one of \"link-local\" (169.254.1.1 and fe80::ecee:eeff:feee:eeee) or \"block\" (the block's first address)"
+                    ),
+                ));
+            }
+        }
+    } else {
+        None
+    };
     Ok(IpamConf {
         plugin_type,
+        gateway,
         socket: path_field(m, "socket").map_err(p)?,
         assign_ipv4,
         assign_ipv6,
@@ -691,6 +755,40 @@ mod tests {
         ))
         .unwrap();
         assert!(!c.ipam.assign_ipv4 && c.ipam.assign_ipv6);
+    }
+
+    #[test]
+    fn ipam_gateway_follows_the_main_plugin_unless_set() {
+        let of = |main: &str, ipam: Value| {
+            let mut v = base();
+            v["type"] = json!(main);
+            v["ipam"] = ipam;
+            parse(v).map(|c| c.ipam_gateway())
+        };
+        let plain = json!({"type": "margay-ipam"});
+        assert_eq!(of("margay", plain.clone()), Ok(Gateway::LinkLocal));
+        assert_eq!(of("ptp", plain.clone()), Ok(Gateway::LinkLocal));
+        assert_eq!(of("bridge", plain.clone()), Ok(Gateway::Block));
+        assert_eq!(of("macvlan", plain), Ok(Gateway::Block));
+        let set = |g: &str| json!({"type": "margay-ipam", "gateway": g});
+        assert_eq!(of("ptp", set("block")), Ok(Gateway::Block));
+        assert_eq!(of("bridge", set("link-local")), Ok(Gateway::LinkLocal));
+        // margay's pods route through the link-local gateways, always.
+        let e = of("margay", set("block")).unwrap_err();
+        assert_eq!(e.code, code::INVALID_CONFIG);
+        assert!(e.msg.contains("ipam.gateway"), "{}", e.msg);
+        let e = of("bridge", set("10.0.0.1")).unwrap_err();
+        assert_eq!(e.code, code::INVALID_CONFIG);
+        assert!(e.msg.contains("\"10.0.0.1\""), "{}", e.msg);
+        assert_eq!(
+            of("bridge", json!({"type": "margay-ipam", "gateway": 1}))
+                .unwrap_err()
+                .code,
+            code::DECODE
+        );
+        // host-local's gateway is an address, and none of ours.
+        let hl = json!({"type": "host-local", "subnet": "10.1.0.0/16", "gateway": "10.1.0.1"});
+        assert!(of("bridge", hl).is_ok());
     }
 
     #[test]

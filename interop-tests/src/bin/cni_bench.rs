@@ -1,11 +1,14 @@
 //! `cni-bench`: the CNI plugins side by side with the reference chain doing the same wiring,
-//! in one run on one (simulated) node: `margay` (IPAM in-process from bgpd, the real store) and
-//! the reference `ptp` + `host-local` (a veth pair, addresses, routes; IPAM from local files),
-//! plus `ptp` + `margay-ipam` to separate the IPAM cost from the wiring. Each runs N ADDs then
-//! N DELs, one at a time and 8 at once, each plugin a fresh process started in the node's
-//! namespace as a runtime starts it. The chains take turns batch by batch, so noise on a shared
-//! machine falls on all of them. Prints ADD and DEL p50/p99, pods per second (ADDs over the
-//! time their batches took), and our ratios to the reference.
+//! in one run on one (simulated) node, for IPv4, IPv6 and dual-stack pods: `margay` (IPAM
+//! in-process from bgpd, the real store) and the reference `ptp` + `host-local` (a veth pair,
+//! addresses, routes; IPAM from local files), plus `ptp` + `margay-ipam` to separate the IPAM
+//! cost from the wiring. Each runs N ADDs then N DELs, one at a time and 8 at once, each plugin
+//! a fresh process started in the node's namespace as a runtime starts it. The chains of a
+//! family take turns batch by batch, so noise on a shared machine falls on all of them. The pod
+//! namespaces have IPv6 duplicate address detection off for every chain, as margay (like
+//! Calico) turns it off on the pod's interface itself: the reference is timed doing the same
+//! work, not waiting a second for DAD. Prints ADD and DEL p50/p99, pods per second (ADDs over
+//! the time their batches took), and our ratios to the reference per family.
 //!
 //! `cni-bench [--pods N] [--smoke]`; needs root, the release build of `margay`, and Debian's
 //! containernetworking-plugins in /usr/lib/cni.
@@ -17,7 +20,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use cni_lab::{Call, Node, POOLS_V4};
+use cni_lab::{Call, Node, POOLS_V4, POOLS_V6};
 use interop_tests::bench::{ms, percentile};
 use interop_tests::lab::netns::Netns;
 use serde_json::{Value, json};
@@ -39,8 +42,49 @@ struct Chain {
     conf: Value,
 }
 
+/// The address families a pod gets.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Family {
+    V4,
+    V6,
+    Dual,
+}
+
+impl Family {
+    const ALL: [Family; 3] = [Family::V4, Family::V6, Family::Dual];
+
+    fn name(self) -> &'static str {
+        match self {
+            Family::V4 => "IPv4",
+            Family::V6 => "IPv6",
+            Family::Dual => "dual",
+        }
+    }
+
+    fn v4(self) -> bool {
+        self != Family::V6
+    }
+
+    fn v6(self) -> bool {
+        self != Family::V4
+    }
+
+    /// host-local's ranges for the family.
+    fn host_local_ranges(self) -> Value {
+        let mut ranges = Vec::new();
+        if self.v4() {
+            ranges.push(json!([{"subnet": "10.200.0.0/16"}]));
+        }
+        if self.v6() {
+            ranges.push(json!([{"subnet": "fd00:200::/64"}]));
+        }
+        Value::Array(ranges)
+    }
+}
+
 struct Row {
     chain: &'static str,
+    family: Family,
     parallel: usize,
     add: Vec<Duration>,
     del: Vec<Duration>,
@@ -61,56 +105,42 @@ fn main() -> std::process::ExitCode {
 fn run(args: &Args) -> Result<(), String> {
     let pods = if args.smoke { 16 } else { args.pods.max(8) };
     interop_tests::lab::netns::remove_stale();
-    let node = Node::start("bn", POOLS_V4);
+    let node = Node::start("bn", &format!("{POOLS_V4}{POOLS_V6}"));
     let work = tempfile::tempdir().map_err(|e| e.to_string())?;
 
-    let mut ours = node.conf("1.0.0");
-    ours["log_level"] = json!("info");
-    ours["log_file_path"] = json!(work.path().join("margay.log"));
-    let chains = [
-        Chain {
-            name: "margay + margay-ipam",
-            plugin: cni_lab::margay(),
-            conf: ours,
-        },
-        Chain {
-            name: "ptp + host-local",
-            plugin: cni_lab::reference("ptp"),
-            conf: json!({
-                "cniVersion": "1.0.0", "name": "bench-ref", "type": "ptp", "mtu": 1450,
-                "ipam": {"type": "host-local", "ranges": [[{"subnet": "10.200.0.0/16"}]],
-                         "dataDir": work.path().join("host-local")}
-            }),
-        },
-        Chain {
-            name: "ptp + margay-ipam",
-            plugin: cni_lab::reference("ptp"),
-            conf: json!({
-                "cniVersion": "1.0.0", "name": "bench-ptp", "type": "ptp", "mtu": 1450,
-                "nodename": "test-node",
-                "ipam": {"type": "margay-ipam", "socket": node.daemon.socket}
-            }),
-        },
-    ];
-    // One set of pod namespaces per chain: the chains' pods exist side by side.
-    let namespaces: Vec<Vec<Netns>> = (0..chains.len())
+    // One set of pod namespaces per chain of a family: the chains' pods exist side by side.
+    // The families take turns, each leaving the namespaces empty for the next.
+    let namespaces: Vec<Vec<Netns>> = (0..3)
         .map(|c| {
             (0..pods)
-                .map(|i| Netns::new(&format!("b{c}-{i}")).map_err(|e| e.to_string()))
-                .collect::<Result<_, _>>()
+                .map(|i| {
+                    let ns = Netns::new(&format!("b{c}-{i}")).map_err(|e| e.to_string())?;
+                    ns.sh("sysctl -qw net.ipv6.conf.all.accept_dad=0 net.ipv6.conf.default.accept_dad=0")
+                        .map_err(|e| e.to_string())?;
+                    Ok(ns)
+                })
+                .collect::<Result<_, String>>()
         })
         .collect::<Result<_, _>>()?;
 
-    // Warm up: page cache, bgpd's first block claim, host-local's directory.
-    for (c, chain) in chains.iter().enumerate() {
-        let ns = &namespaces[c][0];
-        measure(&node, chain, "ADD", "warm", ns)?;
-        measure(&node, chain, "DEL", "warm", ns)?;
-    }
-
     let mut rows = Vec::new();
-    for parallel in [1, 8] {
-        rows.extend(run_interleaved(&node, &chains, &namespaces, parallel)?);
+    for family in Family::ALL {
+        let chains = chains(&node, family, work.path());
+        // Warm up: page cache, bgpd's first block claim, host-local's directory.
+        for (c, chain) in chains.iter().enumerate() {
+            let ns = &namespaces[c][0];
+            measure(&node, chain, "ADD", "warm", ns)?;
+            measure(&node, chain, "DEL", "warm", ns)?;
+        }
+        for parallel in [1, 8] {
+            rows.extend(run_interleaved(
+                &node,
+                &chains,
+                family,
+                &namespaces,
+                parallel,
+            )?);
+        }
     }
     print_table(&rows, pods);
     if node.ipam_used() != 0 {
@@ -127,6 +157,41 @@ fn run(args: &Args) -> Result<(), String> {
         return Err("interfaces left after the DELs".into());
     }
     Ok(())
+}
+
+/// The three chains, configured for `family`.
+fn chains(node: &Node, family: Family, work: &std::path::Path) -> [Chain; 3] {
+    let mut ours = node.conf("1.0.0");
+    ours["log_level"] = json!("info");
+    ours["log_file_path"] = json!(work.join("margay.log"));
+    ours["ipam"]["assign_ipv4"] = json!(family.v4());
+    ours["ipam"]["assign_ipv6"] = json!(family.v6());
+    [
+        Chain {
+            name: "margay + margay-ipam",
+            plugin: cni_lab::margay(),
+            conf: ours,
+        },
+        Chain {
+            name: "ptp + host-local",
+            plugin: cni_lab::reference("ptp"),
+            conf: json!({
+                "cniVersion": "1.0.0", "name": "bench-ref", "type": "ptp", "mtu": 1450,
+                "ipam": {"type": "host-local", "ranges": family.host_local_ranges(),
+                         "dataDir": work.join(format!("host-local-{}", family.name()))}
+            }),
+        },
+        Chain {
+            name: "ptp + margay-ipam",
+            plugin: cni_lab::reference("ptp"),
+            conf: json!({
+                "cniVersion": "1.0.0", "name": "bench-ptp", "type": "ptp", "mtu": 1450,
+                "nodename": "test-node",
+                "ipam": {"type": "margay-ipam", "socket": node.daemon.socket,
+                         "assign_ipv4": family.v4(), "assign_ipv6": family.v6()}
+            }),
+        },
+    ]
 }
 
 /// One plugin run; its wall time.
@@ -182,6 +247,7 @@ fn batch(
 fn run_interleaved(
     node: &Node,
     chains: &[Chain],
+    family: Family,
     namespaces: &[Vec<Netns>],
     parallel: usize,
 ) -> Result<Vec<Row>, String> {
@@ -190,6 +256,7 @@ fn run_interleaved(
         .iter()
         .map(|c| Row {
             chain: c.name,
+            family,
             parallel,
             add: Vec::new(),
             del: Vec::new(),
@@ -221,11 +288,11 @@ fn run_interleaved(
 fn print_table(rows: &[Row], pods: usize) {
     println!(
         "CNI ADD/DEL, {pods} pods per row, each plugin a fresh process in the node's namespace, \
-         chains in turns; margay's IPAM: bgpd on SQLite (sync=full)"
+         chains in turns; margay's IPAM: bgpd on SQLite (sync=full); IPv6 DAD off in every pod"
     );
     println!(
-        "{:<22} {:>9} {:>10} {:>10} {:>10} {:>10} {:>8}",
-        "chain", "parallel", "ADD p50", "ADD p99", "DEL p50", "DEL p99", "pods/s"
+        "{:<22} {:>6} {:>9} {:>10} {:>10} {:>10} {:>10} {:>8}",
+        "chain", "family", "parallel", "ADD p50", "ADD p99", "DEL p50", "DEL p99", "pods/s"
     );
     let mut stats = Vec::new();
     for r in rows {
@@ -237,8 +304,9 @@ fn print_table(rows: &[Row], pods: usize) {
             percentile(&mut del, 0.99),
         );
         println!(
-            "{:<22} {:>9} {:>10} {:>10} {:>10} {:>10} {:>8.0}",
+            "{:<22} {:>6} {:>9} {:>10} {:>10} {:>10} {:>10} {:>8.0}",
             r.chain,
+            r.family.name(),
             r.parallel,
             ms(s.0),
             ms(s.1),
@@ -246,28 +314,31 @@ fn print_table(rows: &[Row], pods: usize) {
             ms(s.3),
             r.add_rate
         );
-        stats.push((r.chain, r.parallel, s, r.add_rate));
+        stats.push((r.chain, r.family, r.parallel, s, r.add_rate));
     }
     println!();
-    for parallel in [1, 8] {
-        let find = |name: &str| {
-            stats
-                .iter()
-                .find(|(c, p, _, _)| *c == name && *p == parallel)
-                .map(|(_, _, s, rate)| (*s, *rate))
-        };
-        if let (Some((o, orate)), Some((r, rrate))) =
-            (find("margay + margay-ipam"), find("ptp + host-local"))
-        {
-            let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64().max(1e-9);
-            println!(
-                "ratio margay / ptp+host-local, parallel {parallel}: ADD p50 {:.2}  ADD p99 {:.2}  DEL p50 {:.2}  DEL p99 {:.2}  pods/s {:.2}",
-                ratio(o.0, r.0),
-                ratio(o.1, r.1),
-                ratio(o.2, r.2),
-                ratio(o.3, r.3),
-                orate / rrate.max(1e-9)
-            );
+    for family in Family::ALL {
+        for parallel in [1, 8] {
+            let find = |name: &str| {
+                stats
+                    .iter()
+                    .find(|(c, f, p, _, _)| *c == name && *f == family && *p == parallel)
+                    .map(|(_, _, _, s, rate)| (*s, *rate))
+            };
+            if let (Some((o, orate)), Some((r, rrate))) =
+                (find("margay + margay-ipam"), find("ptp + host-local"))
+            {
+                let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64().max(1e-9);
+                println!(
+                    "ratio margay / ptp+host-local, {}, parallel {parallel}: ADD p50 {:.2}  ADD p99 {:.2}  DEL p50 {:.2}  DEL p99 {:.2}  pods/s {:.2}",
+                    family.name(),
+                    ratio(o.0, r.0),
+                    ratio(o.1, r.1),
+                    ratio(o.2, r.2),
+                    ratio(o.3, r.3),
+                    orate / rrate.max(1e-9)
+                );
+            }
         }
     }
 }

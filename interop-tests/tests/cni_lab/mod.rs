@@ -414,9 +414,11 @@ pub fn with_prev(conf: &Value, prev: &Value) -> Value {
     c
 }
 
-/// Pings `ip` from `ns` (one packet, 2 s).
+/// Pings `ip` from `ns`: one answer within 4 s, a probe a second. (The reference plugins'
+/// IPv6 addresses go through duplicate address detection, which takes a second or two after
+/// their ADD: until then the kernel does not answer for them.)
 pub fn ping(ns: &Netns, ip: &str) -> bool {
-    let mut args = vec!["-c1", "-W2", "-q"];
+    let mut args = vec!["-c1", "-w4", "-q"];
     if ip.contains(':') {
         args.insert(0, "-6");
     }
