@@ -26,8 +26,13 @@ pub struct SessionParams {
     /// We announced that we accept IPv4 routes with an IPv6 next hop (RFC 8950).
     pub ipv4_ext_next_hop: bool,
     /// The peer is external (eBGP outside our confederation): LOCAL_PREF, ORIGINATOR_ID and
-    /// CLUSTER_LIST from it are discarded, confederation segments in AS_PATH are malformed.
+    /// CLUSTER_LIST from it are discarded.
     pub external: bool,
+    /// We and the peer are members of one confederation (RFC 5065): only then may its
+    /// AS_PATH carry confederation segments; from any other peer they make the AS_PATH
+    /// malformed (treat-as-withdraw, RFC 7606 §7.2). A speaker in no confederation (bgpd)
+    /// leaves this off for every peer, iBGP ones included.
+    pub confederation: bool,
 }
 
 impl Default for SessionParams {
@@ -39,6 +44,7 @@ impl Default for SessionParams {
             ipv6_unicast: false,
             ipv4_ext_next_hop: false,
             external: false,
+            confederation: false,
         }
     }
 }

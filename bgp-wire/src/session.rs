@@ -33,6 +33,9 @@ impl SessionParams {
                 t.nlri_afi == Afi::IPV4 && t.nlri_safi == 1 && t.next_hop_afi == Afi::IPV6
             }),
             external,
+            // Confederations are not negotiated: a caller that is in one sets this for the
+            // peers that are members.
+            confederation: false,
         }
     }
 }

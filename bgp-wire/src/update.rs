@@ -581,11 +581,11 @@ impl<'s> Walk<'s> {
             }
             code::AS_PATH => {
                 let p = AsPath::decode(v, four).map_err(|d| (MalformedAsPath, d))?;
-                if self.session.external && p.has_confed() {
-                    // RFC 7606 §7.2 / RFC 5065 §5.
+                if !self.session.confederation && p.has_confed() {
+                    // RFC 5065 §5, RFC 7606 §7.2: treat-as-withdraw.
                     return Err((
                         MalformedAsPath,
-                        "confederation segment from an external peer",
+                        "confederation segment from a peer outside our confederation",
                     ));
                 }
                 a.as_path = Some(p);

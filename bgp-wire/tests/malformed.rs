@@ -566,7 +566,8 @@ fn attributes_not_accepted_from_external_peers() {
         ]
     );
     assert_eq!(d.update.attributes.local_pref, None);
-    // Confederation segments from an external peer make AS_PATH malformed.
+    // Confederation segments from a peer outside our confederation (external or internal)
+    // make AS_PATH malformed; only a member of our confederation may send them.
     let a = [
         &ORIGIN_IGP[..],
         &attr(0x40, 2, &[3, 1, 0, 0, 0xFD, 0xEA]),
@@ -577,7 +578,15 @@ fn attributes_not_accepted_from_external_peers() {
         reasons(&decode(&a, &ebgp)),
         [(2, ErrorKind::MalformedAsPath)]
     );
-    assert_eq!(decode(&a, &as4()).disposition, Disposition::Ok);
+    assert_eq!(
+        reasons(&decode(&a, &as4())),
+        [(2, ErrorKind::MalformedAsPath)]
+    );
+    let member = SessionParams {
+        confederation: true,
+        ..as4()
+    };
+    assert_eq!(decode(&a, &member).disposition, Disposition::Ok);
 }
 
 #[test]

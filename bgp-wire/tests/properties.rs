@@ -11,9 +11,12 @@ use common::*;
 use proptest::prelude::*;
 use proptest::sample::select;
 
+/// A session of a confederation member: the generated paths carry confederation segments,
+/// which only a member may send.
 fn session(four_octet: bool) -> SessionParams {
     SessionParams {
         extended_message: true,
+        confederation: true,
         ..if four_octet { as4() } else { as2() }
     }
 }
@@ -93,7 +96,7 @@ proptest! {
 
     #[test]
     fn packing_carries_every_prefix_once(ps in prop::collection::vec(v4_prefix(), 1..3000), attrs in attributes(true, false)) {
-        let s = as4();
+        let s = SessionParams { confederation: true, ..as4() };
         let attrs = PathAttributes { next_hop: Some(Ipv4Addr::new(10, 0, 0, 1)), ..attrs };
         let mut out = Vec::new();
         let n = bgp_wire::pack::announce_ipv4(&s, &attrs, ps.iter().copied(), &mut out);
@@ -116,7 +119,7 @@ proptest! {
 
 fn all_sessions() -> Vec<SessionParams> {
     let mut v = Vec::new();
-    for bits in 0u8..64 {
+    for bits in 0u8..128 {
         v.push(SessionParams {
             four_octet_as: bits & 1 != 0,
             extended_message: bits & 2 != 0,
@@ -124,6 +127,7 @@ fn all_sessions() -> Vec<SessionParams> {
             ipv4_ext_next_hop: bits & 8 != 0,
             external: bits & 16 != 0,
             ipv4_unicast: bits & 32 == 0,
+            confederation: bits & 64 != 0,
         });
     }
     v

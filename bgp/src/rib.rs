@@ -304,6 +304,23 @@ pub struct PeerInfo {
     pub rr_client: bool,
 }
 
+impl PeerInfo {
+    /// Whether `addr` is one of our own addresses on this session: a route with it as
+    /// NEXT_HOP is not usable (RFC 4271 §5.1.3, §6.3) and is treated as withdrawn, as BIRD
+    /// does.
+    pub fn is_own_address(&self, addr: IpAddr) -> bool {
+        [self.next_hop_v4, self.next_hop_v6]
+            .into_iter()
+            .flatten()
+            .any(|nh| match nh {
+                NextHop::V4(a) => IpAddr::V4(a) == addr,
+                NextHop::V6 { global, link_local } => {
+                    IpAddr::V6(global) == addr || link_local.map(IpAddr::V6) == Some(addr)
+                }
+            })
+    }
+}
+
 /// Where a candidate route came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Source {
@@ -854,7 +871,9 @@ impl<P: RibPrefix> Rib<P> {
         if let Some(attrs) = attrs.filter(|_| !announced.is_empty()) {
             // eBGP loop rejection (RFC 4271 §9.1.2): our AS in the path means it went round.
             let looped = external && attrs.as_path.as_ref().is_some_and(|p| p.contains(local_as));
-            if looped {
+            // A next hop of ours is not usable: the route is treated as withdrawn.
+            let own_next_hop = next_hop_addr(&attrs).is_some_and(|nh| info.is_own_address(nh));
+            if looped || own_next_hop {
                 for p in announced {
                     let Some(st) = self.peers.get_mut(&from) else {
                         break;

@@ -230,6 +230,29 @@ fn ebgp_loop_is_rejected() {
     assert_eq!(r.counts(PeerId(4)), (1, 0, 0));
 }
 
+/// RFC 4271 §5.1.3: a route whose NEXT_HOP is our own address on the session is not
+/// usable; it is treated as withdrawn (BIRD's "invalid NEXT_HOP"), also when it replaces a
+/// usable one.
+#[test]
+fn a_route_with_our_own_address_as_next_hop_is_treated_as_withdrawn() {
+    let mut r = rib();
+    r.peer_up(peer(2, 64512));
+    let p = pfx("10.7.0.0/26");
+    r.update(PeerId(2), Some(attrs(&[], Some(100))), &[p], &[]);
+    assert_eq!(best_from(&r, "10.7.0.0/26"), Some(Source::Peer(PeerId(2))));
+    let ours = PathAttributes {
+        next_hop: Some(Ipv4Addr::new(10, 0, 0, 1)),
+        ..attrs(&[], Some(100))
+    };
+    r.update(PeerId(2), Some(ours.clone()), &[p], &[]);
+    assert_eq!(r.loc_len(), 0, "the earlier route is gone, the new one unusable");
+    r.update(PeerId(2), Some(ours), &[pfx("10.7.1.0/26")], &[]);
+    assert_eq!(r.loc_len(), 0);
+    // Another peer's address as next hop is fine.
+    r.update(PeerId(2), Some(attrs(&[], Some(100))), &[p], &[]);
+    assert_eq!(r.loc_len(), 1);
+}
+
 #[test]
 fn originated_routes_use_next_hop_self_and_right_attributes() {
     let mut r = rib();
