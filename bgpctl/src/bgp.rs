@@ -112,6 +112,14 @@ pub enum PeerCommand {
         /// Address families, e.g. ipv6,ipv4 [default: the session's own].
         #[arg(long, value_delimiter = ',')]
         families: Vec<String>,
+        /// BFD with the peer: MIN_RX_MS,MIN_TX_MS,MULTIPLIER, e.g. 100,100,3 (bgpd checks
+        /// intervals of at least 10 ms and a multiplier of 1-255).
+        #[arg(
+            long,
+            value_delimiter = ',',
+            value_name = "MIN_RX_MS,MIN_TX_MS,MULTIPLIER"
+        )]
+        bfd: Vec<u32>,
         #[arg(long)]
         json: bool,
     },
@@ -201,6 +209,12 @@ pub fn peer_json(p: &pb::PeerStatus) -> serde_json::Value {
             "attribute_discard": p.malformed_attribute_discard,
             "session_reset": p.malformed_session_reset,
         },
+        "bfd": if p.bfd_state.is_empty() { serde_json::Value::Null } else { json!({
+            "state": p.bfd_state,
+            "min_rx_ms": peer.bfd_min_rx_ms,
+            "min_tx_ms": peer.bfd_min_tx_ms,
+            "multiplier": peer.bfd_multiplier,
+        }) },
     })
 }
 
@@ -267,6 +281,9 @@ pub async fn show(
                         .map(|(n, what)| format!("{n} {what}"))
                         .collect();
                     info.push_str(&format!(" [malformed: {}]", parts.join(", ")));
+                }
+                if !p.bfd_state.is_empty() {
+                    info.push_str(&format!(" [BFD {}]", p.bfd_state));
                 }
                 t.row(vec![
                     peer.name,
@@ -558,8 +575,20 @@ pub async fn peer(
             max_prefixes,
             max_prefixes_restart,
             families,
+            bfd,
             json,
         } => {
+            let (bfd_min_rx_ms, bfd_min_tx_ms, bfd_multiplier) = match bfd[..] {
+                [] => (0, 0, 0),
+                [rx, tx, m] => (rx, tx, m),
+                _ => {
+                    return Err(CtlError::Status {
+                        code: tonic::Code::InvalidArgument,
+                        message: "--bfd: give MIN_RX_MS,MIN_TX_MS,MULTIPLIER, e.g. 100,100,3"
+                            .into(),
+                    });
+                }
+            };
             let origin = if resource.is_some() {
                 pb::PeerOrigin::Resource
             } else {
@@ -581,6 +610,9 @@ pub async fn peer(
                         max_prefixes: max_prefixes.unwrap_or(0),
                         max_prefixes_restart_s: max_prefixes_restart.unwrap_or(0),
                         families,
+                        bfd_min_rx_ms,
+                        bfd_min_tx_ms,
+                        bfd_multiplier,
                         ..pb::BgpPeer::default()
                     }),
                 })

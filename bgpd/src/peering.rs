@@ -74,6 +74,7 @@ fn peer_spec(p: &BgpPeerConfig) -> PeerSpec {
             ipv6: f.contains(&AddressFamily::Ipv6),
         };
     }
+    spec.bfd = p.bfd.and_then(|b| b.session().ok());
     spec.transport = sockopt::Transport {
         password: sockopt::Password::new(&p.password).ok().flatten(),
         ttl_security_hops: p.ttl_security,

@@ -456,6 +456,49 @@ pub struct BgpPeer {
     /// Most prefixes the peer may send; 0: no limit.
     #[serde(default)]
     pub max_prefixes: u32,
+    /// BFD with the peer (RFC 5880); none: no BFD.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bfd: Option<BgpPeerBfd>,
+}
+
+/// A `BGPPeer`'s BFD parameters, as in bgpd's `[[bgp.peers]] bfd`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BgpPeerBfd {
+    pub min_rx_ms: u32,
+    pub min_tx_ms: u32,
+    pub multiplier: u32,
+}
+
+impl BgpPeerBfd {
+    /// The bounds bgpd's BFD sessions accept (the `bfd` crate's `SessionConfig::from_ms`):
+    /// checked here too, so that nothing bgpd would refuse is stored.
+    pub const MIN_INTERVAL_MS: u32 = 10;
+    pub const MAX_INTERVAL_MS: u32 = 60_000;
+
+    fn validate(&self) -> Result<(), IpamError> {
+        for (field, v) in [
+            ("bfd.min_rx_ms", self.min_rx_ms),
+            ("bfd.min_tx_ms", self.min_tx_ms),
+        ] {
+            if !(Self::MIN_INTERVAL_MS..=Self::MAX_INTERVAL_MS).contains(&v) {
+                return Err(invalid(
+                    field,
+                    format!(
+                        "{v} ms is outside {}-{} ms",
+                        Self::MIN_INTERVAL_MS,
+                        Self::MAX_INTERVAL_MS
+                    ),
+                ));
+            }
+        }
+        if !(1..=255).contains(&self.multiplier) {
+            return Err(invalid(
+                "bfd.multiplier",
+                format!("{} is outside 1-255", self.multiplier),
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl Resource for BgpPeer {
@@ -479,6 +522,7 @@ impl BgpPeer {
             keepalive_time_s: 0,
             hold_time_s: 0,
             max_prefixes: 0,
+            bfd: None,
         }
     }
 
@@ -511,6 +555,9 @@ impl BgpPeer {
                 "hold_time_s",
                 "must be 0 or at least 3 seconds (RFC 4271)",
             ));
+        }
+        if let Some(b) = &self.bfd {
+            b.validate()?;
         }
         Ok(())
     }

@@ -264,6 +264,9 @@ fn peer_message(spec: &PeerSpec) -> BgpPeer {
             .filter(|(on, _)| *on)
             .map(|(_, f)| f.to_owned())
             .collect(),
+        bfd_min_rx_ms: spec.bfd.map_or(0, |b| b.required_min_rx.as_millis() as u32),
+        bfd_min_tx_ms: spec.bfd.map_or(0, |b| b.desired_min_tx.as_millis() as u32),
+        bfd_multiplier: spec.bfd.map_or(0, |b| u32::from(b.detect_mult)),
         ..BgpPeer::default()
     }
 }
@@ -288,6 +291,7 @@ fn peer_status(p: &PeerStatus) -> proto::v1::PeerStatus {
         malformed_treat_as_withdraw: p.malformed.treat_as_withdraw,
         malformed_attribute_discard: p.malformed.attribute_discard,
         malformed_session_reset: p.malformed.session_reset,
+        bfd_state: p.bfd.map_or("", |s| s.name()).into(),
     }
 }
 
@@ -434,6 +438,14 @@ impl Bgp for BgpService {
         if p.as_number == 0 {
             return Err(Status::invalid_argument("peer.as_number: AS 0 is reserved"));
         }
+        // Checked before anything is stored or started.
+        let bfd = match (p.bfd_min_rx_ms, p.bfd_min_tx_ms, p.bfd_multiplier) {
+            (0, 0, 0) => None,
+            (rx, tx, m) => Some(
+                bfd::SessionConfig::from_ms(u64::from(rx), u64::from(tx), u64::from(m))
+                    .map_err(|e| Status::invalid_argument(format!("peer.bfd.{e}")))?,
+            ),
+        };
         if p.origin == i32::from(PeerOrigin::Resource) {
             if !p.families.is_empty() {
                 return Err(Status::invalid_argument(
@@ -458,6 +470,11 @@ impl Bgp for BgpService {
                 keepalive_time_s: u16_of("keepalive_time_s", p.keepalive_time_s)?,
                 hold_time_s: u16_of("hold_time_s", p.hold_time_s)?,
                 max_prefixes: p.max_prefixes,
+                bfd: bfd.map(|_| model::BgpPeerBfd {
+                    min_rx_ms: p.bfd_min_rx_ms,
+                    min_tx_ms: p.bfd_min_tx_ms,
+                    multiplier: p.bfd_multiplier,
+                }),
             };
             crate::speaker::sockopt::Password::new(&r.password)
                 .map_err(|e| Status::invalid_argument(format!("peer.password: {e}")))?;
@@ -472,6 +489,7 @@ impl Bgp for BgpService {
             return Ok(Response::new(echo));
         }
         let mut spec = PeerSpec::new(address, bgp_wire::Asn(p.as_number));
+        spec.bfd = bfd;
         if let Some(f) = families(&p.families)? {
             spec.families = f;
         }

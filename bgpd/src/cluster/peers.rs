@@ -144,6 +144,17 @@ pub fn desired_peers(
             multihop_ttl: None,
         };
         spec.max_prefixes = (p.max_prefixes != 0).then_some(p.max_prefixes);
+        // Validated when stored; a resource written by an older or other client is checked
+        // again rather than trusted.
+        spec.bfd = p.bfd.and_then(|b| {
+            bfd::SessionConfig::from_ms(
+                u64::from(b.min_rx_ms),
+                u64::from(b.min_tx_ms),
+                u64::from(b.multiplier),
+            )
+            .map_err(|e| tracing::warn!(peer = %p.name, "BGPPeer BFD refused: {e}"))
+            .ok()
+        });
         let kind = if p.node.is_empty() { "Global" } else { "Node" };
         spec.label = Some(peer_name(kind, addr, p.port));
         timers(

@@ -256,6 +256,39 @@ pub struct BgpPeerConfig {
     /// `ipv4` on an IPv6 session uses IPv6 next hops (RFC 8950 extended next hop);
     /// `ipv6` on an IPv4 session uses `node.address6` as our next hop.
     pub families: Option<Vec<AddressFamily>>,
+    /// BFD with this peer (`bfd = { min_rx_ms = 100, min_tx_ms = 100, multiplier = 3 }`):
+    /// single-hop, or multihop (RFC 5883) when `multihop` is set. Its session going Down
+    /// takes the BGP session down at once.
+    pub bfd: Option<BfdConfig>,
+}
+
+/// A peer's BFD parameters; FRR's defaults (300 ms × 3) where a key is left out.
+#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[serde(default, deny_unknown_fields)]
+pub struct BfdConfig {
+    /// The shortest interval at which we can receive packets (RequiredMinRxInterval).
+    pub min_rx_ms: u64,
+    /// The interval at which we would like to send (DesiredMinTxInterval).
+    pub min_tx_ms: u64,
+    /// Packets missed before the session is declared Down (Detect Mult), 1-255.
+    pub multiplier: u64,
+}
+
+impl Default for BfdConfig {
+    fn default() -> Self {
+        BfdConfig {
+            min_rx_ms: 300,
+            min_tx_ms: 300,
+            multiplier: 3,
+        }
+    }
+}
+
+impl BfdConfig {
+    /// The checked session parameters; the error names the key (`min_rx_ms`, ...).
+    pub fn session(&self) -> Result<bfd::SessionConfig, bfd::SessionConfigError> {
+        bfd::SessionConfig::from_ms(self.min_rx_ms, self.min_tx_ms, self.multiplier)
+    }
 }
 
 /// An address family a BGP session can carry (unicast).
@@ -363,7 +396,13 @@ impl Config {
         if self.bgp.as_number == 0 {
             return Err(field("bgp.as", "AS 0 is reserved (RFC 7607)"));
         }
-        for p in &self.bgp.peers {
+        for (i, p) in self.bgp.peers.iter().enumerate() {
+            if let Some(Err(e)) = p.bfd.map(|b| b.session()) {
+                return Err(field(
+                    "bgp.peers",
+                    format!("peer {}: bgp.peers[{i}].bfd.{e}", p.address),
+                ));
+            }
             if p.as_number == 0 {
                 return Err(field(
                     "bgp.peers",

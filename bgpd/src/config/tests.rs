@@ -210,3 +210,49 @@ fn bad_metrics_values_name_the_field() {
         assert!(err.contains(needle), "{text:?}: {err}");
     }
 }
+
+#[test]
+fn bfd_of_a_peer_loads_and_bad_intervals_name_the_field() {
+    let peer = |bfd: &str| {
+        format!("[bgp]\n[[bgp.peers]]\naddress = \"10.0.0.9\"\nas = 65000\nbfd = {bfd}\n")
+    };
+    let load = |text: &str| {
+        let f = write(text);
+        Config::load_with_env(Some(f.path()), env(&[("MARGAY_NODE__NAME", "n")]))
+    };
+    let c = load(&peer(
+        "{ min_rx_ms = 100, min_tx_ms = 100, multiplier = 3 }",
+    ))
+    .unwrap();
+    let b = c.bgp.peers[0].bfd.expect("bfd set");
+    let s = b.session().unwrap();
+    assert_eq!(
+        (s.required_min_rx, s.desired_min_tx, s.detect_mult),
+        (
+            std::time::Duration::from_millis(100),
+            std::time::Duration::from_millis(100),
+            3
+        )
+    );
+    // Keys left out take FRR's defaults.
+    let c = load(&peer("{ multiplier = 5 }")).unwrap();
+    assert_eq!(
+        c.bgp.peers[0].bfd,
+        Some(BfdConfig {
+            min_rx_ms: 300,
+            min_tx_ms: 300,
+            multiplier: 5
+        })
+    );
+    for (bfd, want) in [
+        ("{ min_rx_ms = 9 }", "bgp.peers[0].bfd.min_rx_ms = 9 ms"),
+        ("{ min_tx_ms = 5 }", "bgp.peers[0].bfd.min_tx_ms = 5 ms"),
+        ("{ multiplier = 0 }", "bgp.peers[0].bfd.multiplier = 0"),
+        ("{ multiplier = 256 }", "bgp.peers[0].bfd.multiplier = 256"),
+    ] {
+        let err = load(&peer(bfd)).unwrap_err().to_string();
+        assert!(err.contains(want), "{bfd}: {err}");
+    }
+    let err = load(&peer("{ min_rx = 100 }")).unwrap_err().to_string();
+    assert!(err.contains("min_rx"), "{err}");
+}

@@ -116,6 +116,7 @@ impl Endpoints {
                     peers,
                     ipam,
                     api: self.info.api_stats.snapshot(),
+                    bfd: self.info.bgp.bfd_counters().snapshot(),
                 };
                 Response::new(200, http::PROMETHEUS, render::render(&snapshot))
             }

@@ -62,6 +62,8 @@ pub struct Snapshot {
     pub peers: Result<Vec<PeerRow>, String>,
     pub ipam: IpamView,
     pub api: BTreeMap<String, MethodStats>,
+    /// The BFD task's packet counters, by what happened to the packets.
+    pub bfd: Vec<(&'static str, u64)>,
 }
 
 /// A per-peer or per-pool family: its name, its help, and its value for one row.
@@ -96,6 +98,14 @@ pub fn render(s: &Snapshot) -> String {
     bgp(&mut e, &s.peers);
     ipam(&mut e, &s.ipam);
     api(&mut e, &s.api);
+    e.family(
+        "bfd_packets_total",
+        "BFD control packets by outcome: received, sent, send_errors, and dropped as malformed, no_session, ttl_refused (single-hop TTL below 255) or flooded (above the peer's rate).",
+        Kind::Counter,
+    );
+    for (what, n) in &s.bfd {
+        e.sample("bfd_packets_total", &[("outcome", what)], n);
+    }
     e.finish()
 }
 
@@ -290,6 +300,7 @@ mod tests {
                 age_seconds: 0.25,
             },
             api: stats.snapshot(),
+            bfd: vec![("received", 7), ("malformed", 2)],
         }
     }
 
@@ -301,6 +312,7 @@ mod tests {
             "margay_bgpd_datastore_connected 1",
             "margay_bgpd_ready 0",
             "margay_bgpd_bgp_speaker_up 1",
+            "margay_bgpd_bfd_packets_total{outcome=\"malformed\"} 2",
             "margay_bgpd_bgp_sessions{state=\"Established\"} 1",
             "margay_bgpd_bgp_sessions{state=\"Active\"} 1",
             "margay_bgpd_bgp_sessions{state=\"Idle\"} 0",

@@ -7,7 +7,10 @@
 //!   `mailbox` carries the speaker's commands to it; `sockopt` sets TCP MD5 and TTL options;
 //!   `iface` finds the link-local address for RFC 2545 next hops.
 //! - `task`: the task that owns the RIBs and the peers; [`SpeakerHandle`] is its API.
+//! - `bfd`: the task that moves BFD packets and timers for the peers that ask for BFD
+//!   (`bfd` crate sessions); a session going Down takes the peer's BGP session down.
 
+pub mod bfd;
 pub mod iface;
 pub mod mailbox;
 pub mod session;

@@ -182,7 +182,7 @@ pub fn set_md5(fd: BorrowedFd<'_>, peer: IpAddr, key: Option<&[u8]>) -> io::Resu
 }
 
 /// `peer` as a `sockaddr_in` / `sockaddr_in6` in `storage`.
-fn write_addr(storage: &mut libc::sockaddr_storage, peer: IpAddr) {
+pub(crate) fn write_addr(storage: &mut libc::sockaddr_storage, peer: IpAddr) {
     match peer {
         IpAddr::V4(a) => {
             // SAFETY: `sockaddr_storage` is large and aligned enough for any socket address.
@@ -203,7 +203,7 @@ fn write_addr(storage: &mut libc::sockaddr_storage, peer: IpAddr) {
     }
 }
 
-fn set_int(
+pub(crate) fn set_int(
     fd: BorrowedFd<'_>,
     level: libc::c_int,
     name: libc::c_int,

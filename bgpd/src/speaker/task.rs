@@ -35,6 +35,7 @@ use std::sync::Arc;
 use ipnet::IpNet;
 use proto::v1 as pb;
 
+use super::bfd::{BfdEvent, BfdHandle};
 use super::mailbox;
 pub use super::session::Families;
 use super::session::{FromSession, Session, ToSession};
@@ -131,6 +132,9 @@ pub struct PeerSpec {
     /// retried only after Calico's `connect retry time` (5 s), since the peer connects to
     /// us as soon as it starts.
     pub peer_connects: bool,
+    /// Run BFD (RFC 5880; single-hop RFC 5881, or multihop RFC 5883 with `multihop_ttl`)
+    /// with the peer: its session going Down takes the BGP session down at once.
+    pub bfd: Option<bfd::SessionConfig>,
 }
 
 /// Graceful restart times of a peer.
@@ -152,6 +156,9 @@ impl Default for GracefulRestart {
         }
     }
 }
+
+/// Cease subcode "BFD Down" (RFC 9384).
+const CEASE_BFD_DOWN: u8 = 10;
 
 /// Warn when a peer reaches this share of its prefix limit.
 const PREFIX_WARN_PERCENT: u64 = 75;
@@ -177,6 +184,7 @@ impl PeerSpec {
             max_prefixes_restart: None,
             graceful_restart: Some(GracefulRestart::default()),
             peer_connects: false,
+            bfd: None,
         }
     }
 
@@ -242,6 +250,8 @@ pub struct PeerStatus {
     pub accepted: u64,
     pub advertised: u64,
     pub malformed: Malformed,
+    /// The BFD session's state, when the peer runs BFD.
+    pub bfd: Option<bfd::State>,
 }
 
 /// Malformed UPDATEs from a peer by RFC 7606 disposition, since the peer was added.
@@ -351,9 +361,15 @@ enum Command {
 #[derive(Debug, Clone)]
 pub struct SpeakerHandle {
     tx: mpsc::Sender<Command>,
+    bfd: BfdHandle,
 }
 
 impl SpeakerHandle {
+    /// The BFD task's packet counters (for the metrics).
+    pub fn bfd_counters(&self) -> Arc<super::bfd::Counters> {
+        self.bfd.counters.clone()
+    }
+
     async fn ask<T>(
         &self,
         make: impl FnOnce(oneshot::Sender<T>) -> Command,
@@ -501,6 +517,8 @@ struct PeerEntry {
     /// Bumped by every event that makes a pending graceful-restart timer moot.
     gr_token: u64,
     malformed: Malformed,
+    /// The peer's BFD session state (Down until it reports otherwise).
+    bfd_state: bfd::State,
 }
 
 /// A listening socket and its accept task.
@@ -526,6 +544,8 @@ struct Speaker {
     from_sessions: mpsc::Sender<FromSession>,
     /// Prefixes the kernel sink holds a route for (told to it, not withdrawn since).
     in_kernel: hashbrown::HashSet<Prefix>,
+    /// The BFD task (it opens its sockets with the first BFD peer).
+    bfd: BfdHandle,
 }
 
 /// The RIBs of a speaker in AS `local_as`.
@@ -544,6 +564,7 @@ pub fn start(config: SpeakerConfig) -> SpeakerHandle {
     let (tx, rx) = mpsc::channel(QUEUE);
     let (stx, srx) = mpsc::channel(QUEUE);
     let (rib, rib6) = new_ribs(&config, config.local_as);
+    let (bfd, bfd_events) = super::bfd::start();
     let speaker = Speaker {
         rib,
         rib6,
@@ -555,9 +576,10 @@ pub fn start(config: SpeakerConfig) -> SpeakerHandle {
         self_tx: tx.clone(),
         from_sessions: stx,
         in_kernel: hashbrown::HashSet::default(),
+        bfd: bfd.clone(),
     };
-    tokio::spawn(speaker.run(rx, srx));
-    SpeakerHandle { tx }
+    tokio::spawn(speaker.run(rx, srx, bfd_events));
+    SpeakerHandle { tx, bfd }
 }
 
 impl Speaker {
@@ -565,6 +587,7 @@ impl Speaker {
         mut self,
         mut commands: mpsc::Receiver<Command>,
         mut sessions: mpsc::Receiver<FromSession>,
+        mut bfd_events: mpsc::Receiver<BfdEvent>,
     ) {
         // When the task last let others run: see below.
         let mut ran_since = tokio::time::Instant::now();
@@ -587,6 +610,7 @@ impl Speaker {
                     Some(c) => self.command(c).await,
                     None => break,
                 },
+                Some(e) = bfd_events.recv() => self.bfd_event(e),
             }
         }
         for p in self.peers.values() {
@@ -627,6 +651,7 @@ impl Speaker {
                             accepted,
                             advertised,
                             malformed: p.malformed,
+                            bfd: p.spec.bfd.map(|_| p.bfd_state),
                         }
                     })
                     .collect();
@@ -713,6 +738,11 @@ impl Speaker {
             }
             Command::Shutdown(reply) => {
                 for p in self.peers.values() {
+                    // AdminDown tells BFD peers this is no path failure, so graceful restart
+                    // keeps its routes (RFC 5882 §3.2).
+                    if p.spec.bfd.is_some() {
+                        self.bfd.remove(p.spec.address);
+                    }
                     let m = if p.spec.graceful_restart.is_some() {
                         ToSession::Shutdown
                     } else {
@@ -905,6 +935,10 @@ impl Speaker {
         self.next_id = self.next_id.wrapping_add(1);
         self.listener_key(&spec, true);
         let tx = self.spawn_session(id, &spec);
+        if let Some(c) = spec.bfd {
+            self.bfd
+                .add(spec.address, c, spec.transport.multihop_ttl.is_some());
+        }
         tracing::info!(peer = %spec.address, asn = %spec.asn, passive = spec.passive, "BGP peer added");
         self.by_id.insert(id, spec.address);
         self.peers.insert(
@@ -924,6 +958,7 @@ impl Speaker {
                 limit_warned: false,
                 gr_token: 0,
                 malformed: Malformed::default(),
+                bfd_state: bfd::State::Down,
             },
         );
         Ok(())
@@ -1193,6 +1228,41 @@ impl Speaker {
         });
     }
 
+    /// A BFD session changed state. Down after Up: the forwarding path to the peer is gone,
+    /// so its BGP session goes down at once, its routes withdrawn (not kept stale: graceful
+    /// restart protects a restarting control plane, not a dead link), and a new session
+    /// starts that comes up when the peer is reachable again, as BIRD does.
+    fn bfd_event(&mut self, e: BfdEvent) {
+        let Some(p) = self.peers.get_mut(&e.peer) else {
+            return;
+        };
+        let was = std::mem::replace(&mut p.bfd_state, e.state);
+        // A peer that stops BFD on purpose (AdminDown) is no failure (RFC 5882 §3.2).
+        if was != bfd::State::Up
+            || e.state == bfd::State::Up
+            || e.remote_state == bfd::State::AdminDown
+            || p.spec.bfd.is_none()
+        {
+            return;
+        }
+        let reason = format!("BFD session down: {}", e.diag.text());
+        tracing::warn!(peer = %e.peer, bgp_state = ?p.state, "{reason}: BGP session reset");
+        let _ = p.tx.send(ToSession::Stop {
+            subcode: CEASE_BFD_DOWN,
+            reason: reason.as_str().into(),
+        });
+        p.epoch = None;
+        p.gr_token = p.gr_token.wrapping_add(1);
+        p.last_error = Some(reason);
+        let id = p.id;
+        let spec = p.spec.clone();
+        self.peer_down(id, Families::NONE);
+        let tx = self.spawn_session(id, &spec);
+        if let Some(p) = self.peers.get_mut(&e.peer) {
+            p.tx = tx;
+        }
+    }
+
     fn delete_peer(&mut self, addr: IpAddr) -> Result<(), SpeakerError> {
         let p = self
             .peers
@@ -1200,6 +1270,9 @@ impl Speaker {
             .ok_or_else(|| SpeakerError::NoPeer(addr.to_string()))?;
         self.by_id.remove(&p.id);
         self.listener_key(&p.spec, false);
+        if p.spec.bfd.is_some() {
+            self.bfd.remove(addr);
+        }
         let _ = p.tx.send(ToSession::Stop {
             subcode: cease::PEER_DECONFIGURED,
             reason: "peer deleted".into(),

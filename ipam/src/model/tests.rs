@@ -102,3 +102,35 @@ fn a_bgp_peer_may_be_ipv6_but_not_link_local() {
         other => panic!("{other:?}"),
     }
 }
+
+#[test]
+fn a_bgp_peers_bfd_is_checked_and_optional_in_storage() {
+    let mut p = BgpPeer::new("tor", "", "10.0.0.254".parse().unwrap(), 65000);
+    // Stored without the field: it reads back as no BFD (older resources stay valid).
+    let json = serde_json::to_string(&p).unwrap();
+    assert!(!json.contains("bfd"), "{json}");
+    p.bfd = Some(BgpPeerBfd {
+        min_rx_ms: 100,
+        min_tx_ms: 100,
+        multiplier: 3,
+    });
+    p.validate().unwrap();
+    let back: BgpPeer = serde_json::from_str(&serde_json::to_string(&p).unwrap()).unwrap();
+    assert_eq!(back, p);
+    for (bfd, want) in [
+        ((9, 100, 3), "bfd.min_rx_ms"),
+        ((100, 5, 3), "bfd.min_tx_ms"),
+        ((100, 100, 0), "bfd.multiplier"),
+        ((100, 100, 256), "bfd.multiplier"),
+    ] {
+        p.bfd = Some(BgpPeerBfd {
+            min_rx_ms: bfd.0,
+            min_tx_ms: bfd.1,
+            multiplier: bfd.2,
+        });
+        match p.validate() {
+            Err(IpamError::InvalidArgument { field, .. }) => assert_eq!(field, want, "{bfd:?}"),
+            other => panic!("{bfd:?}: {other:?}"),
+        }
+    }
+}
