@@ -5,6 +5,7 @@
 pub mod bgp;
 pub mod ipam;
 pub mod pool;
+pub mod resources;
 pub mod status;
 pub mod table;
 

@@ -1,0 +1,397 @@
+//! `bgpctl apply -f FILE|-`, `bgpctl get KIND [NAME] -o yaml|json`, `bgpctl delete -f FILE`
+//! and `bgpctl delete KIND NAME`: the IO around the sans-IO mapping. Apply checks every
+//! document, then reads what it needs of the stored state and checks again against it
+//! (pool CIDRs, node tunnel addresses), and only then applies, in file order.
+
+use std::collections::{BTreeMap, HashSet};
+use std::io::Read;
+
+use clap::{Args, ValueEnum};
+use proto::v1 as pb;
+use proto::v1::bgp_client::BgpClient;
+use proto::v1::nodes_client::NodesClient;
+use proto::v1::pools_client::PoolsClient;
+use serde_json::Value;
+use tonic::transport::Channel;
+
+use super::bgpconfig::{self, ConfigSpec};
+use super::ippool::{self, PoolSpec};
+use super::node::{self, NodeSpec};
+use super::{DocError, Document, Kind, bgppeer, list_value, parse_file, yaml};
+use crate::{CtlError, Output};
+
+#[derive(Args)]
+pub struct ApplyArgs {
+    /// A file of Calico v3 resources (one or many documents), or - for standard input.
+    #[arg(short = 'f', long = "filename")]
+    pub file: String,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub enum Format {
+    Yaml,
+    Json,
+}
+
+#[derive(Args)]
+pub struct GetArgs {
+    /// ippool, bgpconfiguration, bgppeer or node (plurals and any case accepted).
+    pub kind: String,
+    /// One resource; all of the kind without it.
+    pub name: Option<String>,
+    #[arg(short = 'o', long = "output", value_enum, default_value = "yaml")]
+    pub output: Format,
+}
+
+#[derive(Args)]
+pub struct DeleteArgs {
+    /// What to delete: KIND NAME.
+    pub kind: Option<String>,
+    pub name: Option<String>,
+    /// Delete the resources of a file (- for standard input) instead.
+    #[arg(short = 'f', long = "filename", conflicts_with_all = ["kind", "name"])]
+    pub file: Option<String>,
+}
+
+fn read_input(file: &str) -> Result<String, CtlError> {
+    let mut text = String::new();
+    let r = if file == "-" {
+        std::io::stdin().read_to_string(&mut text).map(|_| ())
+    } else {
+        std::fs::read_to_string(file).map(|t| text = t)
+    };
+    r.map_err(|e| CtlError::Invalid(format!("cannot read {file}: {e}")))?;
+    Ok(text)
+}
+
+enum Checked {
+    Pool(PoolSpec),
+    Config(ConfigSpec),
+    Peer(pb::BgpPeer),
+    Node(NodeSpec),
+}
+
+fn check(doc: &Document) -> Result<Checked, DocError> {
+    let r = match doc.kind {
+        Kind::IpPool => ippool::from_document(doc).map(Checked::Pool),
+        Kind::BgpConfiguration => bgpconfig::from_document(doc).map(Checked::Config),
+        Kind::BgpPeer => bgppeer::from_document(doc).map(Checked::Peer),
+        Kind::Node => node::from_document(doc).map(Checked::Node),
+    };
+    r.map_err(|e| doc.error(e))
+}
+
+/// Every document checked on its own, and no resource given twice.
+fn check_all(docs: &[Document]) -> Result<Vec<Checked>, CtlError> {
+    let mut seen = HashSet::new();
+    let mut out = Vec::new();
+    for d in docs {
+        if !seen.insert((d.kind.name(), d.name.clone())) {
+            return Err(invalid(d.error(super::fields::FieldError::new(
+                "metadata.name",
+                "this resource is given twice in the file",
+            ))));
+        }
+        out.push(check(d).map_err(invalid)?);
+    }
+    Ok(out)
+}
+
+fn invalid(e: DocError) -> CtlError {
+    CtlError::Invalid(e.to_string())
+}
+
+/// One call to bgpd, decided before any is made.
+enum Action {
+    CreatePool(pb::IpPool),
+    UpdatePool(pb::IpPool),
+    SetConfig(pb::BgpConfiguration),
+    AddPeer(pb::BgpPeer),
+    RegisterNode(pb::Node),
+}
+
+/// What bgpd has now, as far as the file needs it.
+#[derive(Default)]
+struct State {
+    pools: BTreeMap<String, pb::IpPool>,
+    config: Option<pb::BgpConfiguration>,
+    nodes: BTreeMap<String, pb::Node>,
+}
+
+/// The calls to make, checked against the stored state (sans-IO).
+fn plan(docs: &[Document], checked: &[Checked], state: &State) -> Result<Vec<Action>, DocError> {
+    let mut actions = Vec::new();
+    // Every pool's CIDR as it will be once the file's pools before it are applied.
+    let mut cidrs: BTreeMap<String, String> = state
+        .pools
+        .values()
+        .map(|p| (p.name.clone(), p.cidr.clone()))
+        .collect();
+    for (doc, c) in docs.iter().zip(checked) {
+        if let Checked::Pool(p) = c {
+            ippool::check_overlap(&p.pool, cidrs.iter().map(|(n, c)| (n.as_str(), c.as_str())))
+                .map_err(|e| doc.error(e))?;
+            cidrs.insert(doc.name.clone(), p.pool.cidr.clone());
+        }
+        actions.push(match c {
+            Checked::Pool(p) => match state.pools.get(&doc.name) {
+                Some(cur) => Action::UpdatePool(ippool::update_of(p, cur).map_err(|e| doc.error(e))?),
+                None if p.pool.revision != 0 => {
+                    return Err(doc.error(super::fields::FieldError::new(
+                        "metadata.resourceVersion",
+                        "the pool does not exist (any more): leave resourceVersion out to create it",
+                    )));
+                }
+                None => Action::CreatePool(p.pool.clone()),
+            },
+            Checked::Config(c) => {
+                Action::SetConfig(c.request(state.config.as_ref().unwrap_or(&Default::default())))
+            }
+            Checked::Peer(p) => Action::AddPeer(p.clone()),
+            Checked::Node(n) => Action::RegisterNode(
+                n.request(state.nodes.get(&doc.name)).map_err(|e| doc.error(e))?,
+            ),
+        });
+    }
+    Ok(actions)
+}
+
+pub async fn apply(channel: Channel, args: ApplyArgs, out: &mut Output) -> Result<(), CtlError> {
+    let text = read_input(&args.file)?;
+    let docs = parse_file(&text).map_err(invalid)?;
+    if docs.is_empty() {
+        return Err(CtlError::Invalid(format!(
+            "{}: no resources in it",
+            args.file
+        )));
+    }
+    let checked = check_all(&docs)?;
+    let mut state = State::default();
+    let mut pools = PoolsClient::new(channel.clone());
+    let mut bgp = BgpClient::new(channel.clone());
+    let mut nodes = NodesClient::new(channel);
+    if checked.iter().any(|c| matches!(c, Checked::Pool(_))) {
+        for p in pools
+            .list_pools(pb::ListPoolsRequest {})
+            .await?
+            .into_inner()
+            .pools
+        {
+            state.pools.insert(p.name.clone(), p);
+        }
+    }
+    if checked.iter().any(|c| matches!(c, Checked::Config(_))) {
+        state.config = Some(
+            bgp.get_configuration(pb::GetConfigurationRequest {})
+                .await?
+                .into_inner(),
+        );
+    }
+    if checked.iter().any(|c| matches!(c, Checked::Node(_))) {
+        for n in nodes
+            .list_nodes(pb::ListNodesRequest {})
+            .await?
+            .into_inner()
+            .nodes
+        {
+            state.nodes.insert(n.name.clone(), n);
+        }
+    }
+    let actions = plan(&docs, &checked, &state).map_err(invalid)?;
+    for c in &checked {
+        if let Checked::Config(c) = c {
+            for w in &c.warnings {
+                eprintln!("bgpctl: warning: {w}");
+            }
+        }
+    }
+    for (i, (doc, action)) in docs.iter().zip(actions).enumerate() {
+        let verb = match &action {
+            Action::CreatePool(_) => "created",
+            _ => "configured",
+        };
+        let r = match action {
+            Action::CreatePool(p) => pools
+                .create_pool(pb::CreatePoolRequest { pool: Some(p) })
+                .await
+                .map(drop),
+            Action::UpdatePool(p) => pools
+                .update_pool(pb::UpdatePoolRequest { pool: Some(p) })
+                .await
+                .map(drop),
+            Action::SetConfig(c) => bgp
+                .set_configuration(pb::SetConfigurationRequest {
+                    configuration: Some(c),
+                })
+                .await
+                .map(drop),
+            Action::AddPeer(p) => bgp
+                .add_peer(pb::AddPeerRequest { peer: Some(p) })
+                .await
+                .map(drop),
+            Action::RegisterNode(n) => nodes
+                .register_node(pb::RegisterNodeRequest { node: Some(n) })
+                .await
+                .map(drop),
+        };
+        if let Err(s) = r {
+            let done = if i == 0 {
+                "nothing was applied".to_owned()
+            } else {
+                format!("documents 1-{i} were applied")
+            };
+            return Err(CtlError::Invalid(format!(
+                "document {} ({} {}): bgpd refused it: {} ({:?}); {done}",
+                doc.index,
+                doc.kind.name(),
+                doc.name,
+                s.message(),
+                s.code()
+            )));
+        }
+        out.line(&format!("{} {} {verb}", doc.kind.name(), doc.name))?;
+    }
+    Ok(())
+}
+
+pub async fn get(channel: Channel, args: GetArgs, out: &mut Output) -> Result<(), CtlError> {
+    let kind = Kind::parse(&args.kind, true).map_err(CtlError::Invalid)?;
+    let name = args.name.as_deref();
+    let mut docs: Vec<Value> = match kind {
+        Kind::IpPool => {
+            let mut c = PoolsClient::new(channel);
+            match name {
+                Some(n) => vec![
+                    c.get_pool(pb::GetPoolRequest { name: n.into() })
+                        .await?
+                        .into_inner(),
+                ],
+                None => {
+                    c.list_pools(pb::ListPoolsRequest {})
+                        .await?
+                        .into_inner()
+                        .pools
+                }
+            }
+            .iter()
+            .map(ippool::to_document)
+            .collect()
+        }
+        Kind::BgpConfiguration => {
+            if name.is_some_and(|n| n != "default") {
+                return Err(CtlError::Invalid(
+                    "only the BGPConfiguration \"default\" exists in margay".into(),
+                ));
+            }
+            let c = BgpClient::new(channel)
+                .get_configuration(pb::GetConfigurationRequest {})
+                .await?
+                .into_inner();
+            vec![bgpconfig::to_document(&c)]
+        }
+        Kind::BgpPeer => {
+            return Err(CtlError::Invalid(
+                "get bgppeer: not supported yet: bgpd's API cannot list the stored BGPPeer \
+                 resources (ListPeers shows this node's sessions: bgpctl show protocols)"
+                    .into(),
+            ));
+        }
+        Kind::Node => {
+            let mut c = NodesClient::new(channel);
+            match name {
+                Some(n) => vec![
+                    c.get_node(pb::GetNodeRequest { name: n.into() })
+                        .await?
+                        .into_inner(),
+                ],
+                None => {
+                    c.list_nodes(pb::ListNodesRequest {})
+                        .await?
+                        .into_inner()
+                        .nodes
+                }
+            }
+            .iter()
+            .map(node::to_document)
+            .collect()
+        }
+    };
+    let value = if name.is_some() {
+        docs.remove(0)
+    } else {
+        list_value(kind, docs)
+    };
+    match args.output {
+        Format::Json => out.text(&format!(
+            "{}\n",
+            serde_json::to_string_pretty(&value).map_err(|e| CtlError::Invalid(e.to_string()))?
+        )),
+        Format::Yaml => out.text(&yaml::emit(&value).map_err(CtlError::Invalid)?),
+    }
+}
+
+pub async fn delete(channel: Channel, args: DeleteArgs, out: &mut Output) -> Result<(), CtlError> {
+    let targets: Vec<(Kind, String)> = match (&args.file, &args.kind, &args.name) {
+        (Some(f), _, _) => {
+            let docs = parse_file(&read_input(f)?).map_err(invalid)?;
+            docs.into_iter().map(|d| (d.kind, d.name)).collect()
+        }
+        (None, Some(k), Some(n)) => {
+            vec![(Kind::parse(k, true).map_err(CtlError::Invalid)?, n.clone())]
+        }
+        _ => {
+            return Err(CtlError::Invalid(
+                "delete: give KIND NAME or -f FILE".into(),
+            ));
+        }
+    };
+    for (kind, name) in &targets {
+        if *kind == Kind::BgpConfiguration && name != "default" {
+            return Err(CtlError::Invalid(format!(
+                "BGPConfiguration {name}: only \"default\" exists in margay; nothing was deleted"
+            )));
+        }
+    }
+    for (kind, name) in targets {
+        match kind {
+            Kind::IpPool => {
+                PoolsClient::new(channel.clone())
+                    .delete_pool(pb::DeletePoolRequest { name: name.clone() })
+                    .await?;
+            }
+            Kind::BgpPeer => {
+                BgpClient::new(channel.clone())
+                    .delete_peer(pb::DeletePeerRequest { peer: name.clone() })
+                    .await?;
+            }
+            Kind::Node => {
+                NodesClient::new(channel.clone())
+                    .delete_node(pb::DeleteNodeRequest { name: name.clone() })
+                    .await?;
+            }
+            Kind::BgpConfiguration => {
+                // As with Calico, deleting it means the defaults again (margay's own
+                // settings are kept).
+                let mut c = BgpClient::new(channel.clone());
+                let cur = c
+                    .get_configuration(pb::GetConfigurationRequest {})
+                    .await?
+                    .into_inner();
+                let reset = ConfigSpec {
+                    as_number: 0,
+                    node_to_node_mesh: None,
+                    listen_port: 0,
+                    revision: 0,
+                    warnings: vec![],
+                }
+                .request(&cur);
+                c.set_configuration(pb::SetConfigurationRequest {
+                    configuration: Some(reset),
+                })
+                .await?;
+            }
+        }
+        out.line(&format!("{} {name} deleted", kind.name()))?;
+    }
+    Ok(())
+}
