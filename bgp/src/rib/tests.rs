@@ -245,7 +245,11 @@ fn a_route_with_our_own_address_as_next_hop_is_treated_as_withdrawn() {
         ..attrs(&[], Some(100))
     };
     r.update(PeerId(2), Some(ours.clone()), &[p], &[]);
-    assert_eq!(r.loc_len(), 0, "the earlier route is gone, the new one unusable");
+    assert_eq!(
+        r.loc_len(),
+        0,
+        "the earlier route is gone, the new one unusable"
+    );
     r.update(PeerId(2), Some(ours), &[pfx("10.7.1.0/26")], &[]);
     assert_eq!(r.loc_len(), 0);
     // Another peer's address as next hop is fine.
