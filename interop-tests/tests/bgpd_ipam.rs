@@ -1,7 +1,7 @@
 //! IPAM served by bgpd: the node registered at start, the default pool, the `Pools`, `Nodes`
 //! and `Ipam` services with their status codes, and bgpctl's pool and ipam commands.
 
-use interop_tests::lab::bgpd::{Daemon, bgpctl, runtime};
+use interop_tests::lab::bgpd::{Daemon, runtime};
 use proto::v1 as pb;
 use proto::v1::ipam_client::IpamClient;
 use proto::v1::nodes_client::NodesClient;
@@ -13,34 +13,6 @@ const DEFAULT_POOL: &str = "[[ipam.default_pools]]\nname = \"default-ipv4-ippool
 /// Without VXLAN, so no tunnel address is allocated behind the test's back.
 const PLAIN_POOL: &str =
     "[[ipam.default_pools]]\nname = \"default-ipv4-ippool\"\ncidr = \"172.20.0.0/16\"\n";
-
-fn ok(d: &Daemon, args: &[&str]) -> String {
-    let out = bgpctl(&d.socket, args);
-    assert!(
-        out.status.success(),
-        "bgpctl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
-fn json(d: &Daemon, args: &[&str]) -> serde_json::Value {
-    let mut all = args.to_vec();
-    all.push("--json");
-    serde_json::from_str(&ok(d, &all)).unwrap()
-}
-
-fn fails(d: &Daemon, args: &[&str]) -> String {
-    let out = bgpctl(&d.socket, args);
-    assert_eq!(
-        out.status.code(),
-        Some(1),
-        "bgpctl {args:?} should fail: {out:?}"
-    );
-    let err = String::from_utf8(out.stderr).unwrap();
-    assert_eq!(err.lines().count(), 1, "{err}");
-    err
-}
 
 #[test]
 fn the_node_and_the_default_pool_exist_after_start() {
@@ -95,34 +67,28 @@ fn the_node_and_the_default_pool_exist_after_start() {
 #[test]
 fn bgpctl_pools() {
     let d = Daemon::start("");
-    let created = json(
-        &d,
-        &[
-            "pool",
-            "add",
-            "blue",
-            "10.50.0.0/16",
-            "--block-size",
-            "28",
-            "--vxlan-mode",
-            "Always",
-            "--nat-outgoing",
-        ],
-    );
+    let created = d.bgpctl_json(&[
+        "pool",
+        "add",
+        "blue",
+        "10.50.0.0/16",
+        "--block-size",
+        "28",
+        "--vxlan-mode",
+        "Always",
+        "--nat-outgoing",
+    ]);
     assert_eq!(created["cidr"], "10.50.0.0/16");
     assert_eq!(created["vxlan_mode"], "Always");
-    ok(
-        &d,
-        &[
-            "pool",
-            "add",
-            "green",
-            "fd00:50::/64",
-            "--node-selector",
-            "zone == 'a'",
-        ],
-    );
-    let list = json(&d, &["pool", "ls"]);
+    d.bgpctl_ok(&[
+        "pool",
+        "add",
+        "green",
+        "fd00:50::/64",
+        "--node-selector",
+        "zone == 'a'",
+    ]);
+    let list = d.bgpctl_json(&["pool", "ls"]);
     let names: Vec<&str> = list
         .as_array()
         .unwrap()
@@ -131,7 +97,7 @@ fn bgpctl_pools() {
         .collect();
     assert_eq!(names, ["blue", "green"]);
     assert_eq!(list[1]["block_size"], 122);
-    let table = ok(&d, &["pool", "ls"]);
+    let table = d.bgpctl_ok(&["pool", "ls"]);
     assert!(table.starts_with("NAME"), "{table}");
     assert!(
         table
@@ -140,29 +106,23 @@ fn bgpctl_pools() {
         "{table}"
     );
 
-    let e = fails(&d, &["pool", "add", "red", "10.50.3.0/24"]);
+    let e = d.bgpctl_fails(&["pool", "add", "red", "10.50.3.0/24"]);
     assert!(e.contains("overlaps pool blue"), "{e}");
-    let e = fails(&d, &["pool", "add", "red", "10.60.0.1/16"]);
+    let e = d.bgpctl_fails(&["pool", "add", "red", "10.60.0.1/16"]);
     assert!(e.contains("not a network address"), "{e}");
-    let e = fails(
-        &d,
-        &["pool", "add", "red", "10.60.0.0/16", "--block-size", "40"],
-    );
+    let e = d.bgpctl_fails(&["pool", "add", "red", "10.60.0.0/16", "--block-size", "40"]);
     assert!(e.contains("block_size"), "{e}");
-    let e = fails(
-        &d,
-        &[
-            "pool",
-            "add",
-            "red",
-            "10.60.0.0/16",
-            "--node-selector",
-            "has(zone",
-        ],
-    );
+    let e = d.bgpctl_fails(&[
+        "pool",
+        "add",
+        "red",
+        "10.60.0.0/16",
+        "--node-selector",
+        "has(zone",
+    ]);
     assert!(e.contains("position 8"), "{e}");
-    ok(&d, &["pool", "del", "green"]);
-    let e = fails(&d, &["pool", "del", "green"]);
+    d.bgpctl_ok(&["pool", "del", "green"]);
+    let e = d.bgpctl_fails(&["pool", "del", "green"]);
     assert!(e.contains("not found"), "{e}");
 }
 
@@ -171,105 +131,90 @@ fn bgpctl_ipam_assign_show_release_check_gc() {
     let d = Daemon::start(PLAIN_POOL);
     // Wait for the default pool.
     for _ in 0..100 {
-        if json(&d, &["pool", "ls"]).as_array().unwrap().len() == 1 {
+        if d.bgpctl_json(&["pool", "ls"]).as_array().unwrap().len() == 1 {
             break;
         }
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
-    let a = json(&d, &["ipam", "assign", "--handle", "k8s.c1"]);
+    let a = d.bgpctl_json(&["ipam", "assign", "--handle", "k8s.c1"]);
     let addr = a[0]["address"].as_str().unwrap().to_owned();
     assert!(addr.starts_with("172.20."), "{a}");
     assert_eq!(a[0]["borrowed"], false);
-    let reserved = ok(
-        &d,
-        &[
-            "ipam",
-            "assign",
-            "--handle",
-            "ops.gw",
-            "--ip",
-            "172.20.200.1",
-        ],
-    );
+    let reserved = d.bgpctl_ok(&[
+        "ipam",
+        "assign",
+        "--handle",
+        "ops.gw",
+        "--ip",
+        "172.20.200.1",
+    ]);
     assert!(
         reserved.contains("assigned 172.20.200.1 to ops.gw"),
         "{reserved}"
     );
-    let e = fails(
-        &d,
-        &[
-            "ipam",
-            "assign",
-            "--handle",
-            "ops.gw2",
-            "--ip",
-            "172.20.200.1",
-        ],
-    );
+    let e = d.bgpctl_fails(&[
+        "ipam",
+        "assign",
+        "--handle",
+        "ops.gw2",
+        "--ip",
+        "172.20.200.1",
+    ]);
     assert!(e.contains("already allocated"), "{e}");
-    ok(
-        &d,
-        &[
-            "ipam",
-            "assign",
-            "--handle",
-            "k8s.c2",
-            "--node",
-            "other-node",
-        ],
-    );
+    d.bgpctl_ok(&[
+        "ipam",
+        "assign",
+        "--handle",
+        "k8s.c2",
+        "--node",
+        "other-node",
+    ]);
 
-    let show = json(&d, &["ipam", "show", "--show-blocks"]);
+    let show = d.bgpctl_json(&["ipam", "show", "--show-blocks"]);
     assert_eq!(show["pools"][0]["used"], 3);
     assert_eq!(show["pools"][0]["size"], 65536);
     let blocks = show["blocks"].as_array().unwrap();
     assert_eq!(blocks.len(), 3, "{show}");
     assert!(blocks.iter().all(|b| b["state"] == "confirmed"), "{show}");
     assert!(blocks.iter().any(|b| b["affinity"] == "other-node"));
-    let table = ok(&d, &["ipam", "show", "--show-blocks"]);
+    let table = d.bgpctl_ok(&["ipam", "show", "--show-blocks"]);
     assert!(
         table.contains("default-ipv4-ippool") && table.contains("BLOCK"),
         "{table}"
     );
 
-    let check = json(&d, &["ipam", "check"]);
+    let check = d.bgpctl_json(&["ipam", "check"]);
     assert_eq!(check["allocations_checked"], 3);
     assert!(check["problems"].as_array().unwrap().is_empty());
 
-    let dry = json(
-        &d,
-        &[
-            "ipam",
-            "gc",
-            "--node",
-            "test-node",
-            "--live",
-            "k8s.c9",
-            "--prefix",
-            "k8s.",
-            "--dry-run",
-        ],
-    );
+    let dry = d.bgpctl_json(&[
+        "ipam",
+        "gc",
+        "--node",
+        "test-node",
+        "--live",
+        "k8s.c9",
+        "--prefix",
+        "k8s.",
+        "--dry-run",
+    ]);
     assert_eq!(dry["released"][0]["handle"], "k8s.c1");
-    let gc = json(
-        &d,
-        &[
-            "ipam",
-            "gc",
-            "--node",
-            "test-node",
-            "--live",
-            "",
-            "--prefix",
-            "k8s.",
-        ],
-    );
+    let gc = d.bgpctl_json(&[
+        "ipam",
+        "gc",
+        "--node",
+        "test-node",
+        "--live",
+        "",
+        "--prefix",
+        "k8s.",
+    ]);
     assert_eq!(gc["released"][0]["addresses"][0], addr.as_str());
-    let again = json(&d, &["ipam", "release", "--handle", "k8s.c1"]);
+    let again = d.bgpctl_json(&["ipam", "release", "--handle", "k8s.c1"]);
     assert!(again["released"].as_array().unwrap().is_empty());
-    let r = json(&d, &["ipam", "release", "--ip", "172.20.200.1"]);
+    let r = d.bgpctl_json(&["ipam", "release", "--ip", "172.20.200.1"]);
     assert_eq!(r["released"][0], "172.20.200.1");
-    assert_eq!(json(&d, &["ipam", "show"])["pools"][0]["used"], 1);
+    assert_eq!(d.bgpctl_json(&["ipam", "show"])["pools"][0]["used"], 1);
 }
 
 #[test]

@@ -144,51 +144,29 @@ fn a_dual_stack_pod_is_wired_like_calico_in_both_families() {
     // CHECK covers both families: it passes, then names each IPv6 fault.
     let check = Call::new("CHECK", "d1", Some(&pod1.path()), &with_prev(&conf, &r1));
     node.run(&margay(), &check).ok();
+    // CHECK fails with error 103 (the interface is not as ADD left it), naming the fault.
+    let refused = |fault: &str| {
+        let out = node.run(&margay(), &check);
+        assert_eq!(out.error_code(), 103);
+        assert!(out.message().contains(fault), "{}", out.message());
+    };
     node.ip(&["-6", "route", "del", &format!("{ip6}/128")]);
-    let out = node.run(&margay(), &check);
-    assert_eq!(out.error_code(), 103);
-    assert!(
-        out.message()
-            .contains(&format!("host route {ip6}/128 dev {host_if} is missing")),
-        "{}",
-        out.message()
-    );
+    refused(&format!("host route {ip6}/128 dev {host_if} is missing"));
     node.ip(&["-6", "route", "add", &format!("{ip6}/128"), "dev", &host_if]);
     node.run(&margay(), &check).ok();
     pod1.ip(&["-6", "route", "del", "default"]).unwrap();
-    let out = node.run(&margay(), &check);
-    assert_eq!(out.error_code(), 103);
-    assert!(
-        out.message()
-            .contains(&format!("no default route via {GW6}")),
-        "{}",
-        out.message()
-    );
+    refused(&format!("no default route via {GW6}"));
     pod1.ip(&["-6", "route", "add", "default", "via", GW6, "dev", "eth0"])
         .unwrap();
     node.ns
         .sh(&format!("sysctl -qw net.ipv6.conf.{host_if}.proxy_ndp=0"))
         .unwrap();
-    let out = node.run(&margay(), &check);
-    assert_eq!(out.error_code(), 103);
-    assert!(
-        out.message()
-            .contains(&format!("net/ipv6/conf/{host_if}/proxy_ndp is 0, not 1")),
-        "{}",
-        out.message()
-    );
+    refused(&format!("net/ipv6/conf/{host_if}/proxy_ndp is 0, not 1"));
     node.ns
         .sh(&format!("sysctl -qw net.ipv6.conf.{host_if}.proxy_ndp=1"))
         .unwrap();
     node.ip(&["-6", "addr", "del", &format!("{GW6}/64"), "dev", &host_if]);
-    let out = node.run(&margay(), &check);
-    assert_eq!(out.error_code(), 103);
-    assert!(
-        out.message()
-            .contains(&format!("{host_if} lacks its link-local address {GW6}")),
-        "{}",
-        out.message()
-    );
+    refused(&format!("{host_if} lacks its link-local address {GW6}"));
     node.ip(&[
         "-6",
         "addr",
@@ -201,14 +179,7 @@ fn a_dual_stack_pod_is_wired_like_calico_in_both_families() {
     node.run(&margay(), &check).ok();
     pod1.ip(&["-6", "addr", "del", &format!("{ip6}/128"), "dev", "eth0"])
         .unwrap();
-    let out = node.run(&margay(), &check);
-    assert_eq!(out.error_code(), 103);
-    assert!(
-        out.message()
-            .contains(&format!("lacks the address {ip6}/128")),
-        "{}",
-        out.message()
-    );
+    refused(&format!("lacks the address {ip6}/128"));
 
     // DEL releases both families.
     for (cid, pod) in [("d1", &pod1), ("d2", &pod2)] {

@@ -37,7 +37,7 @@ fn start() -> Daemon {
 fn ready() -> (Daemon, pb::Node) {
     let d = start();
     let node = wait_for("the node's two tunnel addresses", &d, || {
-        if json(&d, &["pool", "ls"]).as_array()?.len() != 2 {
+        if d.bgpctl_json(&["pool", "ls"]).as_array()?.len() != 2 {
             return None;
         }
         runtime().block_on(async {
@@ -54,36 +54,6 @@ fn ready() -> (Daemon, pb::Node) {
         })
     });
     (d, node)
-}
-
-fn ok(d: &Daemon, args: &[&str]) -> String {
-    let out = bgpctl(&d.socket, args);
-    assert!(
-        out.status.success(),
-        "bgpctl {args:?}: {}\nbgpd's log:\n{}",
-        String::from_utf8_lossy(&out.stderr),
-        d.log()
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
-fn json(d: &Daemon, args: &[&str]) -> Value {
-    let mut all = args.to_vec();
-    all.push("--json");
-    serde_json::from_str(&ok(d, &all)).unwrap()
-}
-
-/// bgpctl fails with exit code 1 and one line on stderr, which it returns.
-fn fails(d: &Daemon, args: &[&str]) -> String {
-    let out = bgpctl(&d.socket, args);
-    assert_eq!(
-        out.status.code(),
-        Some(1),
-        "bgpctl {args:?} should fail: {out:?}"
-    );
-    let err = String::from_utf8(out.stderr).unwrap();
-    assert_eq!(err.lines().count(), 1, "{err}");
-    err
 }
 
 /// Polls `f` until it returns something, for up to 20 s.
@@ -104,7 +74,7 @@ fn wait_for<T>(what: &str, d: &Daemon, mut f: impl FnMut() -> Option<T>) -> T {
 
 /// The (pool, used) of `ipam show --json`, per family.
 fn used(d: &Daemon) -> (u64, u64) {
-    let show = json(d, &["ipam", "show"]);
+    let show = d.bgpctl_json(&["ipam", "show"]);
     let of = |family: &str| {
         show["pools"]
             .as_array()
@@ -127,7 +97,7 @@ fn dual_stack_pools_assignments_show_check_and_gc() {
         node.vxlan_tunnel_address_v6.starts_with("fd00:20:"),
         "{node:?}"
     );
-    let pools = json(&d, &["pool", "ls"]);
+    let pools = d.bgpctl_json(&["pool", "ls"]);
     let v6 = &pools[1];
     assert_eq!(
         (
@@ -149,10 +119,7 @@ fn dual_stack_pools_assignments_show_check_and_gc() {
     let mut pods: Vec<(String, Vec<String>)> = Vec::new();
     for i in 0..3 {
         let handle = format!("k8s.pod-{i}");
-        let got = json(
-            &d,
-            &["ipam", "assign", "--handle", &handle, "--family", "dual"],
-        );
+        let got = d.bgpctl_json(&["ipam", "assign", "--handle", &handle, "--family", "dual"]);
         let addrs: Vec<String> = got
             .as_array()
             .unwrap()
@@ -194,7 +161,7 @@ fn dual_stack_pools_assignments_show_check_and_gc() {
     }
 
     // Pools and blocks of both families: the pods and the tunnel addresses, 6 a family.
-    let show = json(&d, &["ipam", "show", "--show-blocks"]);
+    let show = d.bgpctl_json(&["ipam", "show", "--show-blocks"]);
     let pool = |family: &str| -> &Value {
         show["pools"]
             .as_array()
@@ -230,7 +197,7 @@ fn dual_stack_pools_assignments_show_check_and_gc() {
         "{show}"
     );
     let v6_cidr = v6_block["cidr"].as_str().unwrap();
-    let table = ok(&d, &["ipam", "show", "--show-blocks"]);
+    let table = d.bgpctl_ok(&["ipam", "show", "--show-blocks"]);
     // The table's rows as cells (columns are two spaces or more apart).
     let rows: Vec<Vec<&str>> = table
         .lines()
@@ -273,35 +240,29 @@ fn dual_stack_pools_assignments_show_check_and_gc() {
         ["172.20.0.0/16", "65536", "6 (0%)", "65530 (100%)"],
         "{table}"
     );
-    let short = ok(&d, &["ipam", "show"]);
+    let short = d.bgpctl_ok(&["ipam", "show"]);
     assert_eq!(short.lines().count(), 3, "{short}");
 
-    let check = json(&d, &["ipam", "check"]);
+    let check = d.bgpctl_json(&["ipam", "check"]);
     assert_eq!(check["allocations_checked"], 12, "{check}");
     assert_eq!(check["handles_checked"], 7, "{check}");
     assert!(check["problems"].as_array().unwrap().is_empty(), "{check}");
-    assert!(ok(&d, &["ipam", "check"]).contains("consistent"));
+    assert!(d.bgpctl_ok(&["ipam", "check"]).contains("consistent"));
 
     // GC with only pod-0 live: the other pods' addresses of both families go, the tunnel
     // addresses of both families stay.
-    let dry = json(
-        &d,
-        &[
-            "ipam",
-            "gc",
-            "--node",
-            "test-node",
-            "--live",
-            "k8s.pod-0",
-            "--dry-run",
-        ],
-    );
+    let dry = d.bgpctl_json(&[
+        "ipam",
+        "gc",
+        "--node",
+        "test-node",
+        "--live",
+        "k8s.pod-0",
+        "--dry-run",
+    ]);
     assert_eq!(dry["released"].as_array().unwrap().len(), 4, "{dry}");
     assert_eq!(used(&d), (6, 6), "a dry run released something");
-    let gc = json(
-        &d,
-        &["ipam", "gc", "--node", "test-node", "--live", "k8s.pod-0"],
-    );
+    let gc = d.bgpctl_json(&["ipam", "gc", "--node", "test-node", "--live", "k8s.pod-0"]);
     let released: Vec<(&str, Vec<&str>)> = gc["released"]
         .as_array()
         .unwrap()
@@ -340,7 +301,7 @@ fn dual_stack_pools_assignments_show_check_and_gc() {
             assert_eq!(held.allocations.len(), 1, "{handle}: {held:?}");
         });
     }
-    let check = json(&d, &["ipam", "check"]);
+    let check = d.bgpctl_json(&["ipam", "check"]);
     assert!(check["problems"].as_array().unwrap().is_empty(), "{check}");
 
     // An address of the IPv6 block allocated behind IPAM's back (in the store file, as a
@@ -385,9 +346,9 @@ fn dual_stack_pools_assignments_show_check_and_gc() {
     );
     assert_eq!(used(&d), (2, 3));
     // Releasing the leaked address repairs it, as `calicoctl ipam release --ip` does.
-    let r = json(&d, &["ipam", "release", "--ip", &leaked]);
+    let r = d.bgpctl_json(&["ipam", "release", "--ip", &leaked]);
     assert_eq!(r["released"][0], leaked.as_str(), "{r}");
-    let check = json(&d, &["ipam", "check"]);
+    let check = d.bgpctl_json(&["ipam", "check"]);
     assert!(check["problems"].as_array().unwrap().is_empty(), "{check}");
 
     // More IPv6 pools, one per VXLAN mode, with their own block sizes.
@@ -395,35 +356,29 @@ fn dual_stack_pools_assignments_show_check_and_gc() {
         ("cross6", "fd00:21::/64", "CrossSubnet", "116"),
         ("never6", "fd00:22::/64", "Never", "128"),
     ] {
-        let p = json(
-            &d,
-            &[
-                "pool",
-                "add",
-                name,
-                cidr,
-                "--vxlan-mode",
-                mode,
-                "--block-size",
-                size,
-                "--nat-outgoing",
-            ],
-        );
+        let p = d.bgpctl_json(&[
+            "pool",
+            "add",
+            name,
+            cidr,
+            "--vxlan-mode",
+            mode,
+            "--block-size",
+            size,
+            "--nat-outgoing",
+        ]);
         assert_eq!(p["vxlan_mode"], mode, "{p}");
         assert_eq!(p["block_size"].to_string(), size, "{p}");
         assert_eq!(p["nat_outgoing"], true, "{p}");
     }
-    let mut one = json(
-        &d,
-        &[
-            "ipam",
-            "assign",
-            "--handle",
-            "k8s.cross",
-            "--pool",
-            "cross6",
-        ],
-    );
+    let mut one = d.bgpctl_json(&[
+        "ipam",
+        "assign",
+        "--handle",
+        "k8s.cross",
+        "--pool",
+        "cross6",
+    ]);
     let a = one[0].take();
     assert!(a["block"].as_str().unwrap().ends_with("/116"), "{a}");
     assert_eq!(a["pool"], "cross6");
@@ -432,7 +387,7 @@ fn dual_stack_pools_assignments_show_check_and_gc() {
 #[test]
 fn bad_dual_stack_input_is_refused_naming_the_field_and_stores_nothing() {
     let (d, _) = ready();
-    let pools_before = json(&d, &["pool", "ls"]);
+    let pools_before = d.bgpctl_json(&["pool", "ls"]);
     runtime().block_on(async {
         let channel = proto::client::connect_unix(&d.socket).await.unwrap();
         let mut pools = PoolsClient::new(channel.clone());
@@ -536,52 +491,43 @@ fn bad_dual_stack_input_is_refused_naming_the_field_and_stores_nothing() {
         );
     });
     // bgpctl: an IPv6 address asked of an IPv4 pool, an IPv4 address of an IPv6 pool.
-    let e = fails(
-        &d,
-        &[
-            "ipam",
-            "assign",
-            "--handle",
-            "bad.6",
-            "--ip",
-            "fd00:20::99",
-            "--pool",
-            "default-ipv4-ippool",
-        ],
-    );
+    let e = d.bgpctl_fails(&[
+        "ipam",
+        "assign",
+        "--handle",
+        "bad.6",
+        "--ip",
+        "fd00:20::99",
+        "--pool",
+        "default-ipv4-ippool",
+    ]);
     assert!(
         e.contains("--ip") && e.contains("is an IPv6 address, the pool is IPv4"),
         "{e}"
     );
-    let e = fails(
-        &d,
-        &[
-            "ipam",
-            "assign",
-            "--handle",
-            "bad.7",
-            "--family",
-            "ipv4",
-            "--pool",
-            "default-ipv6-ippool",
-        ],
-    );
+    let e = d.bgpctl_fails(&[
+        "ipam",
+        "assign",
+        "--handle",
+        "bad.7",
+        "--family",
+        "ipv4",
+        "--pool",
+        "default-ipv6-ippool",
+    ]);
     assert!(e.contains("ipv4_pools") && e.contains("IPv6 pool"), "{e}");
-    let e = fails(
-        &d,
-        &["pool", "add", "v6-64", "fd00:31::/48", "--block-size", "64"],
-    );
+    let e = d.bgpctl_fails(&["pool", "add", "v6-64", "fd00:31::/48", "--block-size", "64"]);
     assert!(
         e.contains("block_size") && e.contains("/116 to /128"),
         "{e}"
     );
 
     // Nothing was stored: the same pools, only the tunnel addresses in use.
-    assert_eq!(json(&d, &["pool", "ls"]), pools_before);
+    assert_eq!(d.bgpctl_json(&["pool", "ls"]), pools_before);
     assert_eq!(used(&d), (1, 1));
-    let show = json(&d, &["ipam", "show", "--show-blocks"]);
+    let show = d.bgpctl_json(&["ipam", "show", "--show-blocks"]);
     assert_eq!(show["blocks"].as_array().unwrap().len(), 2, "{show}");
-    let check = json(&d, &["ipam", "check"]);
+    let check = d.bgpctl_json(&["ipam", "check"]);
     assert_eq!(check["handles_checked"], 2, "{check}");
     assert!(check["problems"].as_array().unwrap().is_empty(), "{check}");
 }
@@ -657,9 +603,9 @@ fn removing_a_node_releases_its_tunnel_addresses_of_both_families() {
             assert_eq!(e.code(), Code::NotFound, "{handle}");
         }
     });
-    let check = json(&d, &["ipam", "check"]);
+    let check = d.bgpctl_json(&["ipam", "check"]);
     assert!(check["problems"].as_array().unwrap().is_empty(), "{check}");
-    let show = json(&d, &["ipam", "show", "--show-blocks"]);
+    let show = d.bgpctl_json(&["ipam", "show", "--show-blocks"]);
     assert!(
         show["blocks"]
             .as_array()

@@ -173,6 +173,16 @@ fn connect_from(lab: &Lab, pod: &str, ip: &str, port: u16) {
     assert!(ok, "connect from {pod} to {ip}:{port}: {out}");
 }
 
+/// `margay-lab`'s output says both ping matrices, IPv4 and IPv6, passed.
+fn assert_both_matrices_pass(text: &str) {
+    for family in ["ping", "ping -6"] {
+        assert!(
+            text.contains(&format!("every pod answers every pod ({family})")),
+            "{text}"
+        );
+    }
+}
+
 #[test]
 fn the_local_cluster_end_to_end() {
     let lab = Lab {
@@ -180,14 +190,7 @@ fn the_local_cluster_end_to_end() {
     };
     let text = lab.ok(&["up"]);
     println!("{text}");
-    assert!(
-        text.contains("every pod answers every pod (ping)"),
-        "{text}"
-    );
-    assert!(
-        text.contains("every pod answers every pod (ping -6)"),
-        "{text}"
-    );
+    assert_both_matrices_pass(&text);
     assert_eq!(text.matches(" FAIL").count(), 0, "{text}");
     assert!(text.contains("dev vxlan.calico proto 80 onlink"), "{text}");
     assert!(text.contains("via 10.99.1.12 dev eth0 proto 80"), "{text}");
@@ -468,14 +471,7 @@ fn a_no_encapsulation_pool_with_a_tor_reaches_pods_directly() {
     }
     // And every pod still reaches every pod, node-4 through the ToR (no VXLAN left).
     let text = lab.ok(&["check"]);
-    assert!(
-        text.contains("every pod answers every pod (ping)"),
-        "{text}"
-    );
-    assert!(
-        text.contains("every pod answers every pod (ping -6)"),
-        "{text}"
-    );
+    assert_both_matrices_pass(&text);
     let (_, links) = lab.exec("node-1", &["ip", "-o", "link", "show", "type", "vxlan"]);
     assert!(
         !links.contains("vxlan.calico") && !links.contains("vxlan-v6.calico"),
@@ -490,14 +486,7 @@ fn the_local_cluster_on_etcd() {
     };
     let text = lab.ok(&["up", "--etcd"]);
     println!("{text}");
-    assert!(
-        text.contains("every pod answers every pod (ping)"),
-        "{text}"
-    );
-    assert!(
-        text.contains("every pod answers every pod (ping -6)"),
-        "{text}"
-    );
+    assert_both_matrices_pass(&text);
     assert!(
         text.contains("etcd:http://10.99.1.1:2379 (connected)"),
         "{text}"

@@ -13,7 +13,7 @@
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -494,21 +494,6 @@ fn pod(node: &Netns, short: &str, cali: &str, addr: &str) -> (Netns, VethPair) {
 
 /// One TCP connection from namespace `from` to `to_addr:port` served in `to`; the source
 /// address the listener saw.
-fn tcp_source(from: &Netns, to: &Netns, to_addr: Ipv4Addr, port: u16) -> Result<Ipv4Addr, String> {
-    match tcp_peer(from, to, IpAddr::V4(to_addr), port)? {
-        IpAddr::V4(a) => Ok(a),
-        other => Err(format!("unexpected peer {other}")),
-    }
-}
-
-/// [`tcp_source`] over IPv6.
-fn tcp_source6(from: &Netns, to: &Netns, to_addr: &str, port: u16) -> Result<Ipv6Addr, String> {
-    match tcp_peer(from, to, to_addr.parse().unwrap(), port)? {
-        IpAddr::V6(a) => Ok(a),
-        other => Err(format!("unexpected peer {other}")),
-    }
-}
-
 fn tcp_peer(from: &Netns, to: &Netns, to_addr: IpAddr, port: u16) -> Result<IpAddr, String> {
     let listener = to
         .run_in(|| TcpListener::bind((to_addr, port)))
@@ -610,6 +595,98 @@ fn neigh6(node: &Node, dev: &str) -> Vec<String> {
             .ip(&["-6", "neigh", "show", "dev", dev, "nud", "permanent"])
             .unwrap_or_default(),
     )
+}
+
+// ---------------------------------------------------------------------------------------------
+// One family's addresses, so that one test body serves both families
+
+/// What a test that runs once per family needs of the family: its names in iproute2, nft and
+/// the device, and the addresses of the test topologies (node `n`/`na` first, its peer
+/// `x`/`nb` second).
+struct Fam {
+    /// iproute2's family flag.
+    ip: &'static str,
+    /// nft's table family and its set element type.
+    nft: &'static str,
+    nft_type: &'static str,
+    /// The VXLAN device of the family, and of the other family.
+    device: &'static str,
+    other_device: &'static str,
+    /// Whether routewriter's NAT table of the family goes with the family's last pool (the
+    /// IPv4 one stays while NAT is on, as nodes have always had it).
+    table_goes_with_last_pool: bool,
+    /// The uplink addresses and their prefix length.
+    uplink: [&'static str; 2],
+    uplink_len: u8,
+    /// A pod pool, and a second pool.
+    pools: [&'static str; 2],
+    /// The two nodes' blocks, their tunnel addresses, and the pods: two on the first node,
+    /// one on the second.
+    blocks: [&'static str; 2],
+    tunnels: [&'static str; 2],
+    pods: [&'static str; 3],
+}
+
+const V4: Fam = Fam {
+    ip: "-4",
+    nft: "ip",
+    nft_type: "ipv4_addr",
+    device: "vxlan.calico",
+    other_device: "vxlan-v6.calico",
+    table_goes_with_last_pool: false,
+    uplink: ["10.0.0.1", "10.0.0.2"],
+    uplink_len: 24,
+    pools: ["10.65.0.0/16", "10.70.0.0/16"],
+    blocks: ["10.65.0.0/26", "10.65.1.0/26"],
+    tunnels: ["10.65.0.0", "10.65.1.0"],
+    pods: ["10.65.0.5", "10.65.0.6", "10.65.1.5"],
+};
+
+const V6: Fam = Fam {
+    ip: "-6",
+    nft: "ip6",
+    nft_type: "ipv6_addr",
+    device: "vxlan-v6.calico",
+    other_device: "vxlan.calico",
+    table_goes_with_last_pool: true,
+    uplink: ["fd00:10::1", "fd00:10::2"],
+    uplink_len: 64,
+    pools: ["fd00:20::/48", "fd00:30::/48"],
+    blocks: ["fd00:20::/122", "fd00:20::40/122"],
+    tunnels: ["fd00:20::1", "fd00:20::41"],
+    pods: ["fd00:20::5", "fd00:20::6", "fd00:20::45"],
+};
+
+impl Fam {
+    fn is_v6(&self) -> bool {
+        self.ip == "-6"
+    }
+
+    /// Pod `i`'s address as a host route destination (/32 or /128).
+    fn host(&self, i: usize) -> String {
+        format!("{}/{}", self.pods[i], if self.is_v6() { 128 } else { 32 })
+    }
+
+    fn addr(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    /// Pod `i` behind `cali`: an IPv4 pod, or for IPv6 a dual-stack one (IPv4 alongside, as
+    /// Calico's dual-stack pods are).
+    fn pod(&self, node: &Netns, short: &str, cali: &str, i: usize) -> (Netns, VethPair) {
+        if self.is_v6() {
+            pod_dual(node, short, cali, V4.pods[i], self.pods[i])
+        } else {
+            pod(node, short, cali, self.pods[i])
+        }
+    }
+
+    /// `nft list table <family> margay`.
+    fn nat_table(&self, node: &Node) -> Result<String, String> {
+        node.ns
+            .exec("nft", &["list", "table", self.nft, "margay"])
+            .map_err(|e| e.to_string())
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -808,40 +885,20 @@ fn changes_follow_the_stream() {
 /// route of our protocol.
 #[test]
 fn drift_is_repaired_at_once() {
-    let rt = runtime();
-    let (mut node, _x, _uplink) = node_and_peer();
-    let feed = Feed::default();
-    feed.publish(
-        vec![
-            local_vtep("10.0.0.1", "10.65.0.0"),
-            vtep("node-b", "10.0.0.3", "10.65.2.0"),
-            vxlan("10.65.2.0/26", "10.65.2.0"),
-            route("10.65.1.0/26", RouteKind::Gateway, "10.0.0.2", "eth0", true),
-            blackhole("10.65.0.0/26"),
-        ],
-        vec![],
-    );
-    let socket = node.dir.path().join("bgpd.sock");
-    let _server = Server::start(rt.clone(), &socket, feed.clone());
-    node.start(&socket, "resync_interval_s = 600\n");
-    node.wait_synced(1);
-    let want_routes = node.ip(&["route", "show", "proto", "80"]);
-    let want_fdb = node
-        .ns
-        .exec("bridge", &["fdb", "show", "dev", "vxlan.calico"])
-        .unwrap();
-    let want_neigh = node.ip(&["neigh", "show", "dev", "vxlan.calico"]);
+    let (node, _x, _uplink) = node_and_peer();
+    let items = vec![
+        local_vtep("10.0.0.1", "10.65.0.0"),
+        vtep("node-b", "10.0.0.3", "10.65.2.0"),
+        vxlan("10.65.2.0/26", "10.65.2.0"),
+        route("10.65.1.0/26", RouteKind::Gateway, "10.0.0.2", "eth0", true),
+        blackhole("10.65.0.0/26"),
+    ];
     let b = mac_of("node-b");
-    let routes_ok =
-        |n: &Node| lines(&n.ip(&["route", "show", "proto", "80"])) == lines(&want_routes);
-    let cases: Vec<(&str, Vec<Vec<&str>>)> = vec![
-        (
-            "delete a route",
-            vec![vec!["ip", "route", "del", "10.65.1.0/26"]],
-        ),
+    let cases: Vec<(&str, Vec<&str>)> = vec![
+        ("delete a route", vec!["ip", "route", "del", "10.65.1.0/26"]),
         (
             "change a next hop, keeping proto 80",
-            vec![vec![
+            vec![
                 "ip",
                 "route",
                 "change",
@@ -853,11 +910,11 @@ fn drift_is_repaired_at_once() {
                 "onlink",
                 "proto",
                 "80",
-            ]],
+            ],
         ),
         (
             "change a next hop by hand (proto boot)",
-            vec![vec![
+            vec![
                 "ip",
                 "route",
                 "replace",
@@ -867,11 +924,11 @@ fn drift_is_repaired_at_once() {
                 "dev",
                 "eth0",
                 "onlink",
-            ]],
+            ],
         ),
         (
             "replace a blackhole",
-            vec![vec![
+            vec![
                 "ip",
                 "route",
                 "replace",
@@ -879,11 +936,11 @@ fn drift_is_repaired_at_once() {
                 "10.65.0.0/26",
                 "proto",
                 "80",
-            ]],
+            ],
         ),
         (
             "add a stray route of our protocol",
-            vec![vec![
+            vec![
                 "ip",
                 "route",
                 "add",
@@ -892,11 +949,11 @@ fn drift_is_repaired_at_once() {
                 "10.0.0.2",
                 "proto",
                 "80",
-            ]],
+            ],
         ),
         (
             "delete the FDB entry",
-            vec![vec![
+            vec![
                 "bridge",
                 "fdb",
                 "del",
@@ -906,74 +963,89 @@ fn drift_is_repaired_at_once() {
                 "dst",
                 "10.0.0.3",
                 "self",
-            ]],
+            ],
         ),
         (
             "delete the neighbour entry",
-            vec![vec![
-                "ip",
-                "neigh",
-                "del",
-                "10.65.2.0",
-                "dev",
-                "vxlan.calico",
-            ]],
+            vec!["ip", "neigh", "del", "10.65.2.0", "dev", "vxlan.calico"],
         ),
+    ];
+    assert_drift_repaired(node, items, &V4, 1450, "10.99.0.0", &cases);
+}
+
+/// Serves `items` to routewriter, then makes each case's drift by hand, and then the device's
+/// (its MTU, its state, the device itself), and waits for the netlink watch to repair it (the periodic resync is 10 minutes away): the family's routes of protocol 80 and the device's FDB and
+/// neighbour entries as they were after the first sync, the device up with its `mtu`; the
+/// stray route of our protocol (to `stray`) gone after each case; and every kind of object
+/// counted as corrected.
+fn assert_drift_repaired(
+    mut node: Node,
+    items: Vec<DesiredItem>,
+    f: &Fam,
+    mtu: u32,
+    stray: &str,
+    cases: &[(&str, Vec<&str>)],
+) {
+    let rt = runtime();
+    let feed = Feed::default();
+    feed.publish(items, vec![]);
+    let socket = node.dir.path().join("bgpd.sock");
+    let _server = Server::start(rt.clone(), &socket, feed.clone());
+    node.start(&socket, "resync_interval_s = 600\n");
+    node.wait_synced(1);
+    let node = &node;
+    let routes = |n: &Node| lines(&n.ip(&[f.ip, "route", "show", "proto", "80"]));
+    let neigh = |n: &Node| {
+        lines(
+            &n.ns
+                .ip(&[f.ip, "neigh", "show", "dev", f.device, "nud", "permanent"])
+                .unwrap_or_default(),
+        )
+    };
+    let want_routes = routes(node);
+    assert_eq!(want_routes.len(), 3, "{want_routes:?}\n{}", node.log());
+    let want_fdb = fdb(node, f.device);
+    let want_neigh = neigh(node);
+    assert_eq!((want_fdb.len(), want_neigh.len()), (1, 1));
+    let device_ok = format!("mtu {mtu} ");
+    // The device's own drift, the same for each family.
+    let device_cases = [
         (
             "set the device's MTU",
-            vec![vec!["ip", "link", "set", "vxlan.calico", "mtu", "1400"]],
+            vec!["ip", "link", "set", f.device, "mtu", "1400"],
         ),
         (
             "take the device down",
-            vec![vec!["ip", "link", "set", "vxlan.calico", "down"]],
+            vec!["ip", "link", "set", f.device, "down"],
         ),
-        (
-            "delete the device",
-            vec![vec!["ip", "link", "del", "vxlan.calico"]],
-        ),
+        ("delete the device", vec!["ip", "link", "del", f.device]),
     ];
-    for (what, commands) in cases {
+    for (what, c) in cases.iter().chain(&device_cases) {
         let before = node.metrics();
-        for c in &commands {
-            node.ns
-                .exec(c[0], &c[1..])
-                .unwrap_or_else(|e| panic!("{what}: {e}"));
-        }
+        node.ns
+            .exec(c[0], &c[1..])
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
         let started = Instant::now();
         let repaired = wait_until(Duration::from_secs(5), || {
-            routes_ok(&node)
-                && lines(
-                    &node
-                        .ns
-                        .exec("bridge", &["fdb", "show", "dev", "vxlan.calico"])
-                        .unwrap_or_default(),
-                ) == lines(&want_fdb)
-                && lines(
-                    &node
-                        .ns
-                        .ip(&["neigh", "show", "dev", "vxlan.calico"])
-                        .unwrap_or_default(),
-                ) == lines(&want_neigh)
+            routes(node) == want_routes
+                && fdb(node, f.device) == want_fdb
+                && neigh(node) == want_neigh
                 && node
                     .ns
-                    .ip(&["link", "show", "vxlan.calico"])
-                    .is_ok_and(|l| l.contains("mtu 1450 ") && l.contains(",UP,"))
+                    .ip(&["link", "show", f.device])
+                    .is_ok_and(|l| l.contains(&device_ok) && l.contains(",UP,"))
         });
         assert!(
             repaired,
-            "{what}: not repaired\nroutes:\n{}\nfdb:\n{}\nneigh:\n{}\nbefore:\n{before}\n{}",
-            node.ip(&["route", "show", "proto", "80"]),
-            node.ns
-                .exec("bridge", &["fdb", "show", "dev", "vxlan.calico"])
-                .unwrap_or_default(),
-            node.ns
-                .ip(&["neigh", "show", "dev", "vxlan.calico"])
-                .unwrap_or_default(),
+            "{what}: not repaired\nroutes: {:?}\nfdb: {:?}\nneigh: {:?}\nbefore:\n{before}\n{}",
+            routes(node),
+            fdb(node, f.device),
+            neigh(node),
             node.log()
         );
         eprintln!("{what}: repaired in {:?}", started.elapsed());
         // Nothing else of ours: the stray route is gone too.
-        assert!(!node.ip(&["route"]).contains("10.99.0.0"), "{what}");
+        assert!(!node.ip(&[f.ip, "route"]).contains(stray), "{what}");
     }
     let m = node.metrics();
     for object in ["route", "fdb", "neigh", "device"] {
@@ -1139,21 +1211,38 @@ fn restart_with_nothing_changed_writes_nothing() {
 
     // iproute2's own witnesses: IPv4 routes, links, neighbours, addresses, and the FDB.
     // (IPv4 only: the kernel's IPv6 autoconfiguration of the test's links may finish now.)
-    let watch = |args: &[&str], file: &str| {
+    let seen = restart_watched(
+        &mut node,
+        &socket,
+        &["ip", "-4", "monitor", "route", "link", "neigh", "address"],
+    );
+    let events: Vec<&String> = seen
+        .iter()
+        .filter(|l| !l.contains("inet6") && !l.contains("fe80:"))
+        .collect();
+    assert!(
+        events.iter().all(|l| l.trim().is_empty()),
+        "iproute2 saw changes during the restart: {events:?}"
+    );
+    assert_eq!(state(&node), before);
+}
+
+/// Starts routewriter again (the caller stopped it) under iproute2's witnesses, `ip_monitor`
+/// and `bridge monitor fdb`, and checks that the second sync wrote nothing by routewriter's
+/// own count (no netlink message, nft transaction or sysctl value); the lines the monitors
+/// printed meanwhile.
+fn restart_watched(node: &mut Node, socket: &Path, ip_monitor: &[&str]) -> Vec<String> {
+    let watch = |node: &Node, args: &[&str], file: &str| {
         let log = node.dir.path().join(file);
-        let cmd = node.ns.command(args[0]);
-        let mut cmd = cmd;
+        let mut cmd = node.ns.command(args[0]);
         cmd.args(&args[1..])
             .stdout(std::fs::File::create(&log).unwrap());
         (node.ns.spawn(&mut cmd).unwrap(), log)
     };
-    let (mut ip_mon, ip_log) = watch(
-        &["ip", "-4", "monitor", "route", "link", "neigh", "address"],
-        "ip.log",
-    );
-    let (mut fdb_mon, fdb_log) = watch(&["bridge", "monitor", "fdb"], "fdb.log");
+    let (mut ip_mon, ip_log) = watch(node, ip_monitor, "ip.log");
+    let (mut fdb_mon, fdb_log) = watch(node, &["bridge", "monitor", "fdb"], "fdb.log");
     std::thread::sleep(Duration::from_millis(300));
-    node.start(&socket, "");
+    node.start(socket, "");
     let second = node.wait_synced(1);
     std::thread::sleep(Duration::from_millis(500));
     ip_mon.signal_and_wait(libc::SIGTERM, Duration::from_secs(5));
@@ -1166,36 +1255,48 @@ fn restart_with_nothing_changed_writes_nothing() {
             node.log()
         );
     }
-    for log in [ip_log, fdb_log] {
-        let events: Vec<String> = std::fs::read_to_string(&log)
-            .unwrap()
-            .lines()
-            .filter(|l| !l.contains("inet6") && !l.contains("fe80:"))
-            .map(str::to_owned)
-            .collect();
-        assert!(
-            events.iter().all(|l| l.trim().is_empty()),
-            "iproute2 saw changes during the restart: {events:?}"
-        );
-    }
-    assert_eq!(state(&node), before);
+    [ip_log, fdb_log]
+        .iter()
+        .flat_map(|log| {
+            std::fs::read_to_string(log)
+                .unwrap()
+                .lines()
+                .map(str::to_owned)
+                .collect::<Vec<_>>()
+        })
+        .collect()
 }
 
-/// natOutgoing: a pod reaches an outside namespace as the node's address; pod to pod keeps
-/// the pod's address; a pool change updates set elements and leaves the rule alone.
+/// natOutgoing, per family: a pod reaches an outside namespace as the node's address; pod to
+/// pod keeps the pod's address; a pool change updates set elements and leaves the rule alone;
+/// natOutgoing off empties the masquerade set (and the outside, with no route back, cannot
+/// answer); the pools gone remove the `ip6` table and leave the `ip` one (which stays while NAT
+/// is on), and the other family's table is left as it was.
 #[test]
 fn nat_outgoing_masquerades_to_the_outside_only() {
+    nat_outgoing_masquerades(&V4);
+}
+
+#[test]
+fn nat_outgoing_masquerades_ipv6_to_the_outside_only() {
+    nat_outgoing_masquerades(&V6);
+}
+
+fn nat_outgoing_masquerades(f: &Fam) {
     let rt = runtime();
     let (mut node, x, _uplink) = node_and_peer();
-    let (p1, _v1) = pod(&node.ns, "p1", "cali1111111111a", "10.65.0.5");
-    let (p2, _v2) = pod(&node.ns, "p2", "cali2222222222b", "10.65.0.6");
+    if f.is_v6() {
+        dual_stack(&node, &x);
+    }
+    let (p1, _v1) = f.pod(&node.ns, "p1", "cali1111111111a", 0);
+    let (p2, _v2) = f.pod(&node.ns, "p2", "cali2222222222b", 1);
     let feed = Feed::default();
     feed.publish(
         vec![
-            pool("10.65.0.0/16", true),
-            blackhole("10.65.0.0/26"),
-            workload("10.65.0.5/32", "cali1111111111a"),
-            workload("10.65.0.6/32", "cali2222222222b"),
+            pool(f.pools[0], true),
+            blackhole(f.blocks[0]),
+            workload(&f.host(0), "cali1111111111a"),
+            workload(&f.host(1), "cali2222222222b"),
         ],
         vec![],
     );
@@ -1203,36 +1304,41 @@ fn nat_outgoing_masquerades_to_the_outside_only() {
     let _server = Server::start(rt.clone(), &socket, feed.clone());
     node.start(&socket, "");
     node.wait_synced(1);
-    let table = node
-        .ns
-        .exec("nft", &["list", "table", "ip", "margay"])
-        .unwrap();
-    assert!(table.contains("elements = { 10.65.0.0/16 }"), "{table}");
+    let other = if f.is_v6() { &V4 } else { &V6 };
+    let other_table = other.nat_table(&node).ok();
+    let table = f.nat_table(&node).unwrap();
+    assert!(
+        table.contains(&format!("elements = {{ {} }}", f.pools[0])),
+        "{table}"
+    );
     assert!(
         table.contains("type nat hook postrouting priority srcnat; policy accept;"),
         "{table}"
     );
     assert!(
-        table.contains("ip saddr @masq-pools ip daddr != @all-pools masquerade fully-random"),
+        table.contains(&format!(
+            "{0} saddr @masq-pools {0} daddr != @all-pools masquerade fully-random",
+            f.nft
+        )),
         "{table}"
     );
-    let outside = Ipv4Addr::new(10, 0, 0, 2);
+    let outside = Fam::addr(f.uplink[1]);
     assert_eq!(
-        tcp_source(&p1, &x, outside, 8080),
-        Ok(Ipv4Addr::new(10, 0, 0, 1)),
+        tcp_peer(&p1, &x, outside, 8080),
+        Ok(Fam::addr(f.uplink[0])),
         "{}",
         node.log()
     );
     assert_eq!(
-        tcp_source(&p1, &p2, Ipv4Addr::new(10, 65, 0, 6), 8081),
-        Ok(Ipv4Addr::new(10, 65, 0, 5))
+        tcp_peer(&p1, &p2, Fam::addr(f.pods[1]), 8081),
+        Ok(Fam::addr(f.pods[0]))
     );
-    // A pool change: set elements change, the rule (its handle) does not.
+    // A pool change, natOutgoing off: set elements change, the rule (its handle) does not.
     let handle = |n: &Node| {
         let t =
             n.ns.exec(
                 "nft",
-                &["-a", "list", "chain", "ip", "margay", "nat-outgoing"],
+                &["-a", "list", "chain", f.nft, "margay", "nat-outgoing"],
             )
             .unwrap();
         t.lines()
@@ -1242,19 +1348,40 @@ fn nat_outgoing_masquerades_to_the_outside_only() {
     };
     let h = handle(&node);
     let rev = feed.publish(
-        vec![pool("10.70.0.0/16", false), pool("10.65.0.0/16", false)],
+        vec![pool(f.pools[1], false), pool(f.pools[0], false)],
         vec![],
     );
     node.wait_synced(rev);
-    let table = node
-        .ns
-        .exec("nft", &["list", "table", "ip", "margay"])
-        .unwrap();
-    assert!(table.contains("10.65.0.0/16, 10.70.0.0/16"), "{table}");
+    let table = f.nat_table(&node).unwrap();
+    // nft wraps long IPv6 element lists onto more lines.
+    let words = table.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        words.contains(&format!("{}, {}", f.pools[0], f.pools[1])),
+        "{table}"
+    );
+    assert!(
+        table.contains(&format!(
+            "set masq-pools {{\n\t\ttype {}\n\t\tflags interval\n\t}}",
+            f.nft_type
+        )),
+        "{table}"
+    );
     assert_eq!(handle(&node), h);
     // natOutgoing off: the outside sees the pod's address, and cannot answer it (no route
     // back), so the connection fails.
-    assert!(tcp_source(&p1, &x, outside, 8082).is_err());
+    assert!(tcp_peer(&p1, &x, outside, 8082).is_err());
+    let rev = feed.publish(vec![], vec![rm_pool(f.pools[0]), rm_pool(f.pools[1])]);
+    node.wait_synced(rev);
+    assert_eq!(
+        f.nat_table(&node).is_err(),
+        f.table_goes_with_last_pool,
+        "the ip6 table goes with the last IPv6 pool, the ip one stays"
+    );
+    assert_eq!(
+        other.nat_table(&node).ok(),
+        other_table,
+        "the other family's table is left as it was"
+    );
 }
 
 /// IPIP routes fail with a message that names the missing kernel feature; everything else
@@ -1505,16 +1632,38 @@ fn resync_repairs_nat_drift() {
     assert!(counted, "{}", node.metrics());
 }
 
-/// Two nodes, each with its own routewriter and feed, carry pod traffic over VXLAN: the
-/// device, FDB, neighbour entries and routes are right enough for the kernel to use them.
+/// Two nodes, each with its own routewriter and feed, carry pod traffic over VXLAN, per
+/// family (IPv6 over `vxlan-v6.calico` with an IPv6 underlay): the device, FDB, neighbour
+/// entries and onlink routes are right enough for the kernel to use them; no VTEP of the
+/// other family desired, no device of the other family.
 #[test]
 fn vxlan_carries_pod_traffic_between_two_nodes() {
+    vxlan_carries_pod_traffic(&V4);
+}
+
+#[test]
+fn vxlan_v6_carries_pod_traffic_between_two_nodes() {
+    vxlan_carries_pod_traffic(&V6);
+}
+
+fn vxlan_carries_pod_traffic(f: &Fam) {
     let rt = runtime();
     let mut a = Node::new("na", "node-a");
     let mut b = Node::new("nb", "node-b");
     let _uplink = VethPair::new(&a.ns, "eth0", &b.ns, "eth0").unwrap();
-    a.ip(&["addr", "add", "10.0.0.1/24", "dev", "eth0"]);
-    b.ip(&["addr", "add", "10.0.0.2/24", "dev", "eth0"]);
+    for (n, i) in [(&a, 0), (&b, 1)] {
+        n.ip(&[
+            "addr",
+            "add",
+            &format!("{}/24", V4.uplink[i]),
+            "dev",
+            "eth0",
+        ]);
+        if f.is_v6() {
+            let addr = format!("{}/{}", f.uplink[i], f.uplink_len);
+            n.ip(&["-6", "addr", "add", &addr, "dev", "eth0", "nodad"]);
+        }
+    }
     // No default route between the nodes (pod traffic must take the tunnel); proxy ARP for
     // the pods' gateway needs a route to it that is not through the pod's interface.
     for n in [&a, &b] {
@@ -1528,30 +1677,23 @@ fn vxlan_carries_pod_traffic_between_two_nodes() {
             "link",
         ]);
     }
-    let (pa, _va) = pod(&a.ns, "pa", "caliaaaaaaaaaaa", "10.65.0.5");
-    let (pb, _vb) = pod(&b.ns, "pb", "calibbbbbbbbbbb", "10.65.1.5");
+    let (pa, _va) = f.pod(&a.ns, "pa", "caliaaaaaaaaaaa", 0);
+    let (pb, _vb) = f.pod(&b.ns, "pb", "calibbbbbbbbbbb", 2);
+    // Each node's items: its own VTEP, block and pod, the other's VTEP and block.
+    let items = |me: usize, pod: usize, cali: &str, peer: &str| {
+        let other = 1 - me;
+        vec![
+            local_vtep(f.uplink[me], f.tunnels[me]),
+            vtep(peer, f.uplink[other], f.tunnels[other]),
+            blackhole(f.blocks[me]),
+            workload(&f.host(pod), cali),
+            vxlan(f.blocks[other], f.tunnels[other]),
+        ]
+    };
     let fa = Feed::default();
-    fa.publish(
-        vec![
-            local_vtep("10.0.0.1", "10.65.0.0"),
-            vtep("node-b", "10.0.0.2", "10.65.1.0"),
-            blackhole("10.65.0.0/26"),
-            workload("10.65.0.5/32", "caliaaaaaaaaaaa"),
-            vxlan("10.65.1.0/26", "10.65.1.0"),
-        ],
-        vec![],
-    );
+    fa.publish(items(0, 0, "caliaaaaaaaaaaa", "node-b"), vec![]);
     let fb = Feed::default();
-    fb.publish(
-        vec![
-            local_vtep("10.0.0.2", "10.65.1.0"),
-            vtep("node-a", "10.0.0.1", "10.65.0.0"),
-            blackhole("10.65.1.0/26"),
-            workload("10.65.1.5/32", "calibbbbbbbbbbb"),
-            vxlan("10.65.0.0/26", "10.65.0.0"),
-        ],
-        vec![],
-    );
+    fb.publish(items(1, 2, "calibbbbbbbbbbb", "node-a"), vec![]);
     let sa = a.dir.path().join("bgpd.sock");
     let sb = b.dir.path().join("bgpd.sock");
     let _servera = Server::start(rt.clone(), &sa, fa);
@@ -1561,19 +1703,21 @@ fn vxlan_carries_pod_traffic_between_two_nodes() {
     a.wait_synced(1);
     b.wait_synced(1);
     assert_eq!(
-        tcp_source(&pa, &pb, Ipv4Addr::new(10, 65, 1, 5), 9000),
-        Ok(Ipv4Addr::new(10, 65, 0, 5)),
+        tcp_peer(&pa, &pb, Fam::addr(f.pods[2]), 9000),
+        Ok(Fam::addr(f.pods[0])),
         "{}\n{}",
         a.log(),
         b.log()
     );
     // The tunnel carried it: the only way between the pods' blocks.
     let stats: serde_json::Value =
-        serde_json::from_str(&a.ip(&["-j", "-s", "link", "show", "vxlan.calico"])).unwrap();
+        serde_json::from_str(&a.ip(&["-j", "-s", "link", "show", f.device])).unwrap();
     assert!(
         stats[0]["stats64"]["tx"]["packets"].as_u64().unwrap() > 0,
         "{stats}"
     );
+    // No VTEP of the other family desired: no device of the other family.
+    assert!(a.ns.ip(&["link", "show", f.other_device]).is_err());
 }
 
 /// A bad configuration is refused with the field and the fix, before anything is touched.
@@ -1725,6 +1869,45 @@ fn dual_stack_items(peer_ll: &str) -> Vec<DesiredItem> {
     ]
 }
 
+/// What keeps a dual-stack test's set-up alive beside its node: the Dataplane server (dropped
+/// first, before the node), its feed, the pod, the peer and the runtime.
+struct DualStack {
+    _server: Server,
+    feed: Feed,
+    socket: PathBuf,
+    /// The peer's link-local address.
+    peer_ll: String,
+    _pod: (Netns, VethPair),
+    _uplink: VethPair,
+    _x: Netns,
+    _rt: Arc<tokio::runtime::Runtime>,
+}
+
+/// Node `n` and peer `x` with IPv6 on their link, a dual-stack pod `p` behind
+/// `cali0123456789a`, and a Dataplane server serving [`dual_stack_items`]; routewriter not
+/// started yet.
+fn dual_stack_node() -> (Node, DualStack) {
+    let rt = runtime();
+    let (node, x, uplink) = node_and_peer();
+    let peer_ll = dual_stack(&node, &x);
+    let pod = pod_dual(&node.ns, "p", "cali0123456789a", "10.65.0.5", "fd00:20::5");
+    let feed = Feed::default();
+    feed.publish(dual_stack_items(&peer_ll), vec![]);
+    let socket = node.dir.path().join("bgpd.sock");
+    let server = Server::start(rt.clone(), &socket, feed.clone());
+    let rest = DualStack {
+        _server: server,
+        feed,
+        socket,
+        peer_ll,
+        _pod: pod,
+        _uplink: uplink,
+        _x: x,
+        _rt: rt,
+    };
+    (node, rest)
+}
+
 /// Both families in one snapshot: every IPv6 route kind lands with protocol 80 at metric 1024
 /// beside the IPv4 routes; `vxlan-v6.calico` runs over the uplink found by the node's IPv6
 /// address, with MTU uplink − 70, the tunnel address as /128, and the remote IPv6 VTEP's FDB
@@ -1732,15 +1915,9 @@ fn dual_stack_items(peer_ll: &str) -> Vec<DesiredItem> {
 /// table are set; metrics and status count per family.
 #[test]
 fn both_families_as_iproute2_shows_them() {
-    let rt = runtime();
-    let (mut node, x, _uplink) = node_and_peer();
-    let peer_ll = dual_stack(&node, &x);
-    let (_p, _pv) = pod_dual(&node.ns, "p", "cali0123456789a", "10.65.0.5", "fd00:20::5");
-    let feed = Feed::default();
-    feed.publish(dual_stack_items(&peer_ll), vec![]);
-    let socket = node.dir.path().join("bgpd.sock");
-    let _server = Server::start(rt.clone(), &socket, feed.clone());
-    node.start(&socket, "");
+    let (mut node, ds) = dual_stack_node();
+    node.start(&ds.socket, "");
+    let peer_ll = &ds.peer_ll;
     let status = node.wait_synced(1);
     assert_eq!(status["routes_failing"], 0, "{status}\n{}", node.log());
     assert_eq!(status["items_rejected"], 0, "{status}");
@@ -1882,7 +2059,7 @@ fn both_families_as_iproute2_shows_them() {
     );
 
     // The IPv6 side goes away; the IPv4 side stays as it was.
-    let rev = feed.publish(
+    let rev = ds.feed.publish(
         vec![],
         vec![
             rm_route("fd00:20::/122"),
@@ -1915,35 +2092,21 @@ fn both_families_as_iproute2_shows_them() {
 /// entries, its MTU, its state, the device itself.
 #[test]
 fn ipv6_drift_is_repaired_at_once() {
-    let rt = runtime();
-    let (mut node, x, _uplink) = node_and_peer();
+    let (node, x, _uplink) = node_and_peer();
     dual_stack(&node, &x);
-    let feed = Feed::default();
-    feed.publish(
-        vec![
-            local_vtep("fd00:10::1", "fd00:20::1"),
-            vtep("node-b", "fd00:10::3", "fd00:20::81"),
-            vxlan("fd00:20::80/122", "fd00:20::81"),
-            route(
-                "fd00:20::40/122",
-                RouteKind::Gateway,
-                "fd00:10::2",
-                "eth0",
-                false,
-            ),
-            blackhole("fd00:20::/122"),
-        ],
-        vec![],
-    );
-    let socket = node.dir.path().join("bgpd.sock");
-    let _server = Server::start(rt.clone(), &socket, feed.clone());
-    node.start(&socket, "resync_interval_s = 600\n");
-    node.wait_synced(1);
-    let want_routes = routes6(&node);
-    assert_eq!(want_routes.len(), 3, "{want_routes:?}\n{}", node.log());
-    let want_fdb = fdb(&node, "vxlan-v6.calico");
-    let want_neigh = neigh6(&node, "vxlan-v6.calico");
-    assert_eq!((want_fdb.len(), want_neigh.len()), (1, 1));
+    let items = vec![
+        local_vtep("fd00:10::1", "fd00:20::1"),
+        vtep("node-b", "fd00:10::3", "fd00:20::81"),
+        vxlan("fd00:20::80/122", "fd00:20::81"),
+        route(
+            "fd00:20::40/122",
+            RouteKind::Gateway,
+            "fd00:10::2",
+            "eth0",
+            false,
+        ),
+        blackhole("fd00:20::/122"),
+    ];
     let b = mac6_of("node-b");
     let cases: Vec<(&str, Vec<&str>)> = vec![
         (
@@ -2033,53 +2196,8 @@ fn ipv6_drift_is_repaired_at_once() {
                 "vxlan-v6.calico",
             ],
         ),
-        (
-            "set the device's MTU",
-            vec!["ip", "link", "set", "vxlan-v6.calico", "mtu", "1400"],
-        ),
-        (
-            "take the device down",
-            vec!["ip", "link", "set", "vxlan-v6.calico", "down"],
-        ),
-        (
-            "delete the device",
-            vec!["ip", "link", "del", "vxlan-v6.calico"],
-        ),
     ];
-    for (what, c) in cases {
-        node.ns
-            .exec(c[0], &c[1..])
-            .unwrap_or_else(|e| panic!("{what}: {e}"));
-        let started = Instant::now();
-        let repaired = wait_until(Duration::from_secs(5), || {
-            routes6(&node) == want_routes
-                && fdb(&node, "vxlan-v6.calico") == want_fdb
-                && neigh6(&node, "vxlan-v6.calico") == want_neigh
-                && node
-                    .ns
-                    .ip(&["link", "show", "vxlan-v6.calico"])
-                    .is_ok_and(|l| l.contains("mtu 1430 ") && l.contains(",UP,"))
-        });
-        assert!(
-            repaired,
-            "{what}: not repaired\nroutes: {:?}\nfdb: {:?}\nneigh: {:?}\n{}",
-            routes6(&node),
-            fdb(&node, "vxlan-v6.calico"),
-            neigh6(&node, "vxlan-v6.calico"),
-            node.log()
-        );
-        eprintln!("{what}: repaired in {:?}", started.elapsed());
-        assert!(!node.ip(&["-6", "route"]).contains("fd00:99::"), "{what}");
-    }
-    let m = node.metrics();
-    for object in ["route", "fdb", "neigh", "device"] {
-        assert!(
-            m.contains(&format!(
-                "routewriter_corrections_total{{object=\"{object}\"}}"
-            )),
-            "{object}: {m}"
-        );
-    }
+    assert_drift_repaired(node, items, &V6, 1430, "fd00:99::", &cases);
 }
 
 /// A restart with both families in place writes nothing: no netlink message, nft transaction
@@ -2087,15 +2205,8 @@ fn ipv6_drift_is_repaired_at_once() {
 /// change to anything of routewriter's.
 #[test]
 fn a_dual_stack_restart_writes_nothing() {
-    let rt = runtime();
-    let (mut node, x, _uplink) = node_and_peer();
-    let peer_ll = dual_stack(&node, &x);
-    let (_p, _pv) = pod_dual(&node.ns, "p", "cali0123456789a", "10.65.0.5", "fd00:20::5");
-    let feed = Feed::default();
-    feed.publish(dual_stack_items(&peer_ll), vec![]);
-    let socket = node.dir.path().join("bgpd.sock");
-    let _server = Server::start(rt.clone(), &socket, feed.clone());
-    node.start(&socket, "");
+    let (mut node, ds) = dual_stack_node();
+    node.start(&ds.socket, "");
     let first = node.wait_synced(1);
     assert!(first["netlink_writes"].as_u64().unwrap() > 0, "{first}");
     let state = |n: &Node| {
@@ -2130,32 +2241,11 @@ fn a_dual_stack_restart_writes_nothing() {
     );
     // Let the kernel's own IPv6 work on the new device (its link-local address) finish.
     std::thread::sleep(Duration::from_secs(2));
-    let watch = |args: &[&str], file: &str| {
-        let log = node.dir.path().join(file);
-        let mut cmd = node.ns.command(args[0]);
-        cmd.args(&args[1..])
-            .stdout(std::fs::File::create(&log).unwrap());
-        (node.ns.spawn(&mut cmd).unwrap(), log)
-    };
-    let (mut ip_mon, ip_log) = watch(
+    let seen = restart_watched(
+        &mut node,
+        &ds.socket,
         &["ip", "monitor", "route", "link", "neigh", "address"],
-        "ip.log",
     );
-    let (mut fdb_mon, fdb_log) = watch(&["bridge", "monitor", "fdb"], "fdb.log");
-    std::thread::sleep(Duration::from_millis(300));
-    node.start(&socket, "");
-    let second = node.wait_synced(1);
-    std::thread::sleep(Duration::from_millis(500));
-    ip_mon.signal_and_wait(libc::SIGTERM, Duration::from_secs(5));
-    fdb_mon.signal_and_wait(libc::SIGTERM, Duration::from_secs(5));
-    for counter in ["netlink_writes", "nft_writes", "sysctl_writes"] {
-        assert_eq!(
-            second[counter],
-            0,
-            "{counter} after a restart: {second}\n{}",
-            node.log()
-        );
-    }
     // What routewriter owns: routes of its protocol, addresses and neighbours of the pools,
     // its devices, FDB entries with a remote. (The kernel's link-local and multicast
     // bookkeeping is not routewriter's.)
@@ -2169,170 +2259,10 @@ fn a_dual_stack_restart_writes_nothing() {
                 || l.contains("vxlan")
                 || l.contains(" dst "))
     };
-    for log in [ip_log, fdb_log] {
-        let events: Vec<String> = std::fs::read_to_string(&log)
-            .unwrap()
-            .lines()
-            .filter(|l| ours(l))
-            .map(str::to_owned)
-            .collect();
-        assert!(
-            events.is_empty(),
-            "iproute2 saw routewriter's objects change during the restart: {events:?}"
-        );
-    }
+    let events: Vec<&String> = seen.iter().filter(|l| ours(l)).collect();
+    assert!(
+        events.is_empty(),
+        "iproute2 saw routewriter's objects change during the restart: {events:?}"
+    );
     assert_eq!(state(&node), before);
-}
-
-/// natOutgoing for an IPv6 pool: a pod reaches an outside address as the node's IPv6
-/// address, pod to pod keeps the pod's; natOutgoing off empties the set (and the outside,
-/// with no route back, cannot answer); the pool gone removes the `ip6` table, leaving the
-/// `ip` one.
-#[test]
-fn nat_outgoing_masquerades_ipv6_to_the_outside_only() {
-    let rt = runtime();
-    let (mut node, x, _uplink) = node_and_peer();
-    dual_stack(&node, &x);
-    let (p1, _v1) = pod_dual(&node.ns, "p1", "cali1111111111a", "10.65.0.5", "fd00:20::5");
-    let (p2, _v2) = pod_dual(&node.ns, "p2", "cali2222222222b", "10.65.0.6", "fd00:20::6");
-    let feed = Feed::default();
-    feed.publish(
-        vec![
-            pool("fd00:20::/48", true),
-            blackhole("fd00:20::/122"),
-            workload("fd00:20::5/128", "cali1111111111a"),
-            workload("fd00:20::6/128", "cali2222222222b"),
-        ],
-        vec![],
-    );
-    let socket = node.dir.path().join("bgpd.sock");
-    let _server = Server::start(rt.clone(), &socket, feed.clone());
-    node.start(&socket, "");
-    node.wait_synced(1);
-    let table = node
-        .ns
-        .exec("nft", &["list", "table", "ip6", "margay"])
-        .unwrap();
-    assert!(table.contains("elements = { fd00:20::/48 }"), "{table}");
-    assert!(
-        table.contains("type nat hook postrouting priority srcnat; policy accept;"),
-        "{table}"
-    );
-    assert!(
-        table.contains("ip6 saddr @masq-pools ip6 daddr != @all-pools masquerade fully-random"),
-        "{table}"
-    );
-    assert_eq!(
-        tcp_source6(&p1, &x, "fd00:10::2", 8080),
-        Ok("fd00:10::1".parse().unwrap()),
-        "{}",
-        node.log()
-    );
-    assert_eq!(
-        tcp_source6(&p1, &p2, "fd00:20::6", 8081),
-        Ok("fd00:20::5".parse().unwrap())
-    );
-    let ip4 = node
-        .ns
-        .exec("nft", &["list", "table", "ip", "margay"])
-        .unwrap();
-    let rev = feed.publish(vec![pool("fd00:20::/48", false)], vec![]);
-    node.wait_synced(rev);
-    let table = node
-        .ns
-        .exec("nft", &["list", "table", "ip6", "margay"])
-        .unwrap();
-    assert!(
-        table.contains("set masq-pools {\n\t\ttype ipv6_addr\n\t\tflags interval\n\t}"),
-        "{table}"
-    );
-    assert!(tcp_source6(&p1, &x, "fd00:10::2", 8082).is_err());
-    let rev = feed.publish(vec![], vec![rm_pool("fd00:20::/48")]);
-    node.wait_synced(rev);
-    assert!(
-        node.ns
-            .exec("nft", &["list", "table", "ip6", "margay"])
-            .is_err(),
-        "the ip6 table goes with the last IPv6 pool"
-    );
-    assert_eq!(
-        node.ns
-            .exec("nft", &["list", "table", "ip", "margay"])
-            .unwrap(),
-        ip4,
-        "the ip table is left as it was"
-    );
-}
-
-/// Two nodes carry IPv6 pod traffic over `vxlan-v6.calico` with an IPv6 underlay: the
-/// device, FDB, neighbour entries and onlink routes are right enough for the kernel to use.
-#[test]
-fn vxlan_v6_carries_pod_traffic_between_two_nodes() {
-    let rt = runtime();
-    let mut a = Node::new("na", "node-a");
-    let mut b = Node::new("nb", "node-b");
-    let _uplink = VethPair::new(&a.ns, "eth0", &b.ns, "eth0").unwrap();
-    a.ip(&["addr", "add", "10.0.0.1/24", "dev", "eth0"]);
-    b.ip(&["addr", "add", "10.0.0.2/24", "dev", "eth0"]);
-    a.ip(&["-6", "addr", "add", "fd00:10::1/64", "dev", "eth0", "nodad"]);
-    b.ip(&["-6", "addr", "add", "fd00:10::2/64", "dev", "eth0", "nodad"]);
-    for n in [&a, &b] {
-        n.ip(&[
-            "route",
-            "add",
-            "169.254.1.1",
-            "dev",
-            "eth0",
-            "scope",
-            "link",
-        ]);
-    }
-    let (pa, _va) = pod_dual(&a.ns, "pa", "caliaaaaaaaaaaa", "10.65.0.5", "fd00:20::5");
-    let (pb, _vb) = pod_dual(&b.ns, "pb", "calibbbbbbbbbbb", "10.65.1.5", "fd00:20::45");
-    let fa = Feed::default();
-    fa.publish(
-        vec![
-            local_vtep("fd00:10::1", "fd00:20::1"),
-            vtep("node-b", "fd00:10::2", "fd00:20::41"),
-            blackhole("fd00:20::/122"),
-            workload("fd00:20::5/128", "caliaaaaaaaaaaa"),
-            vxlan("fd00:20::40/122", "fd00:20::41"),
-        ],
-        vec![],
-    );
-    let fb = Feed::default();
-    fb.publish(
-        vec![
-            local_vtep("fd00:10::2", "fd00:20::41"),
-            vtep("node-a", "fd00:10::1", "fd00:20::1"),
-            blackhole("fd00:20::40/122"),
-            workload("fd00:20::45/128", "calibbbbbbbbbbb"),
-            vxlan("fd00:20::/122", "fd00:20::1"),
-        ],
-        vec![],
-    );
-    let sa = a.dir.path().join("bgpd.sock");
-    let sb = b.dir.path().join("bgpd.sock");
-    let _servera = Server::start(rt.clone(), &sa, fa);
-    let _serverb = Server::start(rt.clone(), &sb, fb);
-    a.start(&sa, "");
-    b.start(&sb, "");
-    a.wait_synced(1);
-    b.wait_synced(1);
-    assert_eq!(
-        tcp_source6(&pa, &pb, "fd00:20::45", 9000),
-        Ok("fd00:20::5".parse().unwrap()),
-        "{}\n{}",
-        a.log(),
-        b.log()
-    );
-    // The IPv6 tunnel carried it: the only way between the pods' blocks.
-    let stats: serde_json::Value =
-        serde_json::from_str(&a.ip(&["-j", "-s", "link", "show", "vxlan-v6.calico"])).unwrap();
-    assert!(
-        stats[0]["stats64"]["tx"]["packets"].as_u64().unwrap() > 0,
-        "{stats}"
-    );
-    // No IPv4 VTEP desired: no IPv4 device.
-    assert!(a.ns.ip(&["link", "show", "vxlan.calico"]).is_err());
 }

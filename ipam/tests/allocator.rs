@@ -10,7 +10,10 @@ mod common;
 use std::collections::{BTreeMap, HashSet};
 use std::net::IpAddr;
 
-use common::{block_of, ipam, pick, pool, req, req_of};
+use common::{
+    assert_distinct_and_held, block_of, concurrent_requests, counts_of, dual_pools, ipam, pick,
+    pool, req, req_of,
+};
 use ipam::IpamError;
 use ipam::allocator::{ReleaseRequest, tunnel_handle};
 use ipam::block::AffinityState;
@@ -170,12 +173,7 @@ async fn the_block_limit_then_borrowing_then_strict_affinity(f: IpFamily) {
 #[tokio::test]
 async fn dual_stack_is_all_or_nothing() {
     let (ipam, _d) = ipam().await;
-    ipam.create_pool(&pool("v4", "10.4.0.0/24", 26))
-        .await
-        .unwrap();
-    ipam.create_pool(&pool("v6", "fd00:4::/120", 122))
-        .await
-        .unwrap();
+    dual_pools(&ipam, ("10.4.0.0/24", 26), ("fd00:4::/120", 122)).await;
     let (v4, v6) = ipam
         .auto_assign(&req("net.ds", "node-a", 1, 1))
         .await
@@ -678,40 +676,12 @@ async fn concurrent_requests_on_one_node_share_transactions_and_never_collide(f:
     ipam.auto_assign(&req_of(f, "net.warm", "node-a", 1))
         .await
         .unwrap();
-    let tasks: Vec<_> = (0..8)
-        .map(|t| {
-            let ipam = ipam.clone();
-            tokio::spawn(async move {
-                let mut got = Vec::new();
-                for i in 0..60 {
-                    let handle = format!("net.t{t}-{i}");
-                    let (v4, v6) = ipam
-                        .auto_assign(&req_of(f, &handle, "node-a", 1))
-                        .await
-                        .unwrap();
-                    let all: Vec<_> = v4.into_iter().chain(v6).collect();
-                    assert_eq!(all.len(), 1);
-                    assert_eq!(IpFamily::of(all[0].address), f);
-                    got.push((handle, all[0].address));
-                }
-                got
-            })
-        })
-        .collect();
-    let mut all = Vec::new();
-    for t in tasks {
-        all.extend(t.await.unwrap());
-    }
-    let distinct: HashSet<IpAddr> = all.iter().map(|(_, a)| *a).collect();
-    assert_eq!(distinct.len(), 480, "an address was handed out twice");
-    for (handle, addr) in &all {
-        let held = ipam.handle_allocations(handle).await.unwrap();
-        assert_eq!(held.len(), 1, "{handle}");
-        assert_eq!(held[0].address, *addr);
-    }
-    let report = ipam.check().await.unwrap();
-    assert!(report.problems.is_empty(), "{:?}", report.problems);
-    assert_eq!(report.allocations, 481);
+    let (n4, n6) = counts_of(f, 1);
+    let all = concurrent_requests(&ipam, 8, 60, move |_, _| ("node-a", n4, n6)).await;
+    assert_eq!(all.len(), 480);
+    assert!(all.iter().all(|(_, a)| IpFamily::of(a[0]) == f));
+    // The 480 and the warm-up's one.
+    assert_eq!(assert_distinct_and_held(&ipam, &all).await, 481);
 }
 
 #[tokio::test]

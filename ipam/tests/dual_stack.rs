@@ -6,11 +6,12 @@
 mod common;
 
 use std::collections::{BTreeMap, HashSet};
-use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use common::{ipam, pick, pool, req, req_of};
+use common::{
+    assert_distinct_and_held, concurrent_requests, dual_pools, ipam, pick, pool, req, req_of,
+};
 use ipam::IpamError;
 use ipam::allocator::{Ipam, is_tunnel_handle, tunnel_handle};
 use ipam::block::{Block, Handle, Slot, cidr_key};
@@ -69,16 +70,6 @@ impl<D: Datastore> Datastore for Counting<D> {
     }
     fn describe(&self) -> String {
         self.inner.describe()
-    }
-}
-
-/// An IPv4 and an IPv6 pool with their default block sizes (/26, /122).
-async fn dual_pools(ipam: &Ipam<impl Datastore>, n: u8) {
-    for cidr in [format!("10.{n}.0.0/16"), format!("fd00:{n}::/48")] {
-        let name = format!("v{}", if cidr.contains(':') { 6 } else { 4 });
-        ipam.create_pool(&IpPool::new(&name, cidr.parse().unwrap()))
-            .await
-            .unwrap();
     }
 }
 
@@ -146,7 +137,7 @@ async fn a_warm_nodes_requests_take_one_transaction_and_no_read() {
         txns: AtomicU64::new(0),
     });
     let store = ipam.store();
-    dual_pools(&ipam, 20).await;
+    dual_pools(&ipam, ("10.20.0.0/16", 26), ("fd00:20::/48", 122)).await;
     // The first request claims a block of each family and reads what it needs.
     ipam.auto_assign(&req("net.warm", "node-a", 1, 1))
         .await
@@ -178,61 +169,19 @@ async fn a_warm_nodes_requests_take_one_transaction_and_no_read() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dual_stack_requests_in_parallel_never_collide() {
     let (ipam, _d) = ipam().await;
-    ipam.create_pool(&pool("v4", "10.21.0.0/22", 26))
-        .await
-        .unwrap();
-    ipam.create_pool(&pool("v6", "fd00:21::/118", 122))
-        .await
-        .unwrap();
+    dual_pools(&ipam, ("10.21.0.0/22", 26), ("fd00:21::/118", 122)).await;
     let ipam = Arc::new(ipam);
     // 8 tasks on two nodes, each request dual-stack, IPv4 only or IPv6 only in turn.
-    let tasks: Vec<_> = (0..8)
-        .map(|t| {
-            let ipam = ipam.clone();
-            tokio::spawn(async move {
-                let node = ["node-a", "node-b"][t % 2];
-                let mut got = Vec::new();
-                for i in 0..40 {
-                    let (n4, n6) = [(1, 1), (1, 0), (0, 1)][(t + i) % 3];
-                    let handle = format!("net.t{t}-{i}");
-                    let (v4, v6) = ipam.auto_assign(&req(&handle, node, n4, n6)).await.unwrap();
-                    assert_eq!((v4.len(), v6.len()), (n4 as usize, n6 as usize));
-                    assert!(v4.iter().all(|a| a.address.is_ipv4()));
-                    assert!(v6.iter().all(|a| a.address.is_ipv6()));
-                    let mine: Vec<IpAddr> = v4.iter().chain(&v6).map(|a| a.address).collect();
-                    got.push((handle, mine));
-                }
-                got
-            })
-        })
-        .collect();
-    let mut all = Vec::new();
-    for t in tasks {
-        all.extend(t.await.unwrap());
-    }
-    let addresses: Vec<IpAddr> = all.iter().flat_map(|(_, a)| a.clone()).collect();
-    let distinct: HashSet<&IpAddr> = addresses.iter().collect();
+    let all = concurrent_requests(&ipam, 8, 40, |t, i| {
+        let (n4, n6) = [(1, 1), (1, 0), (0, 1)][(t + i) % 3];
+        (["node-a", "node-b"][t % 2], n4, n6)
+    })
+    .await;
+    let addresses: usize = all.iter().map(|(_, a)| a.len()).sum();
     assert_eq!(
-        distinct.len(),
-        addresses.len(),
-        "an address was handed out twice"
+        assert_distinct_and_held(&ipam, &all).await as usize,
+        addresses
     );
-    for (handle, mine) in &all {
-        let mut held: Vec<IpAddr> = ipam
-            .handle_allocations(handle)
-            .await
-            .unwrap()
-            .into_iter()
-            .map(|a| a.address)
-            .collect();
-        held.sort();
-        let mut want = mine.clone();
-        want.sort();
-        assert_eq!(held, want, "{handle}");
-    }
-    let report = ipam.check().await.unwrap();
-    assert!(report.problems.is_empty(), "{:?}", report.problems);
-    assert_eq!(report.allocations as usize, addresses.len());
     // Each block holds addresses of its own pool's family only.
     let (pools, blocks) = ipam.usage("").await.unwrap();
     for b in &blocks {
@@ -248,12 +197,7 @@ async fn dual_stack_requests_in_parallel_never_collide() {
 #[tokio::test]
 async fn the_block_limit_counts_each_family_apart() {
     let (ipam, _d) = ipam().await;
-    ipam.create_pool(&pool("v4", "10.22.0.0/28", 30))
-        .await
-        .unwrap();
-    ipam.create_pool(&pool("v6", "fd00:22::/124", 126))
-        .await
-        .unwrap();
+    dual_pools(&ipam, ("10.22.0.0/28", 30), ("fd00:22::/124", 126)).await;
     ipam.set_config(&IpamConfig {
         max_blocks_per_host: 1,
         ..IpamConfig::default()
@@ -385,7 +329,7 @@ async fn a_request_for_the_wrong_family_is_refused_and_writes_nothing() {
 #[tokio::test]
 async fn tunnel_addresses_of_both_families_survive_gc_and_go_with_their_node() {
     let (ipam, _d) = ipam().await;
-    dual_pools(&ipam, 26).await;
+    dual_pools(&ipam, ("10.26.0.0/16", 26), ("fd00:26::/48", 122)).await;
     ipam.register_node(&Node::new("node-a"), None)
         .await
         .unwrap();

@@ -27,7 +27,7 @@ use std::process::{Command, Stdio};
 use ipnet::IpNet;
 use serde_json::Value;
 
-use super::routes::Family;
+use super::routes::{Family, bits_of, host_mask};
 
 pub const ALL_SET: &str = "all-pools";
 pub const MASQ_SET: &str = "masq-pools";
@@ -85,13 +85,6 @@ pub fn desired_from_pools(pools: &BTreeMap<IpNet, bool>, family: Family) -> NatD
     NatDesired { all, masq }
 }
 
-fn to_bits(ip: IpAddr) -> u128 {
-    match ip {
-        IpAddr::V4(a) => u128::from(u32::from(a)),
-        IpAddr::V6(a) => u128::from(a),
-    }
-}
-
 fn from_bits(family: Family, bits: u128) -> IpAddr {
     match family {
         Family::V4 => IpAddr::V4(Ipv4Addr::from(bits as u32)),
@@ -100,7 +93,7 @@ fn from_bits(family: Family, bits: u128) -> IpAddr {
 }
 
 fn interval_of(n: &IpNet) -> Interval {
-    (to_bits(n.network()), to_bits(n.broadcast()))
+    (bits_of(n.network()), bits_of(n.broadcast()))
 }
 
 /// Sorted, overlapping and adjacent intervals joined: one form for both sides of a compare.
@@ -140,16 +133,6 @@ fn elements(family: Family, iv: &[Interval]) -> Vec<String> {
         }
     }
     out
-}
-
-/// The host bits of a prefix of `len` in `width` bits.
-fn host_mask(width: u8, len: u8) -> u128 {
-    let host = u32::from(width - len);
-    if host == 128 {
-        u128::MAX
-    } else {
-        (1u128 << host) - 1
-    }
 }
 
 /// What `nft -j list table` showed, reduced to what the plan compares.
@@ -238,7 +221,7 @@ fn element_interval(e: &Value, family: Family) -> Option<Interval> {
         (Family::of(a) == family).then_some(a)
     };
     if e.is_string() {
-        let a = to_bits(addr(e)?);
+        let a = bits_of(addr(e)?);
         return Some((a, a));
     }
     if let Some(p) = e.get("prefix") {
@@ -248,7 +231,7 @@ fn element_interval(e: &Value, family: Family) -> Option<Interval> {
         return Some(interval_of(&net.trunc()));
     }
     if let Some(r) = e.get("range").and_then(Value::as_array) {
-        return Some((to_bits(addr(r.first()?)?), to_bits(addr(r.get(1)?)?)));
+        return Some((bits_of(addr(r.first()?)?), bits_of(addr(r.get(1)?)?)));
     }
     None
 }
@@ -458,8 +441,8 @@ mod tests {
 
     fn iv(a: &str, b: &str) -> Interval {
         (
-            to_bits(a.parse::<IpAddr>().unwrap()),
-            to_bits(b.parse::<IpAddr>().unwrap()),
+            bits_of(a.parse::<IpAddr>().unwrap()),
+            bits_of(b.parse::<IpAddr>().unwrap()),
         )
     }
 

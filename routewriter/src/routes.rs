@@ -82,8 +82,9 @@ pub struct Prefix {
     len: u8,
 }
 
-/// The address as an integer of 128 bits (IPv4 in the low 32), for masks.
-fn bits_of(ip: IpAddr) -> u128 {
+/// The address as an integer of 128 bits (IPv4 in the low 32), for masks (also nat.rs's
+/// intervals).
+pub(crate) fn bits_of(ip: IpAddr) -> u128 {
     match ip {
         IpAddr::V4(a) => u128::from(u32::from(a)),
         IpAddr::V6(a) => u128::from(a),
@@ -91,7 +92,7 @@ fn bits_of(ip: IpAddr) -> u128 {
 }
 
 /// The host bits of a prefix of `len` in an address of `width` bits.
-fn host_mask(width: u8, len: u8) -> u128 {
+pub(crate) fn host_mask(width: u8, len: u8) -> u128 {
     let host = u32::from(width - len);
     if host == 128 {
         u128::MAX

@@ -60,6 +60,39 @@ impl Daemon {
         panic!("bgpd did not open {} within 20 s", self.socket.display());
     }
 
+    /// `bgpctl args` against this bgpd, which must succeed; its stdout. A failure shows
+    /// bgpctl's stderr and bgpd's log.
+    pub fn bgpctl_ok(&self, args: &[&str]) -> String {
+        let out = bgpctl(&self.socket, args);
+        assert!(
+            out.status.success(),
+            "bgpctl {args:?}: {}\nbgpd's log:\n{}",
+            String::from_utf8_lossy(&out.stderr),
+            self.log()
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    /// [`Daemon::bgpctl_ok`] with `--json`, parsed.
+    pub fn bgpctl_json(&self, args: &[&str]) -> serde_json::Value {
+        let mut all = args.to_vec();
+        all.push("--json");
+        serde_json::from_str(&self.bgpctl_ok(&all)).unwrap()
+    }
+
+    /// `bgpctl args`, which must fail with exit code 1 and one line on stderr; that line.
+    pub fn bgpctl_fails(&self, args: &[&str]) -> String {
+        let out = bgpctl(&self.socket, args);
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "bgpctl {args:?} should fail: {out:?}"
+        );
+        let err = String::from_utf8(out.stderr).unwrap();
+        assert_eq!(err.lines().count(), 1, "{err}");
+        err
+    }
+
     pub fn pid(&self) -> i32 {
         self.child.id() as i32
     }

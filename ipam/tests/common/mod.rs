@@ -3,8 +3,13 @@
 
 #![allow(dead_code)] // each test file uses its own part
 
+use std::collections::HashSet;
+use std::net::IpAddr;
+use std::sync::Arc;
+
 use ipam::allocator::{AssignRequest, Ipam};
 use ipam::model::{IpFamily, IpPool};
+use ipam::store::Datastore;
 use ipam::store::sqlite::{SqliteOptions, SqliteStore};
 
 pub async fn ipam() -> (Ipam<SqliteStore>, tempfile::TempDir) {
@@ -21,6 +26,13 @@ pub fn pool(name: &str, cidr: &str, block: u8) -> IpPool {
     p
 }
 
+/// Creates the pools `v4` and `v6`, each (cidr, block size).
+pub async fn dual_pools(ipam: &Ipam<impl Datastore>, v4: (&str, u8), v6: (&str, u8)) {
+    for (name, (cidr, block)) in [("v4", v4), ("v6", v6)] {
+        ipam.create_pool(&pool(name, cidr, block)).await.unwrap();
+    }
+}
+
 pub fn req(handle: &str, node: &str, v4: u32, v6: u32) -> AssignRequest {
     AssignRequest {
         handle: handle.into(),
@@ -33,9 +45,15 @@ pub fn req(handle: &str, node: &str, v4: u32, v6: u32) -> AssignRequest {
 
 /// A request for `n` addresses of `family`.
 pub fn req_of(family: IpFamily, handle: &str, node: &str, n: u32) -> AssignRequest {
+    let (v4, v6) = counts_of(family, n);
+    req(handle, node, v4, v6)
+}
+
+/// `n` addresses of `family` as (IPv4 count, IPv6 count).
+pub fn counts_of(family: IpFamily, n: u32) -> (u32, u32) {
     match family {
-        IpFamily::V4 => req(handle, node, n, 0),
-        IpFamily::V6 => req(handle, node, 0, n),
+        IpFamily::V4 => (n, 0),
+        IpFamily::V6 => (0, n),
     }
 }
 
@@ -53,6 +71,75 @@ pub fn block_of(family: IpFamily, bits: u8) -> u8 {
         IpFamily::V4 => 32 - bits,
         IpFamily::V6 => 128 - bits,
     }
+}
+
+/// `tasks` tasks at once, task `t` making `per_task` requests one after another, request `i`
+/// for `ask(t, i)` = (node, IPv4 count, IPv6 count) under the handle `net.t{t}-{i}`; each
+/// answer checked for the counts and families asked for. Every handle with what it got.
+pub async fn concurrent_requests<F>(
+    ipam: &Arc<Ipam<SqliteStore>>,
+    tasks: usize,
+    per_task: usize,
+    ask: F,
+) -> Vec<(String, Vec<IpAddr>)>
+where
+    F: Fn(usize, usize) -> (&'static str, u32, u32) + Copy + Send + 'static,
+{
+    let tasks: Vec<_> = (0..tasks)
+        .map(|t| {
+            let ipam = ipam.clone();
+            tokio::spawn(async move {
+                let mut got = Vec::new();
+                for i in 0..per_task {
+                    let (node, n4, n6) = ask(t, i);
+                    let handle = format!("net.t{t}-{i}");
+                    let (v4, v6) = ipam.auto_assign(&req(&handle, node, n4, n6)).await.unwrap();
+                    assert_eq!((v4.len(), v6.len()), (n4 as usize, n6 as usize));
+                    assert!(v4.iter().all(|a| a.address.is_ipv4()));
+                    assert!(v6.iter().all(|a| a.address.is_ipv6()));
+                    let mine: Vec<IpAddr> = v4.iter().chain(&v6).map(|a| a.address).collect();
+                    got.push((handle, mine));
+                }
+                got
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    for t in tasks {
+        all.extend(t.await.unwrap());
+    }
+    all
+}
+
+/// What [`concurrent_requests`] handed out: no address twice, each handle holding exactly
+/// what it was given, and `check` finding nothing wrong; its report's allocation count.
+pub async fn assert_distinct_and_held(
+    ipam: &Ipam<SqliteStore>,
+    all: &[(String, Vec<IpAddr>)],
+) -> u64 {
+    let addresses: Vec<IpAddr> = all.iter().flat_map(|(_, a)| a.clone()).collect();
+    let distinct: HashSet<&IpAddr> = addresses.iter().collect();
+    assert_eq!(
+        distinct.len(),
+        addresses.len(),
+        "an address was handed out twice"
+    );
+    for (handle, mine) in all {
+        let mut held: Vec<IpAddr> = ipam
+            .handle_allocations(handle)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|a| a.address)
+            .collect();
+        held.sort();
+        let mut want = mine.clone();
+        want.sort();
+        assert_eq!(held, want, "{handle}");
+    }
+    let report = ipam.check().await.unwrap();
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+    report.allocations
 }
 
 /// Runs one async test body (`async fn name(family: IpFamily)`) once per family, as the
