@@ -902,42 +902,46 @@ impl Agent {
         let (nops, fops) =
             reconcile::diff_vteps(self.desired.vteps(family).values(), local, &neigh, &fdb);
         if !fops.is_empty() {
-            match self.kernel.apply_fdb(index, &fops) {
-                Ok(refused) => {
-                    for r in &refused {
-                        let what = super::kernel::describe_fdb(&fops[r.index]);
-                        self.fail(format!("kernel refused {what} on {name}: {}", r.error));
-                    }
-                    if count != Count::Nothing {
-                        self.metrics
-                            .correction("fdb", (fops.len() - refused.len()) as u64);
-                        info!(
-                            "repaired {} FDB entries on {name}",
-                            fops.len() - refused.len()
-                        );
-                    }
-                }
-                Err(e) => self.kernel_error(&format!("writing the FDB of {name}"), e),
-            }
+            let result = self.kernel.apply_fdb(index, &fops);
+            let describe = |i: usize| super::kernel::describe_fdb(&fops[i]);
+            self.report_vtep_writes(result, fops.len(), describe, &name, "fdb", count);
         }
         if !nops.is_empty() {
-            match self.kernel.apply_neighbours(index, &nops) {
-                Ok(refused) => {
-                    for r in &refused {
-                        let what = super::kernel::describe_neigh(&nops[r.index]);
-                        self.fail(format!("kernel refused {what} on {name}: {}", r.error));
-                    }
-                    if count != Count::Nothing {
-                        self.metrics
-                            .correction("neigh", (nops.len() - refused.len()) as u64);
-                        info!(
-                            "repaired {} neighbour entries on {name}",
-                            nops.len() - refused.len()
-                        );
-                    }
+            let result = self.kernel.apply_neighbours(index, &nops);
+            let describe = |i: usize| super::kernel::describe_neigh(&nops[i]);
+            self.report_vtep_writes(result, nops.len(), describe, &name, "neigh", count);
+        }
+    }
+
+    /// One batch of FDB (`kind` "fdb") or neighbour ("neigh") writes on VXLAN device `name`:
+    /// each refusal is a failure, the rest count as corrections.
+    fn report_vtep_writes(
+        &mut self,
+        result: Result<Vec<super::kernel::Refusal>, KernelError>,
+        total: usize,
+        describe: impl Fn(usize) -> String,
+        name: &str,
+        kind: &'static str,
+        count: Count,
+    ) {
+        let entries = if kind == "fdb" {
+            "FDB entries"
+        } else {
+            "neighbour entries"
+        };
+        match result {
+            Ok(refused) => {
+                for r in &refused {
+                    let what = describe(r.index);
+                    self.fail(format!("kernel refused {what} on {name}: {}", r.error));
                 }
-                Err(e) => self.kernel_error(&format!("writing neighbours of {name}"), e),
+                if count != Count::Nothing {
+                    let done = total - refused.len();
+                    self.metrics.correction(kind, done as u64);
+                    info!("repaired {done} {entries} on {name}");
+                }
             }
+            Err(e) => self.kernel_error(&format!("writing the {entries} of {name}"), e),
         }
     }
 

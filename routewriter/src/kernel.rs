@@ -673,20 +673,7 @@ impl Kernel {
             if m.header.ifindex != index || m.header.family != address_family(family) {
                 return;
             }
-            let mut ip = None;
-            let mut mac = None;
-            for a in &m.attributes {
-                match a {
-                    NeighbourAttribute::Destination(NeighbourAddress::Inet(a)) => {
-                        ip = Some(IpAddr::V4(*a))
-                    }
-                    NeighbourAttribute::Destination(NeighbourAddress::Inet6(a)) => {
-                        ip = Some(IpAddr::V6(*a))
-                    }
-                    NeighbourAttribute::LinkLayerAddress(l) => mac = mac_from(l),
-                    _ => {}
-                }
-            }
+            let (ip, mac) = neighbour_entry(&m);
             if let Some(ip) = ip {
                 out.push(ActualNeigh {
                     ip,
@@ -714,24 +701,7 @@ impl Kernel {
             if m.header.ifindex != index || m.header.family != AddressFamily::Bridge {
                 return;
             }
-            let mut dst = None;
-            let mut mac = None;
-            for a in &m.attributes {
-                match a {
-                    NeighbourAttribute::Destination(NeighbourAddress::Inet(a)) => {
-                        dst = Some(IpAddr::V4(*a))
-                    }
-                    NeighbourAttribute::Destination(NeighbourAddress::Inet6(a)) => {
-                        dst = Some(IpAddr::V6(*a))
-                    }
-                    // AF_BRIDGE messages carry the remote as raw bytes: 4 or 16 of them.
-                    NeighbourAttribute::Destination(NeighbourAddress::Other(b)) => {
-                        dst = ip_from(b);
-                    }
-                    NeighbourAttribute::LinkLayerAddress(l) => mac = mac_from(l),
-                    _ => {}
-                }
-            }
+            let (dst, mac) = neighbour_entry(&m);
             if let Some(mac) = mac {
                 out.push(ActualFdb {
                     mac,
@@ -1027,6 +997,25 @@ fn parse_error(flags: u16, payload: &[u8]) -> Option<NlError> {
 fn table_u8(table: u32) -> u8 {
     // Tables over 255 travel in RTA_TABLE; the header then says RT_TABLE_COMPAT.
     u8::try_from(table).unwrap_or(252)
+}
+
+/// The destination address and link-layer address of a neighbour or FDB entry (either
+/// family; AF_BRIDGE messages carry the remote as raw bytes, 4 or 16 of them).
+fn neighbour_entry(m: &NeighbourMessage) -> (Option<IpAddr>, Option<Mac>) {
+    let mut ip = None;
+    let mut mac = None;
+    for a in &m.attributes {
+        match a {
+            NeighbourAttribute::Destination(NeighbourAddress::Inet(a)) => ip = Some(IpAddr::V4(*a)),
+            NeighbourAttribute::Destination(NeighbourAddress::Inet6(a)) => {
+                ip = Some(IpAddr::V6(*a))
+            }
+            NeighbourAttribute::Destination(NeighbourAddress::Other(b)) => ip = ip_from(b),
+            NeighbourAttribute::LinkLayerAddress(l) => mac = mac_from(l),
+            _ => {}
+        }
+    }
+    (ip, mac)
 }
 
 fn mac_from(l: &[u8]) -> Option<Mac> {
