@@ -9,12 +9,27 @@
 //! [`Policy`] from the pools, given as [`PolicyPool`]s ([`Policy::generate`]); the RIB calls [`Policy::import`] and
 //! [`Policy::export`]; the speaker calls [`Policy::kernel`] for the dataplane. A speaker
 //! without a cluster (tests, a bare route server) runs [`Policy::accept_all`].
+//!
+//! Why this file is long: the generated rule lists and their evaluation are one table of
+//! decisions, read by generation, evaluation and `bgpctl show filters` alike.
+//!
+//! **A peer's own filters** (`BGPFilter`s named by a `BGPPeer`, module `filter`) are held by
+//! the peer's address and evaluated first, as Calico calls them before its generated logic;
+//! a route none of them matches is decided by the generated rules. **Service addresses**
+//! (the `BGPConfiguration`'s service CIDRs) go to external peers only. **Communities** of
+//! `prefixAdvertisements` are added on export to routes inside their CIDR, on every session,
+//! unless a peer's filter accepted the route (Calico's filter `Accept` skips its own logic).
 
+mod filter;
+
+use std::collections::BTreeMap;
 use std::fmt;
 use std::net::IpAddr;
 
-use bgp_wire::Prefix;
+use bgp_wire::{Community, LargeCommunity, Prefix};
 use ipnet::IpNet;
+
+pub use filter::{Direction, FilterRule, IfName, MatchOperator, PeerFilters};
 
 /// A pool's encapsulation mode (`vxlanMode`, `ipipMode`), as the datastore's `IPPool` says.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -205,6 +220,55 @@ impl fmt::Display for Action {
     }
 }
 
+/// Communities added to the routes inside `cidr` when they are exported (Calico's
+/// `prefixAdvertisements`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Advertisement {
+    pub cidr: IpNet,
+    pub communities: Vec<Community>,
+    pub large_communities: Vec<LargeCommunity>,
+}
+
+/// The peer an import or export decision is for: its class (the generated rules) and its
+/// address (its own filters).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerRef {
+    pub class: PeerClass,
+    pub address: IpAddr,
+    /// The interface the session runs on: the interface of the routes it sends us.
+    pub interface: Option<IfName>,
+}
+
+/// What decided a route.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decider<'a> {
+    /// One of the peer's `BGPFilter` rules.
+    Filter(&'a FilterRule),
+    /// A generated rule.
+    Generated(&'a Rule),
+    /// No cluster policy ([`Policy::accept_all`]), or no rule matched (rejected).
+    None,
+}
+
+/// A decision and the rule that made it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Verdict<'a> {
+    pub accept: bool,
+    pub by: Decider<'a>,
+}
+
+impl Verdict<'_> {
+    /// The deciding rule's match and reason, for `bgpctl show filters`.
+    pub fn describe(&self) -> (String, String) {
+        match self.by {
+            Decider::Filter(r) => (r.describe_match(), r.reason()),
+            Decider::Generated(r) => (r.describe_match(), r.reason.clone()),
+            Decider::None if self.accept => ("all".into(), "no cluster policy".into()),
+            Decider::None => ("all".into(), "no rule matched".into()),
+        }
+    }
+}
+
 /// The settings generation needs besides the pools.
 #[derive(Debug, Clone, Default)]
 pub struct PolicyInputs<'a> {
@@ -217,6 +281,12 @@ pub struct PolicyInputs<'a> {
     pub aggregate_to_external: bool,
     pub external_transit: bool,
     pub program_external_routes: bool,
+    /// Service CIDRs (cluster, external, load-balancer): exported to external peers only.
+    pub services: &'a [IpNet],
+    /// Communities per CIDR, added on export.
+    pub advertisements: &'a [Advertisement],
+    /// Each filtered peer's own rules, by its address.
+    pub peer_filters: &'a [(IpAddr, PeerFilters)],
 }
 
 /// The four rule lists.
@@ -228,6 +298,8 @@ pub struct Policy {
     export_cluster: Vec<Rule>,
     export_external: Vec<Rule>,
     kernel: Vec<Rule>,
+    advertisements: Vec<Advertisement>,
+    peers: BTreeMap<IpAddr, PeerFilters>,
 }
 
 impl Default for Policy {
@@ -258,6 +330,8 @@ impl Policy {
                     "no cluster policy",
                 ),
             ],
+            advertisements: Vec::new(),
+            peers: BTreeMap::new(),
         }
     }
 
@@ -321,7 +395,17 @@ impl Policy {
             .from(EXTERNAL),
         );
 
+        let mut services: Vec<IpNet> = inp.services.to_vec();
+        services.sort();
+        services.dedup();
         let mut export_cluster = Vec::new();
+        for n in &services {
+            export_cluster.push(Rule::new(
+                within(*n),
+                Action::Reject,
+                format!("service addresses {n} go to external peers only"),
+            ));
+        }
         if inp.aggregate_to_external {
             for (p, n) in &pools {
                 export_cluster.push(Rule::new(
@@ -503,6 +587,13 @@ impl Policy {
             export_cluster,
             export_external,
             kernel,
+            advertisements: inp.advertisements.to_vec(),
+            peers: inp
+                .peer_filters
+                .iter()
+                .filter(|(_, f)| !f.is_empty())
+                .cloned()
+                .collect(),
         }
     }
 
@@ -512,6 +603,109 @@ impl Policy {
             Scope::ExportCluster => &self.export_cluster,
             Scope::ExportExternal => &self.export_external,
             Scope::Kernel => &self.kernel,
+        }
+    }
+
+    /// The peer's own filters, if it has any.
+    pub fn peer_filters(&self, address: IpAddr) -> Option<&PeerFilters> {
+        self.peers.get(&address)
+    }
+
+    /// The peers whose own filters differ in `other`.
+    pub fn filters_changed(&self, other: &Policy) -> Vec<IpAddr> {
+        let mut out: Vec<IpAddr> = self
+            .peers
+            .keys()
+            .chain(other.peers.keys())
+            .filter(|a| self.peers.get(a) != other.peers.get(a))
+            .copied()
+            .collect();
+        out.sort_unstable();
+        out.dedup();
+        out
+    }
+
+    /// Whether the communities added on export differ in `other`.
+    pub fn advertisements_differ(&self, other: &Policy) -> bool {
+        self.advertisements != other.advertisements
+    }
+
+    /// Whether export looks at more than the prefix's verdict: communities to add.
+    pub fn has_advertisements(&self) -> bool {
+        !self.advertisements.is_empty()
+    }
+
+    /// The advertisements whose CIDR holds `prefix`, in order.
+    pub fn advertisements_for(&self, prefix: Prefix) -> impl Iterator<Item = &Advertisement> {
+        self.advertisements
+            .iter()
+            .filter(move |a| NetMatch::Within(a.cidr, a.cidr.prefix_len()).matches(prefix))
+    }
+
+    /// Import of `prefix` from `from`: its filters first, then the generated rules.
+    pub fn import_verdict(&self, from: &PeerRef, prefix: Prefix) -> Verdict<'_> {
+        if !self.generated {
+            return Verdict {
+                accept: true,
+                by: Decider::None,
+            };
+        }
+        let src = RouteSource::Peer(from.class);
+        if let Some(r) = self
+            .peers
+            .get(&from.address)
+            .and_then(|f| f.decide(Direction::Import, prefix, src, from.interface))
+        {
+            return Verdict {
+                accept: r.accept,
+                by: Decider::Filter(r),
+            };
+        }
+        Self::generated_verdict(&self.import, prefix, src)
+    }
+
+    /// Export of the best route for `prefix`, from `src` (whose routes come through
+    /// `interface`, for a peer's routes), to `to`.
+    pub fn export_verdict(
+        &self,
+        to: &PeerRef,
+        prefix: Prefix,
+        src: RouteSource,
+        interface: Option<IfName>,
+    ) -> Verdict<'_> {
+        if !self.generated {
+            return Verdict {
+                accept: true,
+                by: Decider::None,
+            };
+        }
+        if let Some(r) = self
+            .peers
+            .get(&to.address)
+            .and_then(|f| f.decide(Direction::Export, prefix, src, interface))
+        {
+            return Verdict {
+                accept: r.accept,
+                by: Decider::Filter(r),
+            };
+        }
+        let rules = match to.class {
+            PeerClass::Cluster => &self.export_cluster,
+            PeerClass::External => &self.export_external,
+        };
+        Self::generated_verdict(rules, prefix, src)
+    }
+
+    fn generated_verdict(rules: &[Rule], prefix: Prefix, src: RouteSource) -> Verdict<'_> {
+        match Self::decide(rules, prefix, src, None) {
+            Some(r) => Verdict {
+                accept: r.action == Action::Accept,
+                by: Decider::Generated(r),
+            },
+            None => Verdict {
+                accept: false,
+                by: Decider::None,
+            },
         }
     }
 

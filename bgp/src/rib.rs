@@ -57,7 +57,9 @@ use bgp_wire::{
     Prefix,
 };
 
-use crate::policy::{PeerClass, Policy, RouteSource};
+use crate::policy::{
+    Advertisement, Decider, IfName, PeerClass, PeerRef, Policy, RouteSource, Verdict,
+};
 
 /// A peer's identity inside the speaker (stable while the peer is configured).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -156,7 +158,9 @@ impl AdjOut {
 /// attribute sets costs a few export computations, not one per route).
 #[derive(Default)]
 struct ExportMemo {
-    attrs: HashMap<(*const PathAttributes, BestCode), Option<Attrs>>,
+    /// Keyed by the attributes, the source and the advertisements that add communities.
+    #[allow(clippy::type_complexity)]
+    attrs: HashMap<(*const PathAttributes, BestCode, Vec<*const Advertisement>), Option<Attrs>>,
     /// The split-horizon verdict of the last source seen: a change usually comes from one
     /// peer's UPDATE, so every prefix of it has the same source.
     last_split: Option<(BestCode, bool)>,
@@ -172,6 +176,8 @@ pub trait RibPrefix:
 {
     /// The prefix as policy and listings see it.
     fn any(self) -> Prefix;
+    /// This family's prefix, if `p` is of it.
+    fn from_any(p: Prefix) -> Option<Self>;
     /// The next hop we give `to` for our routes of this family (next-hop-self); `None`: the
     /// session cannot carry them.
     fn self_next_hop(to: &PeerInfo) -> Option<NextHop>;
@@ -184,6 +190,12 @@ pub trait RibPrefix:
 impl RibPrefix for Ipv4Prefix {
     fn any(self) -> Prefix {
         Prefix::V4(self)
+    }
+    fn from_any(p: Prefix) -> Option<Self> {
+        match p {
+            Prefix::V4(p) => Some(p),
+            Prefix::V6(_) => None,
+        }
     }
     fn self_next_hop(to: &PeerInfo) -> Option<NextHop> {
         to.next_hop_v4
@@ -201,6 +213,12 @@ impl RibPrefix for Ipv4Prefix {
 impl RibPrefix for Ipv6Prefix {
     fn any(self) -> Prefix {
         Prefix::V6(self)
+    }
+    fn from_any(p: Prefix) -> Option<Self> {
+        match p {
+            Prefix::V6(p) => Some(p),
+            Prefix::V4(_) => None,
+        }
     }
     fn self_next_hop(to: &PeerInfo) -> Option<NextHop> {
         to.next_hop_v6
@@ -240,6 +258,21 @@ pub fn next_hop_addr(a: &PathAttributes) -> Option<IpAddr> {
         NextHop::V4(v4) => IpAddr::V4(v4),
         NextHop::V6 { global, .. } => IpAddr::V6(global),
     })
+}
+
+/// Which peers a decision pass tells again about prefixes whose best route stayed (a policy
+/// change may change what export gives them).
+#[derive(Clone, Copy)]
+enum ReExport<'a, P> {
+    /// Nobody: only changed best routes are exported.
+    None,
+    /// Every peer.
+    All,
+    /// Those in `everyone` to every peer, the others only to `peers`.
+    Scoped {
+        everyone: &'a HashSet<P>,
+        peers: &'a [PeerId],
+    },
 }
 
 /// An IPv6 next hop whose global address is link-local (unnumbered sessions).
@@ -302,9 +335,56 @@ pub struct PeerInfo {
     pub class: PeerClass,
     /// A route-reflector client of ours (meaningful only when we have a cluster id).
     pub rr_client: bool,
+    /// What the operator set on the session beyond the defaults.
+    pub options: PeerOptions,
+}
+
+/// A session's settings that change what the RIB does with its routes (Calico's `BGPPeer`
+/// options; BIRD's `local as`, `allow local as`, `next hop self|keep`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PeerOptions {
+    /// The AS we speak on this session instead of the RIB's: what we prepend, and what makes
+    /// the session eBGP or iBGP.
+    pub local_as: Option<Asn>,
+    /// How often our AS may appear in a received AS_PATH before the route is a loop.
+    pub allow_local_as: u8,
+    pub next_hop: NextHopMode,
+    /// The interface the session runs on: routes from it are "through" it for filters.
+    pub interface: Option<IfName>,
+}
+
+/// Which next hop a peer is sent.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum NextHopMode {
+    /// Ours to eBGP peers, the route's to iBGP peers (RFC 4271).
+    #[default]
+    Auto,
+    /// Always ours (`next hop self`).
+    SelfNextHop,
+    /// Always the route's where it has one the peer can use (`next hop keep`).
+    Keep,
 }
 
 impl PeerInfo {
+    /// The AS we speak on this session, given the RIB's.
+    pub fn local_as(&self, rib_as: Asn) -> Asn {
+        self.options.local_as.unwrap_or(rib_as)
+    }
+
+    /// Whether the session is iBGP: the peer's AS is the one we speak on it.
+    pub fn is_ibgp(&self, rib_as: Asn) -> bool {
+        self.asn == self.local_as(rib_as)
+    }
+
+    /// The peer as policy sees it.
+    pub fn policy_ref(&self) -> PeerRef {
+        PeerRef {
+            class: self.class,
+            address: self.address,
+            interface: self.options.interface,
+        }
+    }
+
     /// Whether `addr` is one of our own addresses on this session: a route with it as
     /// NEXT_HOP is not usable (RFC 4271 §5.1.3, §6.3) and is treated as withdrawn, as BIRD
     /// does.
@@ -578,6 +658,10 @@ impl<P: RibPrefix> Rib<P> {
         let old = std::mem::replace(&mut self.policy, policy);
         let reflector_changed = cluster_id != self.cluster_id;
         self.cluster_id = cluster_id;
+        // A peer's own filters, or the communities added on export, changed: what export
+        // gives that peer (or, for communities, every peer) may change for any prefix.
+        let filters_changed = self.policy.filters_changed(&old);
+        let adverts_changed = self.policy.advertisements_differ(&old);
         let mut all: Vec<P> = self.loc.keys().copied().collect();
         all.extend(self.local.keys().copied());
         for st in self.peers.values() {
@@ -585,11 +669,12 @@ impl<P: RibPrefix> Rib<P> {
         }
         all.sort_unstable();
         all.dedup();
-        // Only prefixes whose verdicts changed are decided and exported again: a node's
-        // policy changes with each block it claims, and a mesh node holds every block.
-        let mut import_changed = reflector_changed;
+        // Only prefixes whose generated verdicts changed are exported again to everyone: a
+        // node's policy changes with each block it claims, and a mesh node holds every block.
+        let mut import_changed = reflector_changed || !filters_changed.is_empty();
+        let mut generated = all.clone();
         if !reflector_changed {
-            all.retain(|p| {
+            generated.retain(|p| {
                 let (was, now) = (verdicts(&old, p.any()), verdicts(&self.policy, p.any()));
                 import_changed |= was.0 != now.0;
                 was != now
@@ -598,8 +683,27 @@ impl<P: RibPrefix> Rib<P> {
         if import_changed {
             self.recount_accepted(None);
         }
-        // Export decisions may change for routes whose best did not: all are exported.
-        self.decide_and_export(&all, None, true, &[])
+        if filters_changed.is_empty() && !adverts_changed {
+            return self.decide_and_export(&generated, None, ReExport::All, &[]);
+        }
+        // Every prefix is decided again (an import filter may change any best route); the
+        // peers concerned are told everything again, the others what changed for them.
+        let peers: Vec<PeerId> = self
+            .peers
+            .iter()
+            .filter(|(_, s)| adverts_changed || filters_changed.contains(&s.info.address))
+            .map(|(id, _)| *id)
+            .collect();
+        let everyone: HashSet<P> = generated.into_iter().collect();
+        self.decide_and_export(
+            &all,
+            None,
+            ReExport::Scoped {
+                everyone: &everyone,
+                peers: &peers,
+            },
+            &[],
+        )
     }
 
     /// Whether a stored route (by id) passes import policy and the loop checks.
@@ -651,8 +755,8 @@ impl<P: RibPrefix> Rib<P> {
         let Some(from) = self.peers.get(&q).map(|s| &s.info) else {
             return false;
         };
-        to.asn == self.local_as
-            && from.asn == self.local_as
+        to.is_ibgp(self.local_as)
+            && from.is_ibgp(self.local_as)
             && !(self.cluster_id.is_some() && (from.rr_client || to.rr_client))
     }
 
@@ -664,10 +768,34 @@ impl<P: RibPrefix> Rib<P> {
                 self.peers
                     .iter()
                     .filter(|(_, s)| s.adj_out.is_some())
-                    .map(|(id, s)| (*id, s.info.asn == local_as))
+                    .map(|(id, s)| (*id, s.info.is_ibgp(local_as)))
                     .collect()
             })
             .clone()
+    }
+
+    /// An established peer as policy sees it (with its session's interface).
+    pub fn peer_ref(&self, id: PeerId) -> Option<PeerRef> {
+        self.peers.get(&id).map(|s| s.info.policy_ref())
+    }
+
+    /// Why the best route for `p` is (or is not) sent to `to`; a prefix with no best route
+    /// is judged as one originated here (what `bgpctl show filters PEER PREFIX` asks of a
+    /// route that might be).
+    pub fn explain_export(&self, to: &PeerRef, p: &P) -> Verdict<'_> {
+        let (src, iface) = match self.best(p) {
+            Some((Source::Peer(q), _)) => (
+                self.route_source(Source::Peer(q)),
+                self.peers.get(&q).and_then(|s| s.info.options.interface),
+            ),
+            _ => (RouteSource::Local, None),
+        };
+        self.policy.export_verdict(to, p.any(), src, iface)
+    }
+
+    /// Why `p` from `from` is (or is not) imported (before the loop checks).
+    pub fn explain_import(&self, from: &PeerRef, p: &P) -> Verdict<'_> {
+        self.policy.import_verdict(from, p.any())
     }
 
     /// The source of a Loc-RIB route as policy sees it.
@@ -684,7 +812,7 @@ impl<P: RibPrefix> Rib<P> {
 
     /// Whether a received route may be used: import policy and the reflection loop checks.
     fn eligible(&self, info: &PeerInfo, prefix: &P, a: &PathAttributes) -> bool {
-        if info.asn == self.local_as {
+        if info.is_ibgp(self.local_as) {
             if a.originator_id == Some(self.router_id) {
                 return false;
             }
@@ -694,7 +822,9 @@ impl<P: RibPrefix> Rib<P> {
                 return false;
             }
         }
-        self.policy.import(info.class, prefix.any())
+        self.policy
+            .import_verdict(&info.policy_ref(), prefix.any())
+            .accept
     }
 
     pub fn local_as(&self) -> Asn {
@@ -736,7 +866,7 @@ impl<P: RibPrefix> Rib<P> {
         let Some(mut pass) = self.begin_export(info.id) else {
             return OutUpdate::default();
         };
-        let ibgp = self.cluster_id.is_none() && info.asn == self.local_as;
+        let ibgp = self.cluster_id.is_none() && info.is_ibgp(self.local_as);
         let mut learned: HashMap<BestCode, bool> = HashMap::default();
         for (p, e) in &self.loc {
             if ibgp
@@ -843,7 +973,8 @@ impl<P: RibPrefix> Rib<P> {
         let Some(info) = self.peers.get(&from).map(|s| s.info) else {
             return HashMap::new();
         };
-        let external = info.asn != local_as;
+        let session_as = info.local_as(local_as);
+        let external = info.asn != session_as;
         if let Some(stale) = self.peers.get_mut(&from).and_then(|st| st.stale.as_mut()) {
             // Refreshed (or withdrawn) routes are no longer stale.
             for p in announced.iter().chain(withdrawn) {
@@ -870,7 +1001,11 @@ impl<P: RibPrefix> Rib<P> {
         }
         if let Some(attrs) = attrs.filter(|_| !announced.is_empty()) {
             // eBGP loop rejection (RFC 4271 §9.1.2): our AS in the path means it went round.
-            let looped = external && attrs.as_path.as_ref().is_some_and(|p| p.contains(local_as));
+            // `allow local as N` lets our AS appear N times (Calico's numAllowedLocalASNumbers).
+            let looped = external
+                && attrs.as_path.as_ref().is_some_and(|p| {
+                    p.count(session_as) > usize::from(info.options.allow_local_as)
+                });
             // A next hop of ours is not usable: the route is treated as withdrawn.
             let own_next_hop = next_hop_addr(&attrs).is_some_and(|nh| info.is_own_address(nh));
             if looped || own_next_hop {
@@ -1085,7 +1220,7 @@ impl<P: RibPrefix> Rib<P> {
         prefixes: &[P],
         changed_by: Option<BestCode>,
     ) -> HashMap<PeerId, OutUpdate<P>> {
-        self.decide_and_export(prefixes, changed_by, false, &[])
+        self.decide_and_export(prefixes, changed_by, ReExport::None, &[])
     }
 
     /// [`Rib::recompute`] after `from`'s UPDATE changed `prefixes`, with what the UPDATE
@@ -1101,22 +1236,25 @@ impl<P: RibPrefix> Rib<P> {
         self.decide_and_export(
             prefixes,
             Some(BestCode::of(Source::Peer(from))),
-            false,
+            ReExport::None,
             known,
         )
     }
 
-    /// [`Rib::recompute`]; with `export_all`, every prefix given is exported again, changed
-    /// or not (policy changed). `known` is empty or says, per prefix, what the caller knows
-    /// of `changed_by`'s route.
+    /// [`Rib::recompute`]; prefixes whose best route stayed are exported again as `reexport`
+    /// says (policy changed). `known` is empty or says, per prefix, what the caller knows of
+    /// `changed_by`'s route.
     fn decide_and_export(
         &mut self,
         prefixes: &[P],
         changed_by: Option<BestCode>,
-        export_all: bool,
+        reexport: ReExport<'_, P>,
         known: &[Known],
     ) -> HashMap<PeerId, OutUpdate<P>> {
+        let export_all = !matches!(reexport, ReExport::None);
         let mut changed: Vec<(P, Option<LocSlot>)> = Vec::with_capacity(prefixes.len());
+        // Prefixes whose best stayed, exported again only to `ReExport::Scoped`'s peers.
+        let mut for_some: Vec<(P, Option<LocSlot>)> = Vec::new();
         // Slots of prefixes that leave the Loc-RIB: free once every peer's bit is cleared.
         let mut freed = Vec::new();
         // Whether every change is between routes no iBGP peer is sent (see below).
@@ -1151,8 +1289,13 @@ impl<P: RibPrefix> Rib<P> {
             // The same source staying best is a change when that source's route is the one
             // that changed (`changed_by`): the Loc-RIB holds no copy to compare with.
             if best == old_best && (best.is_none() || best != changed_by) {
-                if export_all {
-                    changed.push((*p, old.map(|e| e.slot)));
+                match reexport {
+                    ReExport::None => {}
+                    ReExport::All => changed.push((*p, old.map(|e| e.slot))),
+                    ReExport::Scoped { everyone, .. } if everyone.contains(p) => {
+                        changed.push((*p, old.map(|e| e.slot)))
+                    }
+                    ReExport::Scoped { .. } => for_some.push((*p, old.map(|e| e.slot))),
                 }
                 continue;
             }
@@ -1183,7 +1326,21 @@ impl<P: RibPrefix> Rib<P> {
             changed.push((*p, slot));
         }
         let mut out = HashMap::new();
-        if !changed.is_empty() {
+        if let ReExport::Scoped { peers, .. } = reexport
+            && !for_some.is_empty()
+        {
+            // Their own filters (or the communities) changed: all they hold is looked at.
+            let mut theirs = changed.clone();
+            theirs.extend(for_some);
+            for id in peers {
+                self.export_to(*id, &theirs, &mut out);
+            }
+            for &(id, _) in self.established().iter() {
+                if !peers.contains(&id) && !changed.is_empty() {
+                    self.export_to(id, &changed, &mut out);
+                }
+            }
+        } else if !changed.is_empty() {
             for &(id, ibgp) in self.established().iter() {
                 // An iBGP peer's Adj-RIB-Out follows the Loc-RIB, and iBGP-learned routes are
                 // not passed to iBGP peers unless reflected (RFC 4271 §9.2): when only such
@@ -1220,7 +1377,7 @@ impl<P: RibPrefix> Rib<P> {
             Some(Source::Peer(q)) => self
                 .peers
                 .get(&q)
-                .is_some_and(|s| s.info.asn == self.local_as),
+                .is_some_and(|s| s.info.is_ibgp(self.local_as)),
         }
     }
 
@@ -1287,23 +1444,58 @@ impl<P: RibPrefix> Rib<P> {
         }
         let a = self.attrs_of(p, code)?;
         let src = code.source();
-        if !self
-            .policy
-            .export(to.class, p.any(), self.route_source(src))
-        {
-            return None;
-        }
-        // Pointers are stable: nothing is stored or dropped while a memo is in use.
-        let key = (Arc::as_ptr(a), code);
-        if let Some(w) = memo.attrs.get(&key) {
-            return w.clone();
-        }
         let from = match src {
             Source::Local => None,
             Source::Peer(q) => self.peers.get(&q).map(|s| s.info),
         };
-        let w = export_attrs::<P>(self.local_as, self.cluster_id, to, src, from.as_ref(), a)
-            .map(Arc::new);
+        let verdict = self.policy.export_verdict(
+            &to.policy_ref(),
+            p.any(),
+            self.route_source(src),
+            from.and_then(|f| f.options.interface),
+        );
+        if !verdict.accept {
+            return None;
+        }
+        // Communities of the prefix's advertisements, unless the peer's own filter accepted
+        // it (as Calico's filter `Accept` ends its export function before they are added).
+        // Which advertisements apply depends on the prefix, so it is part of the memo's key.
+        let adverts: Vec<_> =
+            if self.policy.has_advertisements() && !matches!(verdict.by, Decider::Filter(_)) {
+                self.policy.advertisements_for(p.any()).collect()
+            } else {
+                Vec::new()
+            };
+        // Pointers are stable: nothing is stored or dropped while a memo is in use (and an
+        // empty list allocates nothing).
+        let key = (
+            Arc::as_ptr(a),
+            code,
+            adverts
+                .iter()
+                .map(|a| *a as *const Advertisement)
+                .collect::<Vec<_>>(),
+        );
+        if let Some(w) = memo.attrs.get(&key) {
+            return w.clone();
+        }
+        let w = export_attrs::<P>(self.local_as, self.cluster_id, to, src, from.as_ref(), a).map(
+            |mut e| {
+                for ad in &adverts {
+                    for c in &ad.communities {
+                        if !e.communities.contains(c) {
+                            e.communities.push(*c);
+                        }
+                    }
+                    for c in &ad.large_communities {
+                        if !e.large_communities.contains(c) {
+                            e.large_communities.push(*c);
+                        }
+                    }
+                }
+                Arc::new(e)
+            },
+        );
         memo.attrs.insert(key, w.clone());
         w
     }
@@ -1455,7 +1647,7 @@ fn compare(a: &Candidate<'_>, b: &Candidate<'_>, local_as: Asn) -> Ordering {
         })
         .then_with(|| {
             // eBGP over iBGP.
-            let ibgp = |c: &Candidate<'_>| c.peer.is_some_and(|p| p.asn == local_as);
+            let ibgp = |c: &Candidate<'_>| c.peer.is_some_and(|p| p.is_ibgp(local_as));
             ibgp(a).cmp(&ibgp(b))
         })
         .then_with(|| {
@@ -1493,7 +1685,8 @@ fn export_attrs<P: RibPrefix>(
     from: Option<&PeerInfo>,
     a: &PathAttributes,
 ) -> Option<PathAttributes> {
-    let to_ebgp = to.asn != local_as;
+    let session_as = to.local_as(local_as);
+    let to_ebgp = to.asn != session_as;
     // A session that cannot carry this family's routes is never asked; without a next hop
     // of ours for it, there is nothing we could say.
     let own = P::self_next_hop(to)?;
@@ -1504,7 +1697,7 @@ fn export_attrs<P: RibPrefix>(
         if q == to.id {
             return None;
         }
-        if let Some(f) = from.filter(|f| !to_ebgp && f.asn == local_as) {
+        if let Some(f) = from.filter(|f| !to_ebgp && f.is_ibgp(local_as)) {
             // iBGP to iBGP: only a reflector passes it on, from a client to everyone, from
             // a non-client to clients (RFC 4456 §6).
             let c = cluster_id?;
@@ -1529,8 +1722,15 @@ fn export_attrs<P: RibPrefix>(
         if path.contains(to.asn) {
             return None;
         }
-        path.prepend(local_as);
-        set_next_hop(&mut e, own);
+        path.prepend(session_as);
+        // `next hop keep` (Calico's keepOriginalNextHop) leaves a learned route's next hop
+        // as it is where the peer can use it; otherwise eBGP peers get ours.
+        let keep = to.options.next_hop == NextHopMode::Keep
+            && src != Source::Local
+            && next_hop_of(&e).is_some_and(|nh| P::carries(to, &nh) && !link_local_only(&nh));
+        if !keep {
+            set_next_hop(&mut e, own);
+        }
         e.local_pref = None;
         // MED is not passed on to another AS (RFC 4271 §5.1.4); our own is.
         if src != Source::Local {
@@ -1546,6 +1746,10 @@ fn export_attrs<P: RibPrefix>(
         }
     }
     e.as_path = Some(path);
+    if to.options.next_hop == NextHopMode::SelfNextHop {
+        set_next_hop(&mut e, own);
+        return Some(e);
+    }
     match next_hop_of(&e) {
         // Next-hop-self for what we originate unless the announcement named one, and for
         // what the peer could not use as it is.
@@ -1605,3 +1809,7 @@ fn group<P>(changes: impl Iterator<Item = (P, Option<Attrs>)>) -> OutUpdate<P> {
 
 #[cfg(test)]
 mod tests;
+
+/// Per-peer filters, advertised communities and session options through the RIB.
+#[cfg(test)]
+mod peer_policy_tests;

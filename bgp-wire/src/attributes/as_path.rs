@@ -125,6 +125,14 @@ impl AsPath {
         self.segments.iter().any(|s| s.asns.contains(&asn))
     }
 
+    /// How often `asn` appears, in every segment (BIRD's `allow local as` counts so).
+    pub fn count(&self, asn: Asn) -> usize {
+        self.segments
+            .iter()
+            .map(|s| s.asns.iter().filter(|a| **a == asn).count())
+            .sum()
+    }
+
     /// The neighbouring AS: first AS of a leading AS_SEQUENCE (for MED comparison and the
     /// eBGP first-AS check).
     pub fn first_asn(&self) -> Option<Asn> {

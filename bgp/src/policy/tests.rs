@@ -42,6 +42,7 @@ impl Case {
             aggregate_to_external: self.aggregate,
             external_transit: self.transit,
             program_external_routes: self.program_external,
+            ..Default::default()
         })
     }
 }

@@ -25,6 +25,7 @@ fn peer(n: u8, asn: u32) -> PeerInfo {
         next_hop_v6: None,
         class: PeerClass::External,
         rr_client: false,
+        options: Default::default(),
     }
 }
 
