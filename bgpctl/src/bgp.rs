@@ -21,6 +21,11 @@ pub enum ShowCommand {
         #[arg(long)]
         json: bool,
     },
+    /// BFD sessions (like `birdc show bfd sessions`): peer, state, intervals.
+    Bfd {
+        #[arg(long)]
+        json: bool,
+    },
     /// Routes of a table, optionally only those inside PREFIX.
     Route {
         prefix: Option<String>,
@@ -35,8 +40,13 @@ pub enum ShowCommand {
         json: bool,
     },
     /// The filters generated from the pools, one rule per line with its reason (first
-    /// match wins within a scope).
+    /// match wins within a scope); with PEER, its BGPFilter rules first and, for each prefix
+    /// it sends us and we send it (or only PREFIX), the rule that decides it.
     Filters {
+        /// A peer's name or address.
+        peer: Option<String>,
+        /// Only this prefix's decisions (it need not be in any table).
+        prefix: Option<String>,
         #[arg(long)]
         json: bool,
     },
@@ -74,55 +84,77 @@ pub enum ConfigCommand {
     },
 }
 
+/// `bgpctl peer add`'s arguments (boxed in [`PeerCommand`]: they are most of its size).
+#[derive(clap::Args)]
+pub struct PeerAddArgs {
+    address: String,
+    #[arg(long = "as")]
+    asn: u32,
+    /// Wait for the peer to connect.
+    #[arg(long)]
+    passive: bool,
+    /// The peer's BGP port [default: 179].
+    #[arg(long)]
+    port: Option<u32>,
+    /// Store it as a BGPPeer resource of this name (kept in the datastore; every node
+    /// it concerns peers) instead of a session on this node only.
+    #[arg(long)]
+    resource: Option<String>,
+    /// With --resource: only this node peers [default: every node].
+    #[arg(long, requires = "resource")]
+    node: Option<String>,
+    /// TCP MD5 password (RFC 2385).
+    #[arg(long)]
+    password: Option<String>,
+    /// GTSM (RFC 5082): the peer is at most this many hops away.
+    #[arg(long)]
+    ttl_security: Option<u32>,
+    /// eBGP multihop TTL.
+    #[arg(long)]
+    multihop: Option<u32>,
+    /// Most prefixes the peer may send; above it the session stops.
+    #[arg(long)]
+    max_prefixes: Option<u32>,
+    /// Seconds before a session stopped by --max-prefixes restarts [default: stays down].
+    #[arg(long, requires = "max_prefixes")]
+    max_prefixes_restart: Option<u32>,
+    /// Address families, e.g. ipv6,ipv4 [default: the session's own].
+    #[arg(long, value_delimiter = ',')]
+    families: Vec<String>,
+    /// BFD with the peer: MIN_RX_MS,MIN_TX_MS,MULTIPLIER, e.g. 100,100,3 (bgpd checks
+    /// intervals of at least 10 ms and a multiplier of 1-255).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_name = "MIN_RX_MS,MIN_TX_MS,MULTIPLIER"
+    )]
+    bfd: Vec<u32>,
+    /// With --resource: BGPFilter resources applied to the session, in order.
+    #[arg(long, requires = "resource", value_delimiter = ',')]
+    filters: Vec<String>,
+    /// The next hop we send: auto (ours to eBGP, the route's to iBGP), self, keep.
+    #[arg(long, value_parser = ["auto", "self", "keep"])]
+    next_hop: Option<String>,
+    /// The AS we speak on this session instead of ours (BIRD's `local as`).
+    #[arg(long)]
+    local_as: Option<u32>,
+    /// How often our AS may appear in a route's AS_PATH (BIRD's `allow local as`).
+    #[arg(long)]
+    allow_local_as: Option<u32>,
+    /// The graceful-restart time announced to the peer, seconds (Calico's maxRestartTime).
+    #[arg(long)]
+    max_restart_time: Option<u32>,
+    /// With --resource: the gateway through which the peer is reached (reachableBy).
+    #[arg(long, requires = "resource")]
+    reachable_by: Option<String>,
+    #[arg(long)]
+    json: bool,
+}
+
 #[derive(Subcommand)]
 pub enum PeerCommand {
     /// Add a BGP peer; its session starts at once.
-    Add {
-        address: String,
-        #[arg(long = "as")]
-        asn: u32,
-        /// Wait for the peer to connect.
-        #[arg(long)]
-        passive: bool,
-        /// The peer's BGP port [default: 179].
-        #[arg(long)]
-        port: Option<u32>,
-        /// Store it as a BGPPeer resource of this name (kept in the datastore; every node
-        /// it concerns peers) instead of a session on this node only.
-        #[arg(long)]
-        resource: Option<String>,
-        /// With --resource: only this node peers [default: every node].
-        #[arg(long, requires = "resource")]
-        node: Option<String>,
-        /// TCP MD5 password (RFC 2385).
-        #[arg(long)]
-        password: Option<String>,
-        /// GTSM (RFC 5082): the peer is at most this many hops away.
-        #[arg(long)]
-        ttl_security: Option<u32>,
-        /// eBGP multihop TTL.
-        #[arg(long)]
-        multihop: Option<u32>,
-        /// Most prefixes the peer may send; above it the session stops.
-        #[arg(long)]
-        max_prefixes: Option<u32>,
-        /// Seconds before a session stopped by --max-prefixes restarts [default: stays down].
-        #[arg(long, requires = "max_prefixes")]
-        max_prefixes_restart: Option<u32>,
-        /// Address families, e.g. ipv6,ipv4 [default: the session's own].
-        #[arg(long, value_delimiter = ',')]
-        families: Vec<String>,
-        /// BFD with the peer: MIN_RX_MS,MIN_TX_MS,MULTIPLIER, e.g. 100,100,3 (bgpd checks
-        /// intervals of at least 10 ms and a multiplier of 1-255).
-        #[arg(
-            long,
-            value_delimiter = ',',
-            value_name = "MIN_RX_MS,MIN_TX_MS,MULTIPLIER"
-        )]
-        bfd: Vec<u32>,
-        #[arg(long)]
-        json: bool,
-    },
+    Add(Box<PeerAddArgs>),
     /// Route refresh without a reset: ask the peer to send its routes again, or with
     /// `--out` send it ours again.
     Refresh {
@@ -197,6 +229,14 @@ pub fn peer_json(p: &pb::PeerStatus) -> serde_json::Value {
         "as": peer.as_number,
         "families": peer.families,
         "passive": peer.passive,
+        "next_hop": match pb::NextHopMode::try_from(peer.next_hop_mode) {
+            Ok(pb::NextHopMode::Self_) => "self",
+            Ok(pb::NextHopMode::Keep) => "keep",
+            _ => "auto",
+        },
+        "local_as": (peer.local_as_number != 0).then_some(peer.local_as_number),
+        "allow_local_as": peer.num_allowed_local_as_numbers,
+        "restart_time_s": peer.graceful_restart_time_s,
         "state": state_name(p.state),
         "since_unix_ms": p.since_unix_ms,
         "info": p.info,
@@ -295,6 +335,42 @@ pub async fn show(
             }
             out.text(&t.render())
         }
+        ShowCommand::Bfd { json } => {
+            let peers: Vec<pb::PeerStatus> = client
+                .list_peers(pb::ListPeersRequest {})
+                .await?
+                .into_inner()
+                .peers
+                .into_iter()
+                .filter(|p| !p.bfd_state.is_empty())
+                .collect();
+            if json {
+                return out.json(&serde_json::Value::Array(
+                    peers
+                        .iter()
+                        .map(|p| {
+                            let peer = p.peer.clone().unwrap_or_default();
+                            json!({"name": peer.name, "address": peer.peer_address,
+                                   "state": p.bfd_state, "min_rx_ms": peer.bfd_min_rx_ms,
+                                   "min_tx_ms": peer.bfd_min_tx_ms,
+                                   "multiplier": peer.bfd_multiplier})
+                        })
+                        .collect(),
+                ));
+            }
+            let mut t = Table::new(&["name", "address", "state", "rx/tx ms", "multiplier"]);
+            for p in &peers {
+                let peer = p.peer.clone().unwrap_or_default();
+                t.row(vec![
+                    peer.name,
+                    peer.peer_address,
+                    p.bfd_state.clone(),
+                    format!("{}/{}", peer.bfd_min_rx_ms, peer.bfd_min_tx_ms),
+                    peer.bfd_multiplier.to_string(),
+                ]);
+            }
+            out.text(&t.render())
+        }
         ShowCommand::Route {
             prefix,
             table,
@@ -381,26 +457,60 @@ pub async fn show(
             }
             out.text(&t.render())
         }
-        ShowCommand::Filters { json } => {
-            let rules = client
-                .get_filters(pb::GetFiltersRequest {})
+        ShowCommand::Filters { peer, prefix, json } => {
+            let r = client
+                .get_filters(pb::GetFiltersRequest {
+                    peer: peer.clone().unwrap_or_default(),
+                    prefix: prefix.unwrap_or_default(),
+                })
                 .await?
-                .into_inner()
-                .rules;
+                .into_inner();
             if json {
-                return out.json(&serde_json::Value::Array(
-                    rules
-                        .iter()
-                        .map(|r| {
-                            json!({"scope": scope_name(r.scope), "match": r.r#match,
-                                   "action": r.action, "reason": r.reason})
-                        })
-                        .collect(),
-                ));
+                let rule = |r: &pb::FilterRule| {
+                    json!({"scope": scope_name(r.scope), "match": r.r#match,
+                           "action": r.action, "reason": r.reason, "filter": r.filter})
+                };
+                let decision = |d: &pb::FilterDecision| {
+                    json!({"prefix": d.prefix, "scope": scope_name(d.scope), "action": d.action,
+                           "match": d.r#match, "reason": d.reason})
+                };
+                if peer.is_none() {
+                    return out.json(&serde_json::Value::Array(
+                        r.rules.iter().map(rule).collect(),
+                    ));
+                }
+                return out.json(&json!({
+                    "rules": r.rules.iter().map(rule).collect::<Vec<_>>(),
+                    "decisions": r.decisions.iter().map(decision).collect::<Vec<_>>(),
+                }));
             }
-            out.text(&render_filters(&rules))
+            let mut text = render_filters(&r.rules);
+            if let Some(p) = &peer {
+                text.push_str(&render_decisions(p, &r.decisions));
+            }
+            out.text(&text)
         }
     }
+}
+
+/// Per prefix, the rule that decided it on `peer`'s session, birdc-like.
+pub fn render_decisions(peer: &str, decisions: &[pb::FilterDecision]) -> String {
+    let mut t = Table::new(&["Prefix", "Direction", "Action", "Rule", "Because"]);
+    for d in decisions {
+        let dir = if d.scope == i32::from(pb::FilterScope::Import) {
+            format!("from {peer}")
+        } else {
+            format!("to {peer}")
+        };
+        t.row(vec![
+            d.prefix.clone(),
+            dir,
+            d.action.clone(),
+            d.r#match.clone(),
+            d.reason.clone(),
+        ]);
+    }
+    format!("\n{}", t.render())
 }
 
 fn scope_name(s: i32) -> &'static str {
@@ -418,12 +528,25 @@ pub fn render_filters(rules: &[pb::FilterRule]) -> String {
     let mut s = String::new();
     let mut current = None;
     for r in rules {
-        if current != Some(r.scope) {
+        // A peer's BGPFilter rules are a group of their own, before the generated ones.
+        let group = (r.scope, r.filter.is_empty());
+        if current != Some(group) {
             if current.is_some() {
                 s.push_str("}\n\n");
             }
-            s.push_str(&format!("filter {} {{\n", scope_name(r.scope)));
-            current = Some(r.scope);
+            if r.filter.is_empty() {
+                s.push_str(&format!("filter {} {{\n", scope_name(r.scope)));
+            } else {
+                let dir = if r.scope == i32::from(pb::FilterScope::Import) {
+                    "import"
+                } else {
+                    "export"
+                };
+                s.push_str(&format!(
+                    "filter peer {dir} (BGPFilters, before the generated rules) {{\n"
+                ));
+            }
+            current = Some(group);
         }
         // The unconditional last rule reads like BIRD's trailing `accept;` / `reject;`.
         let test = if r.r#match == "all" {
@@ -562,22 +685,34 @@ pub async fn peer(
 ) -> Result<(), CtlError> {
     let mut client = BgpClient::new(channel);
     match command {
-        PeerCommand::Add {
-            address,
-            asn,
-            passive,
-            port,
-            resource,
-            node,
-            password,
-            ttl_security,
-            multihop,
-            max_prefixes,
-            max_prefixes_restart,
-            families,
-            bfd,
-            json,
-        } => {
+        PeerCommand::Add(args) => {
+            let PeerAddArgs {
+                address,
+                asn,
+                passive,
+                port,
+                resource,
+                node,
+                password,
+                ttl_security,
+                multihop,
+                max_prefixes,
+                max_prefixes_restart,
+                families,
+                bfd,
+                filters,
+                next_hop,
+                local_as,
+                allow_local_as,
+                max_restart_time,
+                reachable_by,
+                json,
+            } = *args;
+            let next_hop_mode = match next_hop.as_deref() {
+                Some("self") => pb::NextHopMode::Self_,
+                Some("keep") => pb::NextHopMode::Keep,
+                _ => pb::NextHopMode::Auto,
+            };
             let (bfd_min_rx_ms, bfd_min_tx_ms, bfd_multiplier) = match bfd[..] {
                 [] => (0, 0, 0),
                 [rx, tx, m] => (rx, tx, m),
@@ -613,6 +748,12 @@ pub async fn peer(
                         bfd_min_rx_ms,
                         bfd_min_tx_ms,
                         bfd_multiplier,
+                        filters,
+                        next_hop_mode: next_hop_mode.into(),
+                        local_as_number: local_as.unwrap_or(0),
+                        num_allowed_local_as_numbers: allow_local_as.unwrap_or(0),
+                        max_restart_time_s: max_restart_time.unwrap_or(0),
+                        reachable_by: reachable_by.unwrap_or_default(),
                         ..pb::BgpPeer::default()
                     }),
                 })

@@ -44,14 +44,16 @@ pub async fn start_from_config(
         }
     }
     for p in &config.peers {
-        speaker.add_peer(peer_spec(p)).await?;
+        speaker.add_peer(peer_spec(p, config)).await?;
     }
     Ok(speaker)
 }
 
-/// The speaker's view of a `[[bgp.peers]]` entry (validated when the file was loaded).
-fn peer_spec(p: &BgpPeerConfig) -> PeerSpec {
+/// The speaker's view of a `[[bgp.peers]]` entry of `bgp` (validated when the file was
+/// loaded).
+fn peer_spec(p: &BgpPeerConfig, bgp: &BgpConfig) -> PeerSpec {
     let mut spec = PeerSpec::new(p.address, bgp_wire::Asn(p.as_number));
+    spec.error_wait = p.error_wait_time.unwrap_or(bgp.error_wait_time);
     spec.passive = p.passive;
     spec.port = p.port.unwrap_or(179);
     spec.hold_time = p.hold_time.unwrap_or(240);
@@ -132,15 +134,21 @@ pub async fn reload(
     if old.external_transit != new.external_transit {
         r.need_restart.push("bgp.external_transit");
     }
+    if old.error_wait_time != new.error_wait_time {
+        // `[[bgp.peers]]` sessions take it now (those without their own); the cluster's
+        // sessions at the next start.
+        r.need_restart
+            .push("bgp.error_wait_time (for cluster peers)");
+    }
     let before: BTreeMap<IpAddr, PeerSpec> = old
         .peers
         .iter()
-        .map(|p| (p.address, peer_spec(p)))
+        .map(|p| (p.address, peer_spec(p, old)))
         .collect();
     let after: BTreeMap<IpAddr, PeerSpec> = new
         .peers
         .iter()
-        .map(|p| (p.address, peer_spec(p)))
+        .map(|p| (p.address, peer_spec(p, new)))
         .collect();
     for (addr, spec) in &before {
         match after.get(addr) {

@@ -20,8 +20,8 @@ use ipnet::IpNet;
 use crate::block::{AffinityState, Block, BlockAffinity, Handle, Released, cidr_key};
 use crate::error::IpamError;
 use crate::model::{
-    AllowedUse, AssignmentMode, BgpConfiguration, BgpPeer, IpFamily, IpPool, IpamConfig, Node,
-    overlaps,
+    AllowedUse, AssignmentMode, BgpConfiguration, BgpFilter, BgpPeer, IpFamily, IpPool, IpamConfig,
+    Node, overlaps,
 };
 use crate::resource::{Resource, decode, encode};
 use crate::selector::Selector;
@@ -613,6 +613,74 @@ impl<D: Datastore> Ipam<D> {
         let key = BgpPeer::key(name);
         let Some((_, rev)) = self.get::<BgpPeer>(&key).await? else {
             return Err(IpamError::NotFound(format!("BGP peer {name}")));
+        };
+        self.store
+            .txn(vec![Op::Delete { key, expected: rev }])
+            .await?;
+        Ok(())
+    }
+
+    pub async fn list_bgp_filters(&self) -> Result<Vec<(BgpFilter, Revision)>, IpamError> {
+        self.list(BgpFilter::PREFIX).await
+    }
+
+    pub async fn get_bgp_filter(&self, name: &str) -> Result<(BgpFilter, Revision), IpamError> {
+        self.get(&BgpFilter::key(name))
+            .await?
+            .ok_or_else(|| IpamError::NotFound(format!("BGP filter {name}")))
+    }
+
+    /// Creates or replaces a `BGPFilter` resource. With `expected`, only if the stored one is
+    /// still at that revision (else `Stale`, or `NotFound` if it is gone): a file read with
+    /// `get` applies back only over what it read.
+    pub async fn put_bgp_filter(
+        &self,
+        filter: &BgpFilter,
+        expected: Option<Revision>,
+    ) -> Result<Revision, IpamError> {
+        filter.validate()?;
+        let key = BgpFilter::key(&filter.name);
+        if let Some(rev) = expected {
+            if self.get::<BgpFilter>(&key).await?.is_none() {
+                return Err(IpamError::NotFound(format!(
+                    "BGP filter {} (at revision {})",
+                    filter.name, rev.0
+                )));
+            }
+            return match self
+                .store
+                .txn(vec![Self::put(key, filter, Some(rev))])
+                .await
+            {
+                Err(StoreError::Conflict { .. }) => {
+                    Err(IpamError::Stale(format!("BGP filter {}", filter.name)))
+                }
+                other => other.map_err(Into::into),
+            };
+        }
+        for _ in 0..RETRIES {
+            let rev = self.get::<BgpFilter>(&key).await?.map(|(_, r)| r);
+            match self
+                .store
+                .txn(vec![Self::put(key.clone(), filter, rev)])
+                .await
+            {
+                Err(StoreError::Conflict { .. }) => continue,
+                other => return other.map_err(Into::into),
+            }
+        }
+        Err(IpamError::Contention {
+            what: format!("BGP filter {}", filter.name),
+            attempts: RETRIES,
+        })
+    }
+
+    /// Deletes a `BGPFilter` resource; `NotFound` if there is none of that name. Peers that
+    /// name it stay: bgpd skips a missing filter (as Calico does).
+    pub async fn delete_bgp_filter(&self, name: &str) -> Result<(), IpamError> {
+        let key = BgpFilter::key(name);
+        let Some((_, rev)) = self.get::<BgpFilter>(&key).await? else {
+            return Err(IpamError::NotFound(format!("BGP filter {name}")));
         };
         self.store
             .txn(vec![Op::Delete { key, expected: rev }])

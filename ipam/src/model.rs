@@ -1,5 +1,9 @@
 //! The cluster's resources as stored in the datastore: IP pools, nodes, the IPAM
-//! configuration; and their validation. Blocks, affinities and handles live in `block`.
+//! configuration, the BGP resources (configuration, peers, filters); and their validation.
+//! Blocks, affinities and handles live in `block`.
+//!
+//! Why this file is long: every resource kind is defined next to its validation, which names
+//! the refused field (down to a list item's, `exportV4[2].cidr`) for the API and bgpctl.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -375,6 +379,31 @@ pub struct BgpConfiguration {
     pub external_transit: bool,
     /// Routes from external peers outside every pool go into the kernel table (Calico does).
     pub program_external_routes: bool,
+    /// Service CIDRs every node advertises to its external peers (never to the mesh):
+    /// Calico's `serviceClusterIPs`, `serviceExternalIPs`, `serviceLoadBalancerIPs`.
+    pub service_cluster_ips: Vec<IpNet>,
+    pub service_external_ips: Vec<IpNet>,
+    pub service_load_balancer_ips: Vec<IpNet>,
+    /// Named communities, standard (`aa:nn`) or large (`aa:nn:mm`).
+    pub communities: Vec<CommunityDef>,
+    /// Which CIDRs carry which communities when this node advertises them.
+    pub prefix_advertisements: Vec<PrefixAdvertisement>,
+}
+
+/// A named community of `BGPConfiguration.communities`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommunityDef {
+    pub name: String,
+    /// `aa:nn` (standard, each 0-65535) or `aa:nn:mm` (large, each 0-4294967295).
+    pub value: String,
+}
+
+/// One entry of `BGPConfiguration.prefixAdvertisements`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PrefixAdvertisement {
+    pub cidr: IpNet,
+    /// Names of `communities` or literal `aa:nn` / `aa:nn:mm` values.
+    pub communities: Vec<String>,
 }
 
 impl Default for BgpConfiguration {
@@ -388,6 +417,11 @@ impl Default for BgpConfiguration {
             aggregate_pools_to_external: false,
             external_transit: false,
             program_external_routes: true,
+            service_cluster_ips: Vec::new(),
+            service_external_ips: Vec::new(),
+            service_load_balancer_ips: Vec::new(),
+            communities: Vec::new(),
+            prefix_advertisements: Vec::new(),
         }
     }
 }
@@ -402,7 +436,119 @@ impl BgpConfiguration {
     /// The name of the one cluster-wide resource.
     pub const NAME: &'static str = "default";
 
+    /// Calico's limits on `communities` and `prefixAdvertisements`, and on the communities of
+    /// one advertisement.
+    pub const MAX_COMMUNITIES: usize = 500;
+    pub const MAX_PREFIX_ADVERTISEMENTS: usize = 500;
+    pub const MAX_COMMUNITIES_PER_PREFIX: usize = 50;
+
     pub fn validate(&self) -> Result<(), IpamError> {
+        self.check().map_err(Into::into)
+    }
+
+    /// As `validate`, the refused field named by its full path (`communities[1].value`).
+    pub fn check(&self) -> Result<(), InvalidField> {
+        self.check_scalars()?;
+        for (head, list) in [
+            ("service_cluster_ips", &self.service_cluster_ips),
+            ("service_external_ips", &self.service_external_ips),
+            ("service_load_balancer_ips", &self.service_load_balancer_ips),
+        ] {
+            for (i, net) in list.iter().enumerate() {
+                let path = || format!("{head}[{i}]");
+                network_address(net).map_err(|r| InvalidField::new(head, path(), r))?;
+                if let Some(j) = list[..i].iter().position(|o| overlaps(o, net)) {
+                    return Err(InvalidField::new(
+                        head,
+                        path(),
+                        format!("{net} overlaps {head}[{j}] ({})", list[j]),
+                    ));
+                }
+            }
+        }
+        if self.communities.len() > Self::MAX_COMMUNITIES {
+            return Err(InvalidField::new(
+                "communities",
+                "communities",
+                format!(
+                    "{} communities: at most {}",
+                    self.communities.len(),
+                    Self::MAX_COMMUNITIES
+                ),
+            ));
+        }
+        for (i, c) in self.communities.iter().enumerate() {
+            let head = "communities";
+            if c.name.trim().is_empty() {
+                return Err(InvalidField::new(
+                    head,
+                    format!("{head}[{i}].name"),
+                    "required",
+                ));
+            }
+            if let Some(j) = self.communities[..i].iter().position(|o| o.name == c.name) {
+                return Err(InvalidField::new(
+                    head,
+                    format!("{head}[{i}].name"),
+                    format!("{:?} is already {head}[{j}]'s name", c.name),
+                ));
+            }
+            c.value
+                .parse::<CommunityValue>()
+                .map_err(|r| InvalidField::new(head, format!("{head}[{i}].value"), r))?;
+        }
+        let head = "prefix_advertisements";
+        if self.prefix_advertisements.len() > Self::MAX_PREFIX_ADVERTISEMENTS {
+            return Err(InvalidField::new(
+                head,
+                head,
+                format!(
+                    "{} prefix advertisements: at most {}",
+                    self.prefix_advertisements.len(),
+                    Self::MAX_PREFIX_ADVERTISEMENTS
+                ),
+            ));
+        }
+        for (i, a) in self.prefix_advertisements.iter().enumerate() {
+            network_address(&a.cidr)
+                .map_err(|r| InvalidField::new(head, format!("{head}[{i}].cidr"), r))?;
+            if a.communities.len() > Self::MAX_COMMUNITIES_PER_PREFIX {
+                return Err(InvalidField::new(
+                    head,
+                    format!("{head}[{i}].communities"),
+                    format!(
+                        "{} communities: at most {} per prefix",
+                        a.communities.len(),
+                        Self::MAX_COMMUNITIES_PER_PREFIX
+                    ),
+                ));
+            }
+            for (k, c) in a.communities.iter().enumerate() {
+                if self.community(c).is_none() {
+                    return Err(InvalidField::new(
+                        head,
+                        format!("{head}[{i}].communities[{k}]"),
+                        format!(
+                            "{c:?} is neither the name of one of communities nor a community \
+                             value (aa:nn or aa:nn:mm)"
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A prefix advertisement's community: the value of the named one of `communities`, or
+    /// a literal value; `None` if it is neither.
+    pub fn community(&self, name_or_value: &str) -> Option<CommunityValue> {
+        match self.communities.iter().find(|c| c.name == name_or_value) {
+            Some(c) => c.value.parse().ok(),
+            None => name_or_value.parse().ok(),
+        }
+    }
+
+    fn check_scalars(&self) -> Result<(), IpamError> {
         if self.as_number == 0 || self.as_number == 23456 {
             return Err(invalid(
                 "as_number",
@@ -459,6 +605,335 @@ pub struct BgpPeer {
     /// BFD with the peer (RFC 5880); none: no BFD.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bfd: Option<BgpPeerBfd>,
+    /// `BGPFilter` resources applied to the session, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub filters: Vec<String>,
+    /// Calico's `nextHopMode` (`keepOriginalNextHop: true` is `Keep`).
+    #[serde(default)]
+    pub next_hop_mode: NextHopMode,
+    /// The AS this node speaks on this session instead of its own (BIRD's `local as`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local_as_number: Option<u32>,
+    /// How often our own AS may appear in a received AS_PATH (BIRD's `allow local as`).
+    #[serde(default)]
+    pub num_allowed_local_as_numbers: u8,
+    /// The graceful-restart time we announce to the peer, seconds (Calico's
+    /// `maxRestartTime`); none: the default, 120.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_restart_time_s: Option<u16>,
+    /// The gateway through which the peer is reached (Calico's `reachableBy`): the session's
+    /// next hop must be resolved through it when the peer is not on our subnet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reachable_by: Option<IpAddr>,
+}
+
+/// What next hop this node sends on a session (Calico's `nextHopMode`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum NextHopMode {
+    /// Ours on eBGP, the route's on iBGP (BIRD's default).
+    #[default]
+    Auto,
+    /// Always ours (`next hop self`).
+    #[serde(rename = "Self")]
+    SelfNextHop,
+    /// Always the route's (`next hop keep`; Calico's `keepOriginalNextHop`).
+    Keep,
+}
+
+/// A `BGPFilter`: ordered import and export rules per family, attached to `BGPPeer`s.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct BgpFilter {
+    pub name: String,
+    pub export_v4: Vec<BgpFilterRule>,
+    pub import_v4: Vec<BgpFilterRule>,
+    pub export_v6: Vec<BgpFilterRule>,
+    pub import_v6: Vec<BgpFilterRule>,
+}
+
+/// One rule of a [`BgpFilter`]: every condition set must hold; the first rule that matches
+/// decides.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BgpFilterRule {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cidr: Option<IpNet>,
+    /// How the route's prefix relates to `cidr` (needs `cidr`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub match_operator: Option<MatchOperator>,
+    /// Bounds on the route's prefix length (needs `cidr`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix_length_min: Option<u8>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prefix_length_max: Option<u8>,
+    /// `Some(RemotePeers)`: only routes learned from BGP peers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<FilterSource>,
+    /// Only routes through this interface (a `*` wildcard allowed, as Calico).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interface: Option<String>,
+    pub action: FilterAction,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MatchOperator {
+    Equal,
+    NotEqual,
+    In,
+    NotIn,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FilterSource {
+    RemotePeers,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FilterAction {
+    Accept,
+    Reject,
+}
+
+impl Resource for BgpFilter {
+    const KIND: &'static str = "BGPFilter";
+    const SCHEMA: u32 = 1;
+    const PREFIX: &'static str = "/margay/v1/bgpfilters/";
+}
+
+impl BgpFilter {
+    /// The four rule lists with their Calico names and the family each holds.
+    pub fn lists(&self) -> [(&'static str, IpFamily, &[BgpFilterRule]); 4] {
+        [
+            ("exportV4", IpFamily::V4, &self.export_v4),
+            ("importV4", IpFamily::V4, &self.import_v4),
+            ("exportV6", IpFamily::V6, &self.export_v6),
+            ("importV6", IpFamily::V6, &self.import_v6),
+        ]
+    }
+
+    pub fn validate(&self) -> Result<(), IpamError> {
+        self.check().map_err(Into::into)
+    }
+
+    /// As `validate`, the refused field named by its full path (`exportV4[2].cidr`).
+    pub fn check(&self) -> Result<(), InvalidField> {
+        validate_name("name", &self.name)?;
+        for (list, family, rules) in self.lists() {
+            for (i, rule) in rules.iter().enumerate() {
+                rule.check(list, i, family)?;
+                if let Some(j) = rules[..i].iter().position(|r| r == rule) {
+                    return Err(InvalidField::new(
+                        list,
+                        format!("{list}[{i}]"),
+                        format!("the same rule as {list}[{j}]: the second can never decide"),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl BgpFilterRule {
+    /// A rule with only an action: it matches every route.
+    pub fn new(action: FilterAction) -> Self {
+        Self {
+            cidr: None,
+            match_operator: None,
+            prefix_length_min: None,
+            prefix_length_max: None,
+            source: None,
+            interface: None,
+            action,
+        }
+    }
+
+    fn check(&self, list: &'static str, i: usize, family: IpFamily) -> Result<(), InvalidField> {
+        let err = |field: &str, reason: String| {
+            InvalidField::new(list, format!("{list}[{i}].{field}"), reason)
+        };
+        match (&self.cidr, self.match_operator) {
+            (Some(_), None) => {
+                return Err(err(
+                    "matchOperator",
+                    "required with cidr (Equal, NotEqual, In or NotIn)".into(),
+                ));
+            }
+            (None, Some(_)) => {
+                return Err(err(
+                    "cidr",
+                    "required with matchOperator (Calico sets both or neither)".into(),
+                ));
+            }
+            _ => {}
+        }
+        if let Some(cidr) = &self.cidr {
+            if IpFamily::of_net(cidr) != family {
+                return Err(err(
+                    "cidr",
+                    format!(
+                        "{cidr} is {}, in an {} list ({list})",
+                        IpFamily::of_net(cidr).name(),
+                        family.name()
+                    ),
+                ));
+            }
+            network_address(cidr).map_err(|r| err("cidr", r))?;
+        }
+        let max_len: u8 = match family {
+            IpFamily::V4 => 32,
+            IpFamily::V6 => 128,
+        };
+        for (field, v) in [
+            ("prefixLength.min", self.prefix_length_min),
+            ("prefixLength.max", self.prefix_length_max),
+        ] {
+            let Some(v) = v else { continue };
+            if self.cidr.is_none() {
+                return Err(err(
+                    field,
+                    "needs cidr (a prefix length bounds a CIDR match)".into(),
+                ));
+            }
+            if v > max_len {
+                return Err(err(
+                    field,
+                    format!(
+                        "{v} is above {max_len}, the longest {} prefix",
+                        family.name()
+                    ),
+                ));
+            }
+        }
+        if let (Some(min), Some(max)) = (self.prefix_length_min, self.prefix_length_max)
+            && min > max
+        {
+            return Err(err(
+                "prefixLength",
+                format!("min {min} is above max {max}: no prefix could match"),
+            ));
+        }
+        if let Some(name) = &self.interface {
+            let ok = (1..=15).contains(&name.len())
+                && name
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"_.*-".contains(&b));
+            if !ok {
+                return Err(err(
+                    "interface",
+                    format!(
+                        "{name:?} is not an interface name: 1-15 characters of A-Z a-z 0-9 _ . - \
+                         and * (a wildcard)"
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A refused field deep inside a resource: `path` names the list item (`exportV4[2].cidr`,
+/// `communities[1].value`); `head` is its top-level field, which [`IpamError`] names.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {path}: {reason}")]
+pub struct InvalidField {
+    pub head: &'static str,
+    pub path: String,
+    pub reason: String,
+}
+
+impl InvalidField {
+    pub fn new(head: &'static str, path: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self {
+            head,
+            path: path.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+impl From<IpamError> for InvalidField {
+    /// Only for the `InvalidArgument`s of this module's checks (their field is the path).
+    fn from(e: IpamError) -> Self {
+        match e {
+            IpamError::InvalidArgument { field, reason } => InvalidField::new(field, field, reason),
+            other => InvalidField::new("", "", other.to_string()),
+        }
+    }
+}
+
+impl From<InvalidField> for IpamError {
+    fn from(e: InvalidField) -> Self {
+        // IpamError names a static field: the top-level one; the reason starts with the full
+        // path when it goes deeper.
+        let reason = if e.path == e.head {
+            e.reason
+        } else {
+            format!("{}: {}", e.path, e.reason)
+        };
+        IpamError::InvalidArgument {
+            field: e.head,
+            reason,
+        }
+    }
+}
+
+fn e_reason(e: IpamError) -> String {
+    match e {
+        IpamError::InvalidArgument { reason, .. } => reason,
+        other => other.to_string(),
+    }
+}
+
+/// `Ok` if `net` has no host bits set, else why, naming the network it would be.
+fn network_address(net: &IpNet) -> Result<(), String> {
+    if net.trunc() == *net {
+        Ok(())
+    } else {
+        Err(format!(
+            "{net} is not a network address: its network is {}",
+            net.trunc()
+        ))
+    }
+}
+
+/// A BGP community as Calico writes it: `aa:nn` (standard, each part 0-65535) or `aa:nn:mm`
+/// (large, RFC 8092, each part 0-4294967295).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CommunityValue {
+    Standard(u16, u16),
+    Large(u32, u32, u32),
+}
+
+impl std::str::FromStr for CommunityValue {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let bad = || {
+            format!(
+                "{s:?} is not a community: aa:nn (standard, each 0-65535) or aa:nn:mm (large, \
+                 each 0-4294967295)"
+            )
+        };
+        let parts: Vec<&str> = s.split(':').collect();
+        if parts
+            .iter()
+            .any(|p| p.is_empty() || !p.bytes().all(|b| b.is_ascii_digit()))
+        {
+            return Err(bad());
+        }
+        match parts[..] {
+            [a, n] => Ok(CommunityValue::Standard(
+                a.parse().map_err(|_| bad())?,
+                n.parse().map_err(|_| bad())?,
+            )),
+            [a, n, m] => Ok(CommunityValue::Large(
+                a.parse().map_err(|_| bad())?,
+                n.parse().map_err(|_| bad())?,
+                m.parse().map_err(|_| bad())?,
+            )),
+            _ => Err(bad()),
+        }
+    }
 }
 
 /// A `BGPPeer`'s BFD parameters, as in bgpd's `[[bgp.peers]] bfd`.
@@ -523,10 +998,76 @@ impl BgpPeer {
             hold_time_s: 0,
             max_prefixes: 0,
             bfd: None,
+            filters: Vec::new(),
+            next_hop_mode: NextHopMode::Auto,
+            local_as_number: None,
+            num_allowed_local_as_numbers: 0,
+            max_restart_time_s: None,
+            reachable_by: None,
         }
     }
 
     pub fn validate(&self) -> Result<(), IpamError> {
+        self.check().map_err(Into::into)
+    }
+
+    /// As `validate`, the refused field named by its full path (`filters[1]`). Whether the
+    /// filters exist is not checked: a peer may be stored before its filters (bgpd skips
+    /// the missing ones, as Calico does).
+    pub fn check(&self) -> Result<(), InvalidField> {
+        self.check_scalars()?;
+        for (i, f) in self.filters.iter().enumerate() {
+            validate_name("filters", f)
+                .map_err(|e| InvalidField::new("filters", format!("filters[{i}]"), e_reason(e)))?;
+        }
+        if let Some(asn) = self.local_as_number
+            && (asn == 0 || asn == 23456)
+        {
+            return Err(InvalidField::new(
+                "local_as_number",
+                "local_as_number",
+                format!("{asn} cannot be a local AS (0 and AS_TRANS 23456 are reserved)"),
+            ));
+        }
+        if let Some(t) = self.max_restart_time_s
+            && !(1..=4095).contains(&t)
+        {
+            return Err(InvalidField::new(
+                "max_restart_time_s",
+                "max_restart_time_s",
+                format!(
+                    "{t} s is outside 1-4095 s (the graceful-restart capability's restart \
+                     time has 12 bits, RFC 4724)"
+                ),
+            ));
+        }
+        if let Some(gw) = self.reachable_by {
+            let why = if IpFamily::of(gw) != IpFamily::of(self.peer_address) {
+                Some(format!(
+                    "{gw} is {}, the peer address {} is {}: the gateway must be of the \
+                     peer's family",
+                    IpFamily::of(gw).name(),
+                    self.peer_address,
+                    IpFamily::of(self.peer_address).name()
+                ))
+            } else if gw.is_unspecified()
+                || gw.is_multicast()
+                || gw == IpAddr::V4(std::net::Ipv4Addr::BROADCAST)
+            {
+                Some(format!("{gw} is not a unicast address"))
+            } else if gw == self.peer_address {
+                Some(format!("{gw} is the peer itself, not a gateway to it"))
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                return Err(InvalidField::new("reachable_by", "reachable_by", why));
+            }
+        }
+        Ok(())
+    }
+
+    fn check_scalars(&self) -> Result<(), IpamError> {
         validate_name("name", &self.name)?;
         if !self.node.is_empty() {
             validate_name("node", &self.node)?;

@@ -1,5 +1,10 @@
 //! BGPPeer ⇄ `BgpPeer` with origin Resource: stored by bgpd, and every node it concerns (the
 //! one named in `spec.node`, or all when none is) opens the session.
+//!
+//! `keepOriginalNextHop: true` is `nextHopMode: Keep`. Calico applies the old field to eBGP
+//! sessions only, but on iBGP sessions keeping the next hop is what Auto does anyway, so the
+//! two agree; `get` prints `nextHopMode`. Giving both fields is refused, as Calico does.
+//! Whether the BGPFilters named in `filters` exist is `commands`' check (against bgpd).
 
 use std::net::IpAddr;
 
@@ -59,13 +64,75 @@ pub fn from_document(doc: &Document) -> Result<pb::BgpPeer> {
          password) instead",
         &[],
     )?;
-    s.refuse("keepOriginalNextHop", "not supported yet", &[json!(false)])?;
-    s.refuse("nextHopMode", "not supported yet", &[json!("Auto")])?;
+    let keep = s.bool("keepOriginalNextHop")?;
+    let mode = s.choice("nextHopMode", &["Auto", "Self", "Keep"])?;
+    if keep.is_some() && mode.is_some() {
+        return Err(FieldError::new(
+            "spec.keepOriginalNextHop",
+            "give nextHopMode or the deprecated keepOriginalNextHop, not both (Calico refuses \
+             both too)",
+        ));
+    }
+    let next_hop_mode = match (keep, mode) {
+        (Some(true), _) | (_, Some("Keep")) => pb::NextHopMode::Keep,
+        (_, Some("Self")) => pb::NextHopMode::Self_,
+        _ => pb::NextHopMode::Auto,
+    };
+    let mut filters = Vec::new();
+    for (i, f) in s.list("filters")?.unwrap_or_default().iter().enumerate() {
+        let path = format!("spec.filters[{i}]");
+        let name = f
+            .as_str()
+            .ok_or_else(|| FieldError::new(&path, "must be the name of a BGPFilter"))?;
+        validate_name(name).map_err(|e| FieldError::new(&path, e.message))?;
+        filters.push(name.to_owned());
+    }
+    let local_as = match s.take("localASNumber") {
+        Some(v) => match super::fields::as_number("spec.localASNumber", v)? {
+            23456 => {
+                return Err(FieldError::new(
+                    "spec.localASNumber",
+                    "AS_TRANS 23456 cannot be a local AS",
+                ));
+            }
+            n => n,
+        },
+        None => 0,
+    };
+    let allowed_local = s.uint("numAllowedLocalASNumbers", 255)?.unwrap_or(0) as u32;
+    let max_restart = match s.str("maxRestartTime")? {
+        Some(d) => match duration_s("spec.maxRestartTime", &d)? {
+            t @ 1..=4095 => t as u32,
+            t => {
+                return Err(FieldError::new(
+                    "spec.maxRestartTime",
+                    format!(
+                        "{t}s is outside 1s-4095s (the graceful-restart capability's restart \
+                         time has 12 bits, RFC 4724)"
+                    ),
+                ));
+            }
+        },
+        None => 0,
+    };
+    let reachable_by = match s.str("reachableBy")?.filter(|r| !r.trim().is_empty()) {
+        Some(r) => {
+            let gw: IpAddr = r.trim().parse().map_err(|_| {
+                FieldError::new("spec.reachableBy", format!("{r:?} is not an IP address"))
+            })?;
+            if gw.is_ipv4() != address.is_ipv4() {
+                return Err(FieldError::new(
+                    "spec.reachableBy",
+                    format!("{gw} is not of the family of spec.peerIP ({address})"),
+                ));
+            }
+            gw.to_string()
+        }
+        None => String::new(),
+    };
     let not_stored = "not supported yet for BGPPeer resources (bgpd does not store it)";
-    s.refuse("maxRestartTime", not_stored, &[])?;
     s.refuse("restartMode", not_stored, &[json!("GracefulRestart")])?;
     s.refuse("sourceAddress", not_stored, &[])?;
-    s.refuse("numAllowedLocalASNumbers", not_stored, &[json!(0)])?;
     s.refuse(
         "failureDetectionMode",
         "not supported yet (no BFD for BGPPeer resources)",
@@ -75,12 +142,6 @@ pub fn from_document(doc: &Document) -> Result<pb::BgpPeer> {
         "birdGatewayMode",
         "not supported (margay does not run BIRD)",
         &[],
-    )?;
-    s.refuse("reachableBy", not_stored, &[json!("")])?;
-    s.refuse(
-        "filters",
-        "not supported yet (no BGPFilter resources)",
-        &[json!([])],
     )?;
     s.refuse("localWorkloadSelector", "not supported yet", &[json!("")])?;
     s.refuse("reversePeering", not_stored, &[])?;
@@ -99,6 +160,12 @@ pub fn from_document(doc: &Document) -> Result<pb::BgpPeer> {
         ttl_security_hops: ttl,
         keepalive_time_s: keepalive,
         origin: pb::PeerOrigin::Resource as i32,
+        filters,
+        next_hop_mode: next_hop_mode as i32,
+        local_as_number: local_as,
+        num_allowed_local_as_numbers: allowed_local,
+        max_restart_time_s: max_restart,
+        reachable_by,
         ..Default::default()
     };
     s.finish()?;
@@ -135,6 +202,21 @@ pub fn peer_ip_port(path: &str, s: &str) -> Result<(IpAddr, u16)> {
     Ok((IpAddr::V4(addr), port(p)?))
 }
 
+/// The settings of a stored BGPPeer resource that its document cannot show (set through
+/// `AddPeer` with origin Resource, not from a Calico file).
+pub fn not_in_document(p: &pb::BgpPeer) -> Vec<&'static str> {
+    [
+        (!p.password.is_empty(), "password"),
+        (p.passive, "passive"),
+        (p.hold_time_s != 0, "hold time"),
+        (p.max_prefixes != 0, "max prefixes"),
+        (p.bfd_multiplier != 0, "BFD"),
+    ]
+    .into_iter()
+    .filter_map(|(set, what)| set.then_some(what))
+    .collect()
+}
+
 /// The document of a stored BGPPeer resource (the inverse of `from_document`).
 pub fn to_document(p: &pb::BgpPeer) -> Value {
     let ip = match (p.peer_address.parse::<IpAddr>(), p.port) {
@@ -151,6 +233,26 @@ pub fn to_document(p: &pb::BgpPeer) -> Value {
     }
     if p.keepalive_time_s != 0 {
         spec["keepaliveTime"] = json!(duration_text(p.keepalive_time_s));
+    }
+    if !p.filters.is_empty() {
+        spec["filters"] = json!(p.filters);
+    }
+    match pb::NextHopMode::try_from(p.next_hop_mode) {
+        Ok(pb::NextHopMode::Self_) => spec["nextHopMode"] = json!("Self"),
+        Ok(pb::NextHopMode::Keep) => spec["nextHopMode"] = json!("Keep"),
+        _ => {}
+    }
+    if p.local_as_number != 0 {
+        spec["localASNumber"] = json!(p.local_as_number);
+    }
+    if p.num_allowed_local_as_numbers != 0 {
+        spec["numAllowedLocalASNumbers"] = json!(p.num_allowed_local_as_numbers);
+    }
+    if p.max_restart_time_s != 0 {
+        spec["maxRestartTime"] = json!(duration_text(p.max_restart_time_s));
+    }
+    if !p.reachable_by.is_empty() {
+        spec["reachableBy"] = json!(p.reachable_by);
     }
     document_value(Kind::BgpPeer, &p.name, 0, spec)
 }

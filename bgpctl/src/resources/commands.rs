@@ -1,9 +1,10 @@
 //! `bgpctl apply -f FILE|-`, `bgpctl get KIND [NAME] -o yaml|json`, `bgpctl delete -f FILE`
 //! and `bgpctl delete KIND NAME`: the IO around the sans-IO mapping. Apply checks every
 //! document, then reads what it needs of the stored state and checks again against it
-//! (pool CIDRs, node tunnel addresses), and only then applies, in file order.
+//! (pool CIDRs, node tunnel addresses, the BGPFilters a BGPPeer names), and only then
+//! applies, in file order.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::io::Read;
 
 use clap::{Args, ValueEnum};
@@ -15,9 +16,10 @@ use serde_json::Value;
 use tonic::transport::Channel;
 
 use super::bgpconfig::{self, ConfigSpec};
+use super::fields::FieldError;
 use super::ippool::{self, PoolSpec};
 use super::node::{self, NodeSpec};
-use super::{DocError, Document, Kind, bgppeer, list_value, parse_file, yaml};
+use super::{DocError, Document, Kind, bgpfilter, bgppeer, list_value, parse_file, yaml};
 use crate::{CtlError, Output};
 
 #[derive(Args)]
@@ -35,7 +37,7 @@ pub enum Format {
 
 #[derive(Args)]
 pub struct GetArgs {
-    /// ippool, bgpconfiguration, bgppeer or node (plurals and any case accepted).
+    /// ippool, bgpconfiguration, bgppeer, bgpfilter or node (plurals and any case accepted).
     pub kind: String,
     /// One resource; all of the kind without it.
     pub name: Option<String>,
@@ -64,18 +66,20 @@ fn read_input(file: &str) -> Result<String, CtlError> {
     Ok(text)
 }
 
-enum Checked {
+pub(super) enum Checked {
     Pool(PoolSpec),
     Config(ConfigSpec),
     Peer(pb::BgpPeer),
+    Filter(pb::BgpFilter),
     Node(NodeSpec),
 }
 
-fn check(doc: &Document) -> Result<Checked, DocError> {
+pub(super) fn check(doc: &Document) -> Result<Checked, DocError> {
     let r = match doc.kind {
         Kind::IpPool => ippool::from_document(doc).map(Checked::Pool),
         Kind::BgpConfiguration => bgpconfig::from_document(doc).map(Checked::Config),
         Kind::BgpPeer => bgppeer::from_document(doc).map(Checked::Peer),
+        Kind::BgpFilter => bgpfilter::from_document(doc).map(Checked::Filter),
         Kind::Node => node::from_document(doc).map(Checked::Node),
     };
     r.map_err(|e| doc.error(e))
@@ -102,24 +106,52 @@ fn invalid(e: DocError) -> CtlError {
 }
 
 /// One call to bgpd, decided before any is made.
-enum Action {
+pub(super) enum Action {
     CreatePool(pb::IpPool),
     UpdatePool(pb::IpPool),
     SetConfig(pb::BgpConfiguration),
     AddPeer(pb::BgpPeer),
+    ApplyFilter(pb::BgpFilter),
     RegisterNode(pb::Node),
 }
 
 /// What bgpd has now, as far as the file needs it.
 #[derive(Default)]
-struct State {
-    pools: BTreeMap<String, pb::IpPool>,
-    config: Option<pb::BgpConfiguration>,
-    nodes: BTreeMap<String, pb::Node>,
+pub(super) struct State {
+    pub(super) pools: BTreeMap<String, pb::IpPool>,
+    pub(super) config: Option<pb::BgpConfiguration>,
+    pub(super) nodes: BTreeMap<String, pb::Node>,
+    /// The stored BGPFilters' names.
+    pub(super) filters: BTreeSet<String>,
+}
+
+/// Refuses a peer naming a BGPFilter that is neither stored nor applied before it in the
+/// file: until it exists the session would run without it (bgpd skips a missing filter).
+fn check_filters(
+    peer: &pb::BgpPeer,
+    known: &BTreeSet<String>,
+    in_file: &BTreeSet<&str>,
+) -> Result<(), FieldError> {
+    for (i, f) in peer.filters.iter().enumerate() {
+        if known.contains(f) {
+            continue;
+        }
+        let why = if in_file.contains(f.as_str()) {
+            format!("BGPFilter {f:?} comes later in the file: put it before this BGPPeer")
+        } else {
+            format!("no BGPFilter {f:?}: apply it first or in the same file")
+        };
+        return Err(FieldError::new(format!("spec.filters[{i}]"), why));
+    }
+    Ok(())
 }
 
 /// The calls to make, checked against the stored state (sans-IO).
-fn plan(docs: &[Document], checked: &[Checked], state: &State) -> Result<Vec<Action>, DocError> {
+pub(super) fn plan(
+    docs: &[Document],
+    checked: &[Checked],
+    state: &State,
+) -> Result<Vec<Action>, DocError> {
     let mut actions = Vec::new();
     // Every pool's CIDR as it will be once the file's pools before it are applied.
     let mut cidrs: BTreeMap<String, String> = state
@@ -127,7 +159,20 @@ fn plan(docs: &[Document], checked: &[Checked], state: &State) -> Result<Vec<Act
         .values()
         .map(|p| (p.name.clone(), p.cidr.clone()))
         .collect();
+    let in_file: BTreeSet<&str> = docs
+        .iter()
+        .filter(|d| d.kind == Kind::BgpFilter)
+        .map(|d| d.name.as_str())
+        .collect();
+    // The filters stored once the file's documents before this one are applied.
+    let mut filters = state.filters.clone();
     for (doc, c) in docs.iter().zip(checked) {
+        if let Checked::Peer(p) = c {
+            check_filters(p, &filters, &in_file).map_err(|e| doc.error(e))?;
+        }
+        if let Checked::Filter(f) = c {
+            filters.insert(f.name.clone());
+        }
         if let Checked::Pool(p) = c {
             ippool::check_overlap(&p.pool, cidrs.iter().map(|(n, c)| (n.as_str(), c.as_str())))
                 .map_err(|e| doc.error(e))?;
@@ -148,6 +193,7 @@ fn plan(docs: &[Document], checked: &[Checked], state: &State) -> Result<Vec<Act
                 Action::SetConfig(c.request(state.config.as_ref().unwrap_or(&Default::default())))
             }
             Checked::Peer(p) => Action::AddPeer(p.clone()),
+            Checked::Filter(f) => Action::ApplyFilter(f.clone()),
             Checked::Node(n) => Action::RegisterNode(
                 n.request(state.nodes.get(&doc.name)).map_err(|e| doc.error(e))?,
             ),
@@ -186,6 +232,19 @@ pub async fn apply(channel: Channel, args: ApplyArgs, out: &mut Output) -> Resul
                 .await?
                 .into_inner(),
         );
+    }
+    if checked
+        .iter()
+        .any(|c| matches!(c, Checked::Peer(p) if !p.filters.is_empty()))
+    {
+        state.filters = bgp
+            .list_bgp_filters(pb::ListBgpFiltersRequest {})
+            .await?
+            .into_inner()
+            .filters
+            .into_iter()
+            .map(|f| f.name)
+            .collect();
     }
     if checked.iter().any(|c| matches!(c, Checked::Node(_))) {
         for n in nodes
@@ -227,6 +286,10 @@ pub async fn apply(channel: Channel, args: ApplyArgs, out: &mut Output) -> Resul
                 .map(drop),
             Action::AddPeer(p) => bgp
                 .add_peer(pb::AddPeerRequest { peer: Some(p) })
+                .await
+                .map(drop),
+            Action::ApplyFilter(f) => bgp
+                .apply_bgp_filter(pb::ApplyBgpFilterRequest { filter: Some(f) })
                 .await
                 .map(drop),
             Action::RegisterNode(n) => nodes
@@ -290,11 +353,36 @@ pub async fn get(channel: Channel, args: GetArgs, out: &mut Output) -> Result<()
             vec![bgpconfig::to_document(&c)]
         }
         Kind::BgpPeer => {
-            return Err(CtlError::Invalid(
-                "get bgppeer: not supported yet: bgpd's API cannot list the stored BGPPeer \
-                 resources (ListPeers shows this node's sessions: bgpctl show protocols)"
-                    .into(),
-            ));
+            let peers = BgpClient::new(channel)
+                .list_bgp_peer_resources(pb::ListBgpPeerResourcesRequest {})
+                .await?
+                .into_inner()
+                .peers;
+            let peers = named(kind, name, peers, |p| &p.name)?;
+            for p in &peers {
+                let hidden = bgppeer::not_in_document(p);
+                if !hidden.is_empty() {
+                    eprintln!(
+                        "bgpctl: warning: BGPPeer {}: {} not shown (a Calico BGPPeer cannot \
+                         carry them; set with bgpctl peer add --resource): applying this \
+                         document back clears them",
+                        p.name,
+                        hidden.join(", ")
+                    );
+                }
+            }
+            peers.iter().map(bgppeer::to_document).collect()
+        }
+        Kind::BgpFilter => {
+            let filters = BgpClient::new(channel)
+                .list_bgp_filters(pb::ListBgpFiltersRequest {})
+                .await?
+                .into_inner()
+                .filters;
+            named(kind, name, filters, |f| &f.name)?
+                .iter()
+                .map(bgpfilter::to_document)
+                .collect()
         }
         Kind::Node => {
             let mut c = NodesClient::new(channel);
@@ -328,6 +416,26 @@ pub async fn get(channel: Channel, args: GetArgs, out: &mut Output) -> Result<()
         )),
         Format::Yaml => out.text(&yaml::emit(&value).map_err(CtlError::Invalid)?),
     }
+}
+
+/// All of a listing, or only the one named (NOT_FOUND if it is not there).
+fn named<T>(
+    kind: Kind,
+    name: Option<&str>,
+    mut all: Vec<T>,
+    name_of: impl Fn(&T) -> &String,
+) -> Result<Vec<T>, CtlError> {
+    let Some(n) = name else {
+        return Ok(all);
+    };
+    all.retain(|x| name_of(x) == n);
+    if all.is_empty() {
+        return Err(CtlError::Status {
+            code: tonic::Code::NotFound,
+            message: format!("{} {n} not found", kind.name()),
+        });
+    }
+    Ok(all)
 }
 
 pub async fn delete(channel: Channel, args: DeleteArgs, out: &mut Output) -> Result<(), CtlError> {
@@ -364,6 +472,11 @@ pub async fn delete(channel: Channel, args: DeleteArgs, out: &mut Output) -> Res
                     .delete_peer(pb::DeletePeerRequest { peer: name.clone() })
                     .await?;
             }
+            Kind::BgpFilter => {
+                BgpClient::new(channel.clone())
+                    .delete_bgp_filter(pb::DeleteBgpFilterRequest { name: name.clone() })
+                    .await?;
+            }
             Kind::Node => {
                 NodesClient::new(channel.clone())
                     .delete_node(pb::DeleteNodeRequest { name: name.clone() })
@@ -377,14 +490,7 @@ pub async fn delete(channel: Channel, args: DeleteArgs, out: &mut Output) -> Res
                     .get_configuration(pb::GetConfigurationRequest {})
                     .await?
                     .into_inner();
-                let reset = ConfigSpec {
-                    as_number: 0,
-                    node_to_node_mesh: None,
-                    listen_port: 0,
-                    revision: 0,
-                    warnings: vec![],
-                }
-                .request(&cur);
+                let reset = ConfigSpec::default().request(&cur);
                 c.set_configuration(pb::SetConfigurationRequest {
                     configuration: Some(reset),
                 })

@@ -166,7 +166,8 @@ pub fn check_overlap<'a>(
     Ok(())
 }
 
-fn masked(a: IpAddr, prefix: u8) -> u128 {
+/// The address with its bits past `prefix` cleared, as a number.
+pub fn masked(a: IpAddr, prefix: u8) -> u128 {
     match a {
         IpAddr::V4(v) => {
             u128::from(u32::from(v)) & !(u128::from(u32::MAX) >> prefix) & u128::from(u32::MAX)
@@ -203,7 +204,13 @@ pub fn network(path: &str, s: &str) -> Result<(IpAddr, u8)> {
         IpAddr::V6(v) => u128::from(v) & u128::MAX.checked_shr(u32::from(prefix)).unwrap_or(0),
     };
     if host != 0 {
-        return Err(bad(format!("{s} is not a network address (host bits set)")));
+        let net = match addr {
+            IpAddr::V4(_) => IpAddr::V4(std::net::Ipv4Addr::from(masked(addr, prefix) as u32)),
+            IpAddr::V6(_) => IpAddr::V6(std::net::Ipv6Addr::from(masked(addr, prefix))),
+        };
+        return Err(bad(format!(
+            "{s} is not a network address (host bits set): its network is {net}/{prefix}"
+        )));
     }
     Ok((addr, prefix))
 }

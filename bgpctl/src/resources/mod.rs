@@ -9,6 +9,7 @@
 //! Node's `status` are accepted and left out, as calicoctl does.
 
 pub mod bgpconfig;
+pub mod bgpfilter;
 pub mod bgppeer;
 pub mod commands;
 pub mod fields;
@@ -29,6 +30,7 @@ pub enum Kind {
     IpPool,
     BgpConfiguration,
     BgpPeer,
+    BgpFilter,
     Node,
 }
 
@@ -38,6 +40,7 @@ impl Kind {
             Kind::IpPool => "IPPool",
             Kind::BgpConfiguration => "BGPConfiguration",
             Kind::BgpPeer => "BGPPeer",
+            Kind::BgpFilter => "BGPFilter",
             Kind::Node => "Node",
         }
     }
@@ -48,6 +51,7 @@ impl Kind {
             Kind::IpPool,
             Kind::BgpConfiguration,
             Kind::BgpPeer,
+            Kind::BgpFilter,
             Kind::Node,
         ];
         if let Some(k) = all.iter().find(|k| k.name() == s) {
@@ -60,18 +64,13 @@ impl Kind {
                 "ippool" | "pool" => return Ok(Kind::IpPool),
                 "bgpconfiguration" | "bgpconfig" => return Ok(Kind::BgpConfiguration),
                 "bgppeer" | "peer" => return Ok(Kind::BgpPeer),
+                "bgpfilter" => return Ok(Kind::BgpFilter),
                 "node" | "no" => return Ok(Kind::Node),
                 _ => {}
             }
         }
-        let l = s.to_ascii_lowercase();
-        if s == "BGPFilter" || (loose && l.trim_end_matches('s') == "bgpfilter") {
-            return Err(
-                "BGPFilter: not supported yet (bgpd's API has no BGP filter resources)".into(),
-            );
-        }
         Err(format!(
-            "unknown kind {s:?}: one of IPPool, BGPConfiguration, BGPPeer, Node"
+            "unknown kind {s:?}: one of IPPool, BGPConfiguration, BGPPeer, BGPFilter, Node"
         ))
     }
 }

@@ -1,6 +1,10 @@
 //! The mapping on files shaped as Calico's documented examples (written for margay): default
 //! IPv4 and IPv6 pools, a global BGPPeer to a ToR, a per-node peer, a BGPConfiguration with the
-//! mesh off, a Node with BGP fields; and bad input refused by path.
+//! mesh off, a Node with BGP fields, BGPFilters, a BGPConfiguration advertising services with
+//! communities, a BGPPeer with filters and session options; and bad input refused by path.
+//!
+//! Why this file is long: each kind's fields are exercised with Calico-shaped files and each
+//! refusal with its exact path; the file texts and the tables of bad input are most of it.
 
 use proto::v1 as pb;
 
@@ -78,6 +82,7 @@ fn checked(text: &str) -> Result<Vec<Document>, DocError> {
             Kind::IpPool => ippool::from_document(d).map(drop),
             Kind::BgpConfiguration => bgpconfig::from_document(d).map(drop),
             Kind::BgpPeer => bgppeer::from_document(d).map(drop),
+            Kind::BgpFilter => bgpfilter::from_document(d).map(drop),
             Kind::Node => node::from_document(d).map(drop),
         };
         r.map_err(|e| d.error(e))?;
@@ -282,8 +287,8 @@ fn unsupported_and_unknown_fields_are_refused_by_path() {
         .contains("spec.password: not supported: a secretKeyRef names a Kubernetes secret")
     );
     assert!(
-        peer("  peerIP: 192.0.2.1\n  asNumber: 1\n  keepOriginalNextHop: true\n")
-            .contains("spec.keepOriginalNextHop: not supported yet")
+        peer("  peerIP: 192.0.2.1\n  asNumber: 1\n  keepOriginalNextHop: true\n  nextHopMode: Keep\n")
+            .contains("spec.keepOriginalNextHop: give nextHopMode or the deprecated keepOriginalNextHop, not both")
     );
     assert!(
         peer("  peerIP: 192.0.2.1:99999\n  asNumber: 1\n")
@@ -305,8 +310,7 @@ fn unsupported_and_unknown_fields_are_refused_by_path() {
         ))
     };
     assert!(
-        cfg("  serviceClusterIPs:\n  - cidr: 10.96.0.0/12\n")
-            .contains("spec.serviceClusterIPs: not supported yet")
+        cfg("  ignoredInterfaces: [eth9]\n").contains("spec.ignoredInterfaces: not supported yet")
     );
     assert!(cfg("  logSeverityScreen: Loud\n").contains("spec.logSeverityScreen: unknown value"));
     assert!(
@@ -345,9 +349,9 @@ fn unsupported_and_unknown_fields_are_refused_by_path() {
 #[test]
 fn document_level_mistakes_name_the_document() {
     assert_eq!(
-        refused("apiVersion: projectcalico.org/v3\nkind: BGPFilter\nmetadata: {name: f}\n"),
-        "document 1 (BGPFilter f): kind: BGPFilter: not supported yet (bgpd's API has no BGP \
-         filter resources); nothing was applied"
+        refused("apiVersion: projectcalico.org/v3\nkind: BGPFiltre\nmetadata: {name: f}\n"),
+        "document 1 (BGPFiltre f): kind: unknown kind \"BGPFiltre\": one of IPPool, \
+         BGPConfiguration, BGPPeer, BGPFilter, Node; nothing was applied"
     );
     assert!(
         refused(&format!(
@@ -424,4 +428,501 @@ fn durations_and_kinds() {
         "files spell kinds exactly"
     );
     let _ = FieldError::new("x", "y");
+}
+
+/// Calico's documented shapes (written for margay): a filter exporting only the pod CIDR and
+/// rejecting the rest, one importing a ToR's default route with prefix-length bounds; the
+/// services and communities of a BGPConfiguration; a ToR BGPPeer using both filters.
+const POLICY: &str = r#"
+apiVersion: projectcalico.org/v3
+kind: BGPFilter
+metadata:
+  name: export-pods
+spec:
+  exportV4:
+  - action: Accept
+    matchOperator: In
+    cidr: 10.0.0.0/16
+  - action: Reject
+  exportV6:
+  - action: Accept
+    matchOperator: Equal
+    cidr: fd00:10::/64
+    source: RemotePeers
+  - action: Reject
+    interface: "*.calico"
+---
+apiVersion: projectcalico.org/v3
+kind: BGPFilter
+metadata:
+  name: import-default
+spec:
+  importV4:
+  - action: Accept
+    matchOperator: In
+    cidr: 0.0.0.0/0
+    prefixLength:
+      min: 0
+      max: 24
+  - action: Reject
+---
+apiVersion: projectcalico.org/v3
+kind: BGPConfiguration
+metadata:
+  name: default
+spec:
+  asNumber: 63400
+  serviceClusterIPs:
+  - cidr: 10.96.0.0/12
+  - cidr: fd00:96::/108
+  serviceExternalIPs:
+  - cidr: 104.244.42.129/32
+  - cidr: 172.217.3.0/24
+  serviceLoadBalancerIPs:
+  - cidr: 192.0.2.0/24
+  communities:
+  - name: bgp-large-community
+    value: 63400:300:100
+  prefixAdvertisements:
+  - cidr: 172.218.4.0/26
+    communities:
+    - bgp-large-community
+    - 63400:120
+---
+apiVersion: projectcalico.org/v3
+kind: BGPPeer
+metadata:
+  name: rack1-tor
+spec:
+  peerIP: 192.0.2.1
+  asNumber: 64567
+  filters:
+  - export-pods
+  - import-default
+  keepOriginalNextHop: true
+  localASNumber: 64999
+  numAllowedLocalASNumbers: 1
+  maxRestartTime: 2m0s
+  reachableBy: 10.0.0.1
+"#;
+
+fn filter_doc(spec: &str) -> String {
+    format!(
+        "apiVersion: projectcalico.org/v3\nkind: BGPFilter\nmetadata:\n  name: f\nspec:\n{spec}"
+    )
+}
+
+#[test]
+fn calico_policy_files_map_to_requests() {
+    let docs = checked(POLICY).unwrap();
+    let f = bgpfilter::from_document(&docs[0]).unwrap();
+    assert_eq!(f.name, "export-pods");
+    assert_eq!(f.export_v4.len(), 2);
+    assert_eq!(
+        (
+            f.export_v4[0].cidr.as_str(),
+            f.export_v4[0].match_operator.as_str(),
+            f.export_v4[0].action.as_str()
+        ),
+        ("10.0.0.0/16", "In", "Accept")
+    );
+    assert_eq!(
+        f.export_v4[1],
+        pb::BgpFilterRule {
+            action: "Reject".into(),
+            ..Default::default()
+        }
+    );
+    assert_eq!(f.export_v6[0].source, "RemotePeers");
+    assert_eq!(f.export_v6[1].interface, "*.calico");
+    assert!(f.import_v4.is_empty() && f.import_v6.is_empty());
+    let imp = bgpfilter::from_document(&docs[1]).unwrap();
+    assert_eq!(
+        (
+            imp.import_v4[0].prefix_length_min,
+            imp.import_v4[0].prefix_length_max
+        ),
+        (Some(0), Some(24))
+    );
+
+    let c = bgpconfig::from_document(&docs[2]).unwrap();
+    let set = c.request(&pb::BgpConfiguration {
+        hold_time_s: 90,
+        ..Default::default()
+    });
+    assert_eq!(set.service_cluster_cidrs, ["10.96.0.0/12", "fd00:96::/108"]);
+    assert_eq!(
+        set.service_external_cidrs,
+        ["104.244.42.129/32", "172.217.3.0/24"]
+    );
+    assert_eq!(set.service_load_balancer_cidrs, ["192.0.2.0/24"]);
+    assert_eq!(set.communities[0].value, "63400:300:100");
+    assert_eq!(
+        set.prefix_advertisements[0].communities,
+        ["bgp-large-community", "63400:120"]
+    );
+    assert_eq!(set.hold_time_s, 90, "margay's own settings kept");
+
+    let p = bgppeer::from_document(&docs[3]).unwrap();
+    assert_eq!(p.filters, ["export-pods", "import-default"]);
+    assert_eq!(p.next_hop_mode, pb::NextHopMode::Keep as i32);
+    assert_eq!(
+        (
+            p.local_as_number,
+            p.num_allowed_local_as_numbers,
+            p.max_restart_time_s
+        ),
+        (64999, 1, 120)
+    );
+    assert_eq!(p.reachable_by, "10.0.0.1");
+    for (mode, want) in [
+        ("Self", pb::NextHopMode::Self_),
+        ("Keep", pb::NextHopMode::Keep),
+        ("Auto", pb::NextHopMode::Auto),
+    ] {
+        let text = POLICY
+            .split("---")
+            .nth(3)
+            .unwrap()
+            .replace("keepOriginalNextHop: true", &format!("nextHopMode: {mode}"));
+        let d = &parse_file(&text).unwrap()[0];
+        assert_eq!(
+            bgppeer::from_document(d).unwrap().next_hop_mode,
+            want as i32
+        );
+    }
+}
+
+#[test]
+fn printed_policy_documents_apply_back_to_the_same_requests() {
+    let docs = checked(POLICY).unwrap();
+    for d in &docs[..2] {
+        let mut f = bgpfilter::from_document(d).unwrap();
+        f.revision = 5;
+        let text = yaml::emit(&list_value(
+            Kind::BgpFilter,
+            vec![bgpfilter::to_document(&f)],
+        ))
+        .unwrap();
+        assert!(text.contains("resourceVersion"), "{text}");
+        let again = parse_file(&text).unwrap();
+        assert_eq!(bgpfilter::from_document(&again[0]).unwrap(), f);
+    }
+    let mut cfg = bgpconfig::from_document(&docs[2])
+        .unwrap()
+        .request(&pb::BgpConfiguration {
+            revision: 3,
+            ..Default::default()
+        });
+    // As bgpd answers: the mesh spelled out.
+    cfg.node_to_node_mesh = Some(true);
+    let text = yaml::emit(&bgpconfig::to_document(&cfg)).unwrap();
+    let c = bgpconfig::from_document(&parse_file(&text).unwrap()[0]).unwrap();
+    assert_eq!(c.request(&cfg), cfg);
+    // keepOriginalNextHop prints as the nextHopMode it is.
+    let peer = bgppeer::from_document(&docs[3]).unwrap();
+    let doc = bgppeer::to_document(&peer);
+    assert_eq!(doc["spec"]["nextHopMode"], "Keep");
+    assert_eq!(doc["spec"]["maxRestartTime"], "120s");
+    assert!(doc["spec"].get("keepOriginalNextHop").is_none());
+    let text = yaml::emit(&doc).unwrap();
+    assert_eq!(
+        bgppeer::from_document(&parse_file(&text).unwrap()[0]).unwrap(),
+        peer
+    );
+}
+
+#[test]
+fn bad_filters_are_refused_by_path() {
+    for (spec, want) in [
+        (
+            "  exportV4:\n  - {action: Accept, matchOperator: In, cidr: 10.0.0.1/24}\n",
+            "spec.exportV4[0].cidr: 10.0.0.1/24 is not a network address (host bits set): its \
+             network is 10.0.0.0/24",
+        ),
+        (
+            "  exportV4:\n  - {action: Reject}\n  - {action: Reject}\n  - {action: Accept, matchOperator: In, cidr: fd00::/8}\n",
+            "spec.exportV4[1]: the same rule as spec.exportV4[0]",
+        ),
+        (
+            "  exportV4:\n  - {action: Reject}\n  - {action: Accept, matchOperator: In, cidr: fd00::/8}\n",
+            "spec.exportV4[1].cidr: fd00::/8 is IPv6, in an IPv4 list",
+        ),
+        (
+            "  importV6:\n  - {action: Accept, matchOperator: In, cidr: 10.0.0.0/8}\n",
+            "spec.importV6[0].cidr: 10.0.0.0/8 is IPv4, in an IPv6 list",
+        ),
+        (
+            "  exportV4:\n  - {action: Accept, cidr: 10.0.0.0/8}\n",
+            "spec.exportV4[0].matchOperator: required with cidr",
+        ),
+        (
+            "  exportV4:\n  - {action: Accept, matchOperator: In}\n",
+            "spec.exportV4[0].cidr: required with matchOperator",
+        ),
+        (
+            "  exportV4:\n  - {action: Accept, matchOperator: Within, cidr: 10.0.0.0/8}\n",
+            "spec.exportV4[0].matchOperator: unknown value \"Within\": one of Equal, NotEqual, In, NotIn",
+        ),
+        (
+            "  exportV4:\n  - {action: Drop}\n",
+            "spec.exportV4[0].action: unknown value \"Drop\"",
+        ),
+        (
+            "  exportV4:\n  - {cidr: 10.0.0.0/8, matchOperator: In}\n",
+            "spec.exportV4[0].action: required",
+        ),
+        (
+            "  exportV4:\n  - {action: Accept, prefixLength: {min: 24}}\n",
+            "spec.exportV4[0].prefixLength: needs cidr",
+        ),
+        (
+            "  exportV4:\n  - {action: Accept, matchOperator: In, cidr: 10.0.0.0/8, prefixLength: {max: 33}}\n",
+            "spec.exportV4[0].prefixLength.max: must be a whole number 0-32",
+        ),
+        (
+            "  exportV6:\n  - {action: Accept, matchOperator: In, cidr: fd00::/8, prefixLength: {min: 129}}\n",
+            "spec.exportV6[0].prefixLength.min: must be a whole number 0-128",
+        ),
+        (
+            "  exportV4:\n  - {action: Accept, matchOperator: In, cidr: 10.0.0.0/8, prefixLength: {min: 28, max: 24}}\n",
+            "spec.exportV4[0].prefixLength: min 28 is above max 24",
+        ),
+        (
+            "  exportV4:\n  - {action: Accept, matchOperator: In, cidr: 10.0.0.0/8, prefixLength: {mn: 8}}\n",
+            "spec.exportV4[0].prefixLength.mn: unknown field",
+        ),
+        (
+            "  exportV4:\n  - {action: Accept, interface: \"this-is-too-long0\"}\n",
+            "spec.exportV4[0].interface: \"this-is-too-long0\" is not an interface name",
+        ),
+        (
+            "  exportV4:\n  - {action: Accept, interface: \"eth 0\"}\n",
+            "spec.exportV4[0].interface: \"eth 0\" is not an interface name",
+        ),
+        (
+            "  exportV4:\n  - {action: Accept, source: LocalPeers}\n",
+            "spec.exportV4[0].source: unknown value \"LocalPeers\": one of RemotePeers",
+        ),
+        (
+            "  exportV4:\n  - {action: Accept, peerType: eBGP}\n",
+            "spec.exportV4[0].peerType: not supported by margay yet",
+        ),
+        (
+            "  importV4:\n  - action: Accept\n    communities: {values: [\"65000:100\"]}\n",
+            "spec.importV4[0].communities: not supported by margay yet",
+        ),
+        (
+            "  importV4:\n  - {action: Accept, asPathPrefix: [65000]}\n",
+            "spec.importV4[0].asPathPrefix: not supported by margay yet",
+        ),
+        (
+            "  importV4:\n  - {action: Accept, priority: 10}\n",
+            "spec.importV4[0].priority: not supported by margay yet",
+        ),
+        (
+            "  exportV4:\n  - action: Accept\n    operations:\n    - addCommunity: {value: \"65000:1\"}\n",
+            "spec.exportV4[0].operations: not supported by margay yet",
+        ),
+        ("  exportv4: []\n", "spec.exportv4: unknown field"),
+    ] {
+        let e = refused(&filter_doc(spec));
+        assert!(e.starts_with("document 1 (BGPFilter f): "), "{spec}: {e}");
+        assert!(e.contains(want), "{spec}: {e}");
+    }
+    // Not duplicates: the same CIDR with another operator, in another list.
+    checked(&filter_doc(
+        "  exportV4:\n  - {action: Accept, matchOperator: In, cidr: 10.0.0.0/8}\n  - {action: Accept, matchOperator: Equal, cidr: 10.0.0.0/8}\n  importV4:\n  - {action: Accept, matchOperator: In, cidr: 10.0.0.0/8}\n  - {action: Reject, interface: \"*\"}\n",
+    ))
+    .unwrap();
+    assert!(
+        refused(
+            "apiVersion: projectcalico.org/v3\nkind: BGPFilter\nmetadata: {name: f, labels: {a: b}}\nspec: {}\n"
+        )
+        .contains("metadata.labels: not stored for BGPFilter resources")
+    );
+}
+
+#[test]
+fn bad_services_communities_and_peer_options_are_refused_by_path() {
+    let cfg = |spec: &str| {
+        refused(&format!(
+            "apiVersion: projectcalico.org/v3\nkind: BGPConfiguration\nmetadata:\n  name: default\nspec:\n{spec}"
+        ))
+    };
+    for (spec, want) in [
+        (
+            "  serviceClusterIPs:\n  - cidr: 10.96.0.1/12\n",
+            "spec.serviceClusterIPs[0].cidr: 10.96.0.1/12 is not a network address (host bits set): its network is 10.96.0.0/12",
+        ),
+        (
+            "  serviceExternalIPs:\n  - cidr: 172.217.3.0/24\n  - cidr: 172.217.3.128/25\n",
+            "spec.serviceExternalIPs[1].cidr: 172.217.3.128/25 overlaps spec.serviceExternalIPs[0].cidr (172.217.3.0/24)",
+        ),
+        (
+            "  serviceLoadBalancerIPs:\n  - cidr: 192.0.2.0/24\n  - cidr: 192.0.2.0/24\n",
+            "spec.serviceLoadBalancerIPs[1].cidr: 192.0.2.0/24 overlaps",
+        ),
+        (
+            "  serviceLoadBalancerIPs:\n  - {cidr: 192.0.2.0/24, name: x}\n",
+            "spec.serviceLoadBalancerIPs[0].name: unknown field",
+        ),
+        (
+            "  serviceLoadBalancerAggregation: Disabled\n",
+            "spec.serviceLoadBalancerAggregation: Disabled: not supported",
+        ),
+        (
+            "  communities:\n  - {name: a, value: \"65536:1\"}\n",
+            "spec.communities[0].value: \"65536:1\" is not a community",
+        ),
+        (
+            "  communities:\n  - {name: a, value: \"1:2:4294967296\"}\n",
+            "spec.communities[0].value: \"1:2:4294967296\" is not a community",
+        ),
+        (
+            "  communities:\n  - {name: a, value: \"1:2:3:4\"}\n",
+            "spec.communities[0].value",
+        ),
+        (
+            "  communities:\n  - {name: a, value: \"1:2\"}\n  - {name: a, value: \"1:3\"}\n",
+            "spec.communities[1].name: \"a\" is already spec.communities[0]'s name",
+        ),
+        (
+            "  communities:\n  - {value: \"1:2\"}\n",
+            "spec.communities[0].name: required",
+        ),
+        (
+            "  communities:\n  - {name: a, value: \"1:2\"}\n  prefixAdvertisements:\n  - cidr: 10.0.0.0/8\n    communities: [a, b]\n",
+            "spec.prefixAdvertisements[0].communities[1]: \"b\" is neither the name of one of spec.communities nor a community value",
+        ),
+        (
+            "  prefixAdvertisements:\n  - cidr: 10.0.0.1/8\n    communities: [\"1:1\"]\n",
+            "spec.prefixAdvertisements[0].cidr: 10.0.0.1/8 is not a network address",
+        ),
+        (
+            "  prefixAdvertisements:\n  - communities: [\"1:1\"]\n",
+            "spec.prefixAdvertisements[0].cidr: required",
+        ),
+    ] {
+        let e = cfg(spec);
+        assert!(e.contains(want), "{spec}: {e}");
+    }
+    let many: String = (0..51).map(|i| format!("\"1:{i}\", ")).collect();
+    assert!(
+        cfg(&format!(
+            "  prefixAdvertisements:\n  - cidr: 10.0.0.0/8\n    communities: [{many}]\n"
+        ))
+        .contains(
+            "spec.prefixAdvertisements[0].communities: 51 communities: at most 50 per prefix"
+        )
+    );
+    let many: String = (0..501)
+        .map(|i| format!("  - {{name: c{i}, value: \"1:{i}\"}}\n"))
+        .collect();
+    assert!(
+        cfg(&format!("  communities:\n{many}"))
+            .contains("spec.communities: 501 communities: at most 500")
+    );
+    let peer = |spec: &str| {
+        refused(&format!(
+            "apiVersion: projectcalico.org/v3\nkind: BGPPeer\nmetadata:\n  name: x\nspec:\n  peerIP: 192.0.2.1\n  asNumber: 1\n{spec}"
+        ))
+    };
+    for (spec, want) in [
+        (
+            "  filters: [ok, Not_OK]\n",
+            "spec.filters[1]: \"Not_OK\" is not a valid name",
+        ),
+        (
+            "  filters: [1]\n",
+            "spec.filters[0]: must be the name of a BGPFilter",
+        ),
+        (
+            "  nextHopMode: Sometimes\n",
+            "spec.nextHopMode: unknown value \"Sometimes\": one of Auto, Self, Keep",
+        ),
+        (
+            "  keepOriginalNextHop: false\n  nextHopMode: Self\n",
+            "not both",
+        ),
+        (
+            "  localASNumber: 23456\n",
+            "spec.localASNumber: AS_TRANS 23456",
+        ),
+        (
+            "  localASNumber: 0\n",
+            "spec.localASNumber: must be an AS number",
+        ),
+        (
+            "  numAllowedLocalASNumbers: 256\n",
+            "spec.numAllowedLocalASNumbers: must be a whole number 0-255",
+        ),
+        (
+            "  maxRestartTime: 0s\n",
+            "spec.maxRestartTime: 0s is outside 1s-4095s",
+        ),
+        (
+            "  maxRestartTime: 2h\n",
+            "spec.maxRestartTime: 7200s is outside",
+        ),
+        (
+            "  maxRestartTime: soon\n",
+            "spec.maxRestartTime: \"soon\" is not a duration",
+        ),
+        (
+            "  reachableBy: fd00::1\n",
+            "spec.reachableBy: fd00::1 is not of the family of spec.peerIP",
+        ),
+        (
+            "  reachableBy: gateway\n",
+            "spec.reachableBy: \"gateway\" is not an IP address",
+        ),
+    ] {
+        let e = peer(spec);
+        assert!(e.contains(want), "{spec}: {e}");
+    }
+}
+
+#[test]
+fn a_peer_names_only_filters_stored_or_applied_before_it() {
+    let docs = parse_file(POLICY).unwrap();
+    let run = |docs: &[Document], stored: &[&str]| {
+        let checked: Vec<_> = docs.iter().map(|d| commands::check(d).unwrap()).collect();
+        let state = commands::State {
+            filters: stored.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        };
+        commands::plan(docs, &checked, &state).map(|a| a.len())
+    };
+    assert_eq!(
+        run(&docs, &[]),
+        Ok(4),
+        "both filters come first in the file"
+    );
+    // The peer alone: its filters must be stored.
+    let peer = &docs[3..];
+    assert_eq!(run(peer, &["export-pods", "import-default"]), Ok(1));
+    let e = run(peer, &["export-pods"]).unwrap_err().to_string();
+    assert_eq!(
+        e,
+        "document 4 (BGPPeer rack1-tor): spec.filters[1]: no BGPFilter \"import-default\": apply \
+         it first or in the same file; nothing was applied"
+    );
+    // A filter after the peer in the file would leave the session unfiltered meanwhile.
+    let reordered = vec![docs[0].clone(), docs[3].clone(), docs[1].clone()];
+    let e = run(&reordered, &[]).unwrap_err().to_string();
+    assert!(
+        e.contains("spec.filters[1]: BGPFilter \"import-default\" comes later in the file"),
+        "{e}"
+    );
+}
+
+#[test]
+fn settings_a_bgppeer_document_cannot_show_are_named() {
+    let docs = checked(POLICY).unwrap();
+    let mut p = bgppeer::from_document(&docs[3]).unwrap();
+    assert!(bgppeer::not_in_document(&p).is_empty());
+    p.password = "*****".into();
+    p.bfd_multiplier = 3;
+    assert_eq!(bgppeer::not_in_document(&p), ["password", "BFD"]);
 }

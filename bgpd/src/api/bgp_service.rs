@@ -3,8 +3,9 @@
 //! speaker task owns sessions and tables, the datastore owns the cluster resources (which the
 //! cluster brain turns into peers and policy), the dataplane hub owns the kernel table.
 //!
-//! Why this file is long: the `Bgp` service has eleven methods, and the conversions between
-//! its messages and the speaker's and datastore's types (about half the file) serve only them.
+//! Why this file is long: the `Bgp` service has fifteen methods, and the conversions between
+//! its messages and the speaker's and datastore's types (about half the file) serve only them
+//! (the resource ones live in `convert`).
 
 use std::net::IpAddr;
 use std::pin::Pin;
@@ -73,21 +74,56 @@ fn config_message(c: &model::BgpConfiguration, revision: u64) -> BgpConfiguratio
         listen_port: u32::from(c.listen_port),
         keepalive_time_s: u32::from(c.keepalive_time_s),
         hold_time_s: u32::from(c.hold_time_s),
-        service_cluster_cidrs: vec![],
-        service_external_cidrs: vec![],
+        service_cluster_cidrs: texts(&c.service_cluster_ips),
+        service_external_cidrs: texts(&c.service_external_ips),
         revision,
         aggregate_pools_to_external: c.aggregate_pools_to_external,
         external_transit: c.external_transit,
         program_external_routes: Some(c.program_external_routes),
+        service_load_balancer_cidrs: texts(&c.service_load_balancer_ips),
+        communities: c
+            .communities
+            .iter()
+            .map(|d| proto::v1::CommunityDef {
+                name: d.name.clone(),
+                value: d.value.clone(),
+            })
+            .collect(),
+        prefix_advertisements: c
+            .prefix_advertisements
+            .iter()
+            .map(|a| proto::v1::PrefixAdvertisement {
+                cidr: a.cidr.to_string(),
+                communities: a.communities.clone(),
+            })
+            .collect(),
     }
 }
 
+fn texts(nets: &[ipnet::IpNet]) -> Vec<String> {
+    nets.iter().map(ToString::to_string).collect()
+}
+
+/// The CIDRs of a configuration list, each unparsable one named (`service_cluster_cidrs[1]`).
+fn cidrs(field: &str, list: &[String]) -> Result<Vec<ipnet::IpNet>, Status> {
+    list.iter()
+        .enumerate()
+        .map(|(i, s)| cidr(&format!("{field}[{i}]"), s))
+        .collect()
+}
+
+fn cidr(field: &str, s: &str) -> Result<ipnet::IpNet, Status> {
+    s.trim().parse().map_err(|_| {
+        convert::invalid(
+            field,
+            format!("{s:?} is not a CIDR like 10.96.0.0/12 or fd00:96::/108"),
+        )
+    })
+}
+
+/// The configuration of a request, checked whole (each refusal naming the message's field:
+/// `communities[1].value`, `service_cluster_cidrs[0]`).
 fn config_from(m: &BgpConfiguration) -> Result<model::BgpConfiguration, Status> {
-    if !m.service_cluster_cidrs.is_empty() || !m.service_external_cidrs.is_empty() {
-        return Err(Status::unimplemented(
-            "advertising service CIDRs is not supported yet",
-        ));
-    }
     let d = model::BgpConfiguration::default();
     let u16_of = |field: &str, v: u32, default: u16| -> Result<u16, Status> {
         if v == 0 {
@@ -95,7 +131,7 @@ fn config_from(m: &BgpConfiguration) -> Result<model::BgpConfiguration, Status> 
         }
         u16::try_from(v).map_err(|_| Status::invalid_argument(format!("{field}: above 65535")))
     };
-    Ok(model::BgpConfiguration {
+    let c = model::BgpConfiguration {
         as_number: if m.as_number == 0 {
             d.as_number
         } else {
@@ -110,7 +146,40 @@ fn config_from(m: &BgpConfiguration) -> Result<model::BgpConfiguration, Status> 
         program_external_routes: m
             .program_external_routes
             .unwrap_or(d.program_external_routes),
-    })
+        service_cluster_ips: cidrs("service_cluster_cidrs", &m.service_cluster_cidrs)?,
+        service_external_ips: cidrs("service_external_cidrs", &m.service_external_cidrs)?,
+        service_load_balancer_ips: cidrs(
+            "service_load_balancer_cidrs",
+            &m.service_load_balancer_cidrs,
+        )?,
+        communities: m
+            .communities
+            .iter()
+            .map(|c| model::CommunityDef {
+                name: c.name.clone(),
+                value: c.value.trim().to_owned(),
+            })
+            .collect(),
+        prefix_advertisements: m
+            .prefix_advertisements
+            .iter()
+            .enumerate()
+            .map(|(i, a)| {
+                Ok(model::PrefixAdvertisement {
+                    cidr: cidr(&format!("prefix_advertisements[{i}].cidr"), &a.cidr)?,
+                    communities: a.communities.iter().map(|c| c.trim().to_owned()).collect(),
+                })
+            })
+            .collect::<Result<_, Status>>()?,
+    };
+    c.check().map_err(|mut e| {
+        // The model's lists are `service_*_ips`, the message's `service_*_cidrs`.
+        if e.head.starts_with("service_") {
+            e.path = e.path.replacen("_ips", "_cidrs", 1);
+        }
+        convert::invalid_field("", e)
+    })?;
+    Ok(c)
 }
 
 /// A kernel route as `ip route` would show it.
@@ -149,6 +218,15 @@ fn status(e: SpeakerError) -> Status {
         }
         SpeakerError::NextHopFamily { .. } => Status::invalid_argument(e.to_string()),
         SpeakerError::Stopped => Status::unavailable(e.to_string()),
+    }
+}
+
+/// An optional address field: empty is none.
+fn opt_addr(field: &str, s: &str) -> Result<Option<IpAddr>, Status> {
+    if s.trim().is_empty() {
+        Ok(None)
+    } else {
+        parse_addr(field, s).map(Some)
     }
 }
 
@@ -267,6 +345,14 @@ fn peer_message(spec: &PeerSpec) -> BgpPeer {
         bfd_min_rx_ms: spec.bfd.map_or(0, |b| b.required_min_rx.as_millis() as u32),
         bfd_min_tx_ms: spec.bfd.map_or(0, |b| b.desired_min_tx.as_millis() as u32),
         bfd_multiplier: spec.bfd.map_or(0, |b| u32::from(b.detect_mult)),
+        next_hop_mode: match spec.options.next_hop {
+            bgp::rib::NextHopMode::Auto => proto::v1::NextHopMode::Auto,
+            bgp::rib::NextHopMode::SelfNextHop => proto::v1::NextHopMode::Self_,
+            bgp::rib::NextHopMode::Keep => proto::v1::NextHopMode::Keep,
+        }
+        .into(),
+        local_as_number: spec.options.local_as.map_or(0, |a| a.0),
+        num_allowed_local_as_numbers: u32::from(spec.options.allow_local_as),
         ..BgpPeer::default()
     }
 }
@@ -475,7 +561,24 @@ impl Bgp for BgpService {
                     min_tx_ms: p.bfd_min_tx_ms,
                     multiplier: p.bfd_multiplier,
                 }),
+                filters: p.filters.iter().map(|f| f.trim().to_owned()).collect(),
+                next_hop_mode: convert::next_hop_mode_from("peer.next_hop_mode", p.next_hop_mode)?,
+                local_as_number: (p.local_as_number != 0).then_some(p.local_as_number),
+                num_allowed_local_as_numbers: u8::try_from(p.num_allowed_local_as_numbers)
+                    .map_err(|_| {
+                        Status::invalid_argument("peer.num_allowed_local_as_numbers: at most 255")
+                    })?,
+                max_restart_time_s: match p.max_restart_time_s {
+                    0 => None,
+                    t => Some(u16::try_from(t).map_err(|_| {
+                        Status::invalid_argument(
+                            "peer.max_restart_time_s: at most 4095 (RFC 4724's 12 bits)",
+                        )
+                    })?),
+                },
+                reachable_by: opt_addr("peer.reachable_by", &p.reachable_by)?,
             };
+            r.check().map_err(|e| convert::invalid_field("peer.", e))?;
             crate::speaker::sockopt::Password::new(&r.password)
                 .map_err(|e| Status::invalid_argument(format!("peer.password: {e}")))?;
             self.ipam()?
@@ -488,7 +591,45 @@ impl Bgp for BgpService {
             }
             return Ok(Response::new(echo));
         }
+        // Filters are resources and reachable_by a route the cluster brain installs: both
+        // belong to BGPPeer resources.
+        if !p.filters.is_empty() {
+            return Err(Status::invalid_argument(
+                "peer.filters: only BGPPeer resources (--resource) take filters",
+            ));
+        }
+        if !p.reachable_by.trim().is_empty() {
+            return Err(Status::invalid_argument(
+                "peer.reachable_by: only BGPPeer resources (--resource) take reachable_by",
+            ));
+        }
         let mut spec = PeerSpec::new(address, bgp_wire::Asn(p.as_number));
+        spec.options = bgp::rib::PeerOptions {
+            local_as: match p.local_as_number {
+                0 => None,
+                23456 => {
+                    return Err(Status::invalid_argument(
+                        "peer.local_as_number: AS_TRANS 23456 cannot be our AS",
+                    ));
+                }
+                a => Some(bgp_wire::Asn(a)),
+            },
+            allow_local_as: u8::try_from(p.num_allowed_local_as_numbers).map_err(|_| {
+                Status::invalid_argument("peer.num_allowed_local_as_numbers: at most 255")
+            })?,
+            next_hop: match proto::v1::NextHopMode::try_from(p.next_hop_mode) {
+                Ok(proto::v1::NextHopMode::Auto) => bgp::rib::NextHopMode::Auto,
+                Ok(proto::v1::NextHopMode::Self_) => bgp::rib::NextHopMode::SelfNextHop,
+                Ok(proto::v1::NextHopMode::Keep) => bgp::rib::NextHopMode::Keep,
+                Err(_) => {
+                    return Err(Status::invalid_argument(format!(
+                        "peer.next_hop_mode: {} is not a mode (AUTO, SELF, KEEP)",
+                        p.next_hop_mode
+                    )));
+                }
+            },
+            interface: None,
+        };
         spec.bfd = bfd;
         if let Some(f) = families(&p.families)? {
             spec.families = f;
@@ -511,6 +652,18 @@ impl Bgp for BgpService {
                 .ok_or_else(|| {
                     Status::invalid_argument("peer.graceful_restart_time_s: at most 4095")
                 })?;
+        }
+        // Calico's maxRestartTime is the restart time we announce: the same setting.
+        if p.max_restart_time_s != 0 {
+            if p.graceful_restart_time_s != 0 && p.graceful_restart_time_s != p.max_restart_time_s {
+                return Err(Status::invalid_argument(
+                    "peer.max_restart_time_s: names the same setting as graceful_restart_time_s; give one",
+                ));
+            }
+            gr.restart_time = u16::try_from(p.max_restart_time_s)
+                .ok()
+                .filter(|t| *t <= 4095)
+                .ok_or_else(|| Status::invalid_argument("peer.max_restart_time_s: at most 4095"))?;
         }
         if p.stale_path_time_s != 0 {
             gr.stale_time = u16::try_from(p.stale_path_time_s)
@@ -686,28 +839,157 @@ impl Bgp for BgpService {
         Ok(Response::new(WithdrawRouteResponse {}))
     }
 
+    async fn apply_bgp_filter(
+        &self,
+        request: Request<proto::v1::ApplyBgpFilterRequest>,
+    ) -> Result<Response<proto::v1::BgpFilter>, Status> {
+        let m = request
+            .into_inner()
+            .filter
+            .ok_or_else(|| Status::invalid_argument("filter: required"))?;
+        let f = convert::filter_from(&m)?;
+        f.check()
+            .map_err(|e| convert::invalid_field("filter.", e))?;
+        let expected = (m.revision != 0).then_some(ipam::store::Revision(m.revision));
+        let rev = self
+            .ipam()?
+            .put_bgp_filter(&f, expected)
+            .await
+            .map_err(convert::status)?;
+        Ok(Response::new(convert::filter_to(&f, rev)))
+    }
+
+    async fn delete_bgp_filter(
+        &self,
+        request: Request<proto::v1::DeleteBgpFilterRequest>,
+    ) -> Result<Response<proto::v1::DeleteBgpFilterResponse>, Status> {
+        let name = request.into_inner().name;
+        self.ipam()?
+            .delete_bgp_filter(name.trim())
+            .await
+            .map_err(convert::status)?;
+        Ok(Response::new(proto::v1::DeleteBgpFilterResponse {}))
+    }
+
+    async fn list_bgp_filters(
+        &self,
+        _request: Request<proto::v1::ListBgpFiltersRequest>,
+    ) -> Result<Response<proto::v1::ListBgpFiltersResponse>, Status> {
+        let filters = self
+            .ipam()?
+            .list_bgp_filters()
+            .await
+            .map_err(convert::status)?;
+        Ok(Response::new(proto::v1::ListBgpFiltersResponse {
+            filters: filters
+                .iter()
+                .map(|(f, rev)| convert::filter_to(f, *rev))
+                .collect(),
+        }))
+    }
+
+    async fn list_bgp_peer_resources(
+        &self,
+        _request: Request<proto::v1::ListBgpPeerResourcesRequest>,
+    ) -> Result<Response<proto::v1::ListBgpPeerResourcesResponse>, Status> {
+        let peers = self
+            .ipam()?
+            .list_bgp_peers()
+            .await
+            .map_err(convert::status)?;
+        Ok(Response::new(proto::v1::ListBgpPeerResourcesResponse {
+            peers: peers.iter().map(|(p, _)| convert::bgp_peer_to(p)).collect(),
+        }))
+    }
+
     async fn get_filters(
         &self,
-        _request: Request<GetFiltersRequest>,
+        request: Request<GetFiltersRequest>,
     ) -> Result<Response<GetFiltersResponse>, Status> {
+        let req = request.into_inner();
+        let peer = match req.peer.trim() {
+            "" => None,
+            p => Some(peer_ref(p)?),
+        };
+        let prefix = match (req.prefix.trim(), peer) {
+            ("", _) => None,
+            (_, None) => {
+                return Err(Status::invalid_argument(
+                    "prefix: needs a peer (the decisions are a peer's)",
+                ));
+            }
+            (p, Some(_)) => Some(parse_prefix(p)?),
+        };
         let policy = self.speaker.policy().await.map_err(status)?;
-        let rules = [
-            Scope::Import,
-            Scope::ExportCluster,
-            Scope::ExportExternal,
-            Scope::Kernel,
-        ]
-        .into_iter()
-        .flat_map(|scope| {
-            policy.rules(scope).iter().map(move |r| FilterRule {
-                scope: scope_message(scope).into(),
-                r#match: r.describe_match(),
-                action: r.action.to_string(),
-                reason: r.reason.clone(),
-            })
-        })
-        .collect();
-        Ok(Response::new(GetFiltersResponse { rules }))
+        let mut rules: Vec<FilterRule> = Vec::new();
+        if let Some(f) = peer.and_then(|a| policy.peer_filters(a)) {
+            // The peer's own rules come first: they are evaluated first.
+            for (scope, list) in [
+                (FilterScope::Import, &f.import),
+                (FilterScope::ExportExternal, &f.export),
+            ] {
+                rules.extend(list.iter().map(|r| FilterRule {
+                    scope: scope.into(),
+                    r#match: r.describe_match(),
+                    action: if r.accept { "accept" } else { "reject" }.into(),
+                    reason: r.reason(),
+                    filter: r.filter.clone(),
+                }));
+            }
+        }
+        rules.extend(
+            [
+                Scope::Import,
+                Scope::ExportCluster,
+                Scope::ExportExternal,
+                Scope::Kernel,
+            ]
+            .into_iter()
+            .flat_map(|scope| {
+                policy.rules(scope).iter().map(move |r| FilterRule {
+                    scope: scope_message(scope).into(),
+                    r#match: r.describe_match(),
+                    action: r.action.to_string(),
+                    reason: r.reason.clone(),
+                    filter: String::new(),
+                })
+            }),
+        );
+        let mut decisions = Vec::new();
+        if let Some(a) = peer {
+            let class = self
+                .speaker
+                .peers()
+                .await
+                .map_err(status)?
+                .into_iter()
+                .find(|p| p.spec.address == a)
+                .map(|p| p.spec.class);
+            let export_scope = match class {
+                Some(bgp::policy::PeerClass::Cluster) => FilterScope::ExportCluster,
+                _ => FilterScope::ExportExternal,
+            };
+            for d in self
+                .speaker
+                .explain_filters(a, prefix)
+                .await
+                .map_err(status)?
+            {
+                decisions.push(proto::v1::FilterDecision {
+                    prefix: format!("{}/{}", d.prefix.addr(), d.prefix.prefix_len()),
+                    scope: if d.import {
+                        FilterScope::Import
+                    } else {
+                        export_scope
+                    }
+                    .into(),
+                    action: if d.accept { "accept" } else { "reject" }.into(),
+                    r#match: d.rule,
+                    reason: d.reason,
+                });
+            }
+        }
+        Ok(Response::new(GetFiltersResponse { rules, decisions }))
     }
 }
 
@@ -761,6 +1043,51 @@ mod tests {
         assert_eq!(peer_ref("::ffff:10.0.0.2").unwrap(), v4);
         assert!(peer_ref("fe80::1").is_err());
         assert!(peer_ref("peer_nonsense").is_err());
+    }
+
+    #[test]
+    fn configuration_services_and_communities_convert_and_are_checked() {
+        let mut m = config_message(&model::BgpConfiguration::default(), 0);
+        m.service_cluster_cidrs = vec!["10.96.0.0/12".into()];
+        m.service_external_cidrs = vec!["fd00:96::/112".into()];
+        m.service_load_balancer_cidrs = vec!["192.0.2.0/24".into()];
+        m.communities = vec![proto::v1::CommunityDef {
+            name: "big".into(),
+            value: "64512:1:2".into(),
+        }];
+        m.prefix_advertisements = vec![proto::v1::PrefixAdvertisement {
+            cidr: "10.96.0.0/12".into(),
+            communities: vec!["big".into(), "64512:7".into()],
+        }];
+        let c = config_from(&m).unwrap();
+        assert_eq!(c.service_external_ips[0].to_string(), "fd00:96::/112");
+        assert_eq!(config_message(&c, 0), m);
+        let refusal = |change: &dyn Fn(&mut BgpConfiguration)| {
+            let mut bad = m.clone();
+            change(&mut bad);
+            let e = config_from(&bad).unwrap_err();
+            assert_eq!(e.code(), tonic::Code::InvalidArgument);
+            e.message().to_owned()
+        };
+        let e = refusal(&|b| b.service_cluster_cidrs.push("10.100.0.0/16".into()));
+        assert!(
+            e.starts_with("invalid service_cluster_cidrs[1]: 10.100.0.0/16 overlaps"),
+            "{e}"
+        );
+        let e = refusal(&|b| b.service_external_cidrs[0] = "fd00:96::1/112".into());
+        assert!(e.starts_with("invalid service_external_cidrs[0]: "), "{e}");
+        let e = refusal(&|b| b.service_load_balancer_cidrs[0] = "nonsense".into());
+        assert!(
+            e.starts_with("invalid service_load_balancer_cidrs[0]: "),
+            "{e}"
+        );
+        let e = refusal(&|b| b.communities[0].value = "1:2:3:4".into());
+        assert!(e.starts_with("invalid communities[0].value: "), "{e}");
+        let e = refusal(&|b| b.prefix_advertisements[0].communities[0] = "small".into());
+        assert!(
+            e.starts_with("invalid prefix_advertisements[0].communities[0]: "),
+            "{e}"
+        );
     }
 
     #[test]

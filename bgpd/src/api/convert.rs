@@ -1,6 +1,7 @@
-//! Conversions between the contract's messages and the `ipam` crate's types, and the mapping
-//! of IPAM errors to gRPC status codes: validation → INVALID_ARGUMENT naming the field,
-//! missing → NOT_FOUND, a lost compare-and-swap → ABORTED.
+//! Conversions between the contract's messages and the `ipam` crate's types (pools, nodes,
+//! allocations, BGPFilter and BGPPeer resources), and the mapping of IPAM errors to gRPC
+//! status codes: validation → INVALID_ARGUMENT naming the field (down to a list item's,
+//! `filter.exportV4[0].cidr`), missing → NOT_FOUND, a lost compare-and-swap → ABORTED.
 
 use std::net::IpAddr;
 
@@ -232,5 +233,285 @@ pub fn block_usage_to(b: &BlockUsage) -> pb::BlockUsage {
         used: b.used,
         free: b.free,
         borrowed: b.borrowed,
+    }
+}
+
+/// A `BGPFilter` message as the model's, each unparsable field named by its path
+/// (`filter.exportV4[0].cidr`); the rules' own checks are `BgpFilter::check`'s.
+pub fn filter_from(f: &pb::BgpFilter) -> Result<model::BgpFilter, Status> {
+    let list = |name: &str, rules: &[pb::BgpFilterRule]| {
+        rules
+            .iter()
+            .enumerate()
+            .map(|(i, r)| rule_from(&format!("filter.{name}[{i}]"), r))
+            .collect::<Result<Vec<_>, _>>()
+    };
+    Ok(model::BgpFilter {
+        name: f.name.clone(),
+        export_v4: list("exportV4", &f.export_v4)?,
+        import_v4: list("importV4", &f.import_v4)?,
+        export_v6: list("exportV6", &f.export_v6)?,
+        import_v6: list("importV6", &f.import_v6)?,
+    })
+}
+
+fn rule_from(path: &str, r: &pb::BgpFilterRule) -> Result<model::BgpFilterRule, Status> {
+    use model::{FilterAction, FilterSource, MatchOperator};
+    let field = |f: &str| format!("{path}.{f}");
+    let cidr = opt(r.cidr.trim())
+        .map(|c| {
+            c.parse::<IpNet>().map_err(|_| {
+                invalid(
+                    &field("cidr"),
+                    format!("{c:?} is not a CIDR like 10.0.0.0/16"),
+                )
+            })
+        })
+        .transpose()?;
+    let match_operator = match r.match_operator.as_str() {
+        "" => None,
+        "Equal" => Some(MatchOperator::Equal),
+        "NotEqual" => Some(MatchOperator::NotEqual),
+        "In" => Some(MatchOperator::In),
+        "NotIn" => Some(MatchOperator::NotIn),
+        other => {
+            return Err(invalid(
+                &field("matchOperator"),
+                format!("unknown value {other:?}: one of Equal, NotEqual, In, NotIn"),
+            ));
+        }
+    };
+    let length = |f: &str, v: Option<u32>| {
+        v.map(|v| {
+            u8::try_from(v)
+                .map_err(|_| invalid(&field(f), format!("{v} is above 128, the longest prefix")))
+        })
+        .transpose()
+    };
+    let source = match r.source.as_str() {
+        "" => None,
+        "RemotePeers" => Some(FilterSource::RemotePeers),
+        other => {
+            return Err(invalid(
+                &field("source"),
+                format!("unknown value {other:?}: RemotePeers is the only one"),
+            ));
+        }
+    };
+    let action = match r.action.as_str() {
+        "Accept" => FilterAction::Accept,
+        "Reject" => FilterAction::Reject,
+        "" => return Err(invalid(&field("action"), "required: Accept or Reject")),
+        other => {
+            return Err(invalid(
+                &field("action"),
+                format!("unknown value {other:?}: Accept or Reject"),
+            ));
+        }
+    };
+    Ok(model::BgpFilterRule {
+        cidr,
+        match_operator,
+        prefix_length_min: length("prefixLength.min", r.prefix_length_min)?,
+        prefix_length_max: length("prefixLength.max", r.prefix_length_max)?,
+        source,
+        interface: opt(&r.interface).map(str::to_owned),
+        action,
+    })
+}
+
+pub fn filter_to(f: &model::BgpFilter, rev: Revision) -> pb::BgpFilter {
+    let list = |rules: &[model::BgpFilterRule]| rules.iter().map(rule_to).collect();
+    pb::BgpFilter {
+        name: f.name.clone(),
+        export_v4: list(&f.export_v4),
+        import_v4: list(&f.import_v4),
+        export_v6: list(&f.export_v6),
+        import_v6: list(&f.import_v6),
+        revision: rev.0,
+    }
+}
+
+fn rule_to(r: &model::BgpFilterRule) -> pb::BgpFilterRule {
+    use model::{FilterAction, MatchOperator};
+    pb::BgpFilterRule {
+        cidr: r.cidr.map(|c| c.to_string()).unwrap_or_default(),
+        match_operator: match r.match_operator {
+            None => "",
+            Some(MatchOperator::Equal) => "Equal",
+            Some(MatchOperator::NotEqual) => "NotEqual",
+            Some(MatchOperator::In) => "In",
+            Some(MatchOperator::NotIn) => "NotIn",
+        }
+        .into(),
+        prefix_length_min: r.prefix_length_min.map(u32::from),
+        prefix_length_max: r.prefix_length_max.map(u32::from),
+        source: match r.source {
+            Some(model::FilterSource::RemotePeers) => "RemotePeers",
+            None => "",
+        }
+        .into(),
+        interface: r.interface.clone().unwrap_or_default(),
+        action: match r.action {
+            FilterAction::Accept => "Accept",
+            FilterAction::Reject => "Reject",
+        }
+        .into(),
+    }
+}
+
+pub fn next_hop_mode_from(field: &str, v: i32) -> Result<model::NextHopMode, Status> {
+    match pb::NextHopMode::try_from(v) {
+        Ok(pb::NextHopMode::Auto) => Ok(model::NextHopMode::Auto),
+        Ok(pb::NextHopMode::Self_) => Ok(model::NextHopMode::SelfNextHop),
+        Ok(pb::NextHopMode::Keep) => Ok(model::NextHopMode::Keep),
+        Err(_) => Err(invalid(field, format!("unknown mode {v}"))),
+    }
+}
+
+pub fn next_hop_mode_to(m: model::NextHopMode) -> i32 {
+    match m {
+        model::NextHopMode::Auto => pb::NextHopMode::Auto,
+        model::NextHopMode::SelfNextHop => pb::NextHopMode::Self_,
+        model::NextHopMode::Keep => pb::NextHopMode::Keep,
+    }
+    .into()
+}
+
+/// A stored `BGPPeer` resource as the API shows it: origin Resource, the password hidden.
+pub fn bgp_peer_to(p: &model::BgpPeer) -> pb::BgpPeer {
+    pb::BgpPeer {
+        name: p.name.clone(),
+        peer_address: p.peer_address.to_string(),
+        as_number: p.as_number,
+        node: p.node.clone(),
+        passive: p.passive,
+        password: if p.password.is_empty() {
+            String::new()
+        } else {
+            "*****".into()
+        },
+        ttl_security_hops: p.ttl_security_hops.into(),
+        keepalive_time_s: p.keepalive_time_s.into(),
+        hold_time_s: p.hold_time_s.into(),
+        max_prefixes: p.max_prefixes,
+        port: p.port.into(),
+        origin: pb::PeerOrigin::Resource.into(),
+        bfd_min_rx_ms: p.bfd.map_or(0, |b| b.min_rx_ms),
+        bfd_min_tx_ms: p.bfd.map_or(0, |b| b.min_tx_ms),
+        bfd_multiplier: p.bfd.map_or(0, |b| b.multiplier),
+        filters: p.filters.clone(),
+        next_hop_mode: next_hop_mode_to(p.next_hop_mode),
+        local_as_number: p.local_as_number.unwrap_or(0),
+        num_allowed_local_as_numbers: p.num_allowed_local_as_numbers.into(),
+        max_restart_time_s: p.max_restart_time_s.map_or(0, u32::from),
+        reachable_by: p.reachable_by.map(|a| a.to_string()).unwrap_or_default(),
+        ..Default::default()
+    }
+}
+
+/// A model check's refusal as INVALID_ARGUMENT, its path under `prefix` (`filter.`).
+pub fn invalid_field(prefix: &str, e: model::InvalidField) -> Status {
+    invalid(&format!("{prefix}{}", e.path), e.reason)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rule(cidr: &str, op: &str, action: &str) -> pb::BgpFilterRule {
+        pb::BgpFilterRule {
+            cidr: cidr.into(),
+            match_operator: op.into(),
+            action: action.into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn bgp_filters_convert_both_ways_and_name_bad_fields() {
+        let m = pb::BgpFilter {
+            name: "f".into(),
+            export_v4: vec![
+                pb::BgpFilterRule {
+                    prefix_length_min: Some(16),
+                    prefix_length_max: Some(24),
+                    source: "RemotePeers".into(),
+                    interface: "eth*".into(),
+                    ..rule("10.0.0.0/8", "In", "Accept")
+                },
+                rule("", "", "Reject"),
+            ],
+            import_v6: vec![rule("fd00::/8", "NotEqual", "Accept")],
+            revision: 4,
+            ..Default::default()
+        };
+        let f = filter_from(&m).unwrap();
+        f.validate().unwrap();
+        assert_eq!(
+            f.export_v4[1],
+            model::BgpFilterRule::new(model::FilterAction::Reject)
+        );
+        assert_eq!(filter_to(&f, Revision(4)), m);
+        for (change, want) in [
+            (
+                rule("10.0.0.0/8", "Within", "Accept"),
+                "invalid filter.exportV4[0].matchOperator: unknown value \"Within\"",
+            ),
+            (
+                rule("10.0.0.0/8", "In", ""),
+                "invalid filter.exportV4[0].action: required",
+            ),
+            (
+                rule("10.0.0.0/8", "In", "Drop"),
+                "invalid filter.exportV4[0].action: unknown value \"Drop\"",
+            ),
+            (
+                rule("10.0.0/8", "In", "Accept"),
+                "invalid filter.exportV4[0].cidr: \"10.0.0/8\" is not a CIDR",
+            ),
+            (
+                pb::BgpFilterRule {
+                    source: "LocalPeers".into(),
+                    ..rule("", "", "Accept")
+                },
+                "invalid filter.exportV4[0].source: unknown value \"LocalPeers\"",
+            ),
+            (
+                pb::BgpFilterRule {
+                    prefix_length_max: Some(300),
+                    ..rule("10.0.0.0/8", "In", "Accept")
+                },
+                "invalid filter.exportV4[0].prefixLength.max: 300 is above 128",
+            ),
+        ] {
+            let bad = pb::BgpFilter {
+                name: "f".into(),
+                export_v4: vec![change],
+                ..Default::default()
+            };
+            let e = filter_from(&bad).unwrap_err();
+            assert_eq!(e.code(), tonic::Code::InvalidArgument);
+            assert!(e.message().starts_with(want), "{}", e.message());
+        }
+    }
+
+    #[test]
+    fn stored_bgp_peers_show_as_resources_with_the_password_hidden() {
+        let mut p = model::BgpPeer::new("tor", "node-1", "10.0.0.254".parse().unwrap(), 65000);
+        p.password = "secret".into();
+        p.next_hop_mode = model::NextHopMode::SelfNextHop;
+        p.max_restart_time_s = Some(90);
+        p.filters = vec!["a".into()];
+        let m = bgp_peer_to(&p);
+        assert_eq!(m.origin, pb::PeerOrigin::Resource as i32);
+        assert_eq!(m.password, "*****");
+        assert_eq!(m.next_hop_mode, pb::NextHopMode::Self_ as i32);
+        assert_eq!(
+            next_hop_mode_from("x", m.next_hop_mode).unwrap(),
+            p.next_hop_mode
+        );
+        assert_eq!((m.max_restart_time_s, m.filters.len()), (90, 1));
+        assert!(next_hop_mode_from("peer.next_hop_mode", 9).is_err());
     }
 }

@@ -12,6 +12,7 @@
 //! then waits for the next change. The computations are pure functions of [`ClusterState`];
 //! this module only moves their results to the speaker and the hub.
 
+pub mod filters;
 pub mod origin;
 pub mod peers;
 pub mod tunnel;
@@ -25,7 +26,7 @@ use bgp_wire::{Asn, Prefix};
 use ipam::IpamError;
 use ipam::allocator::Ipam;
 use ipam::block::{Block, BlockAffinity};
-use ipam::model::{BgpConfiguration, BgpPeer, IpFamily, IpPool, Node};
+use ipam::model::{BgpConfiguration, BgpFilter, BgpPeer, IpFamily, IpPool, Node};
 use ipam::resource::{Resource, decode};
 use ipam::store::{Datastore, Listing, Store};
 use ipnet::IpNet;
@@ -48,6 +49,7 @@ pub struct ClusterState {
     pub affinities: Vec<BlockAffinity>,
     pub bgp_config: Option<BgpConfiguration>,
     pub bgp_peers: Vec<BgpPeer>,
+    pub bgp_filters: Vec<BgpFilter>,
 }
 
 /// One decoded resource of the cluster state. Boxed: the cache's B-tree holds its values in
@@ -62,6 +64,7 @@ enum Item {
     Affinity(Box<BlockAffinity>),
     Config(Box<BgpConfiguration>),
     Peer(Box<BgpPeer>),
+    Filter(Box<BgpFilter>),
 }
 
 /// The cluster state by key, decoded once per change: a watch event decodes one value, where
@@ -124,6 +127,8 @@ impl StateCache {
             Item::Config(Box::new(decode(v)?))
         } else if key.starts_with(BgpPeer::PREFIX) {
             Item::Peer(Box::new(decode(v)?))
+        } else if key.starts_with(BgpFilter::PREFIX) {
+            Item::Filter(Box::new(decode(v)?))
         } else {
             // Handles and the like: not part of what the brain computes from.
             return Ok(());
@@ -142,6 +147,7 @@ impl StateCache {
                 Item::Affinity(a) => c.affinities.push(BlockAffinity::clone(a)),
                 Item::Config(g) => c.bgp_config = Some(BgpConfiguration::clone(g)),
                 Item::Peer(p) => c.bgp_peers.push(BgpPeer::clone(p)),
+                Item::Filter(f) => c.bgp_filters.push(BgpFilter::clone(f)),
             }
         }
         c
@@ -216,6 +222,9 @@ impl Brain {
             .filter_map(|f| me.address(f).map(|n| n.trunc()))
             .collect();
         let pools: Vec<PolicyPool> = c.pools.iter().map(policy_pool).collect();
+        let services = filters::service_cidrs(&settings);
+        let advertisements = filters::advertisements(&settings);
+        let peer_filters = filters::peer_filters(&self.me, &c.bgp_peers, &c.bgp_filters);
         let policy = Arc::new(Policy::generate(&PolicyInputs {
             pools: &pools,
             own_blocks: &own,
@@ -223,6 +232,9 @@ impl Brain {
             aggregate_to_external: settings.aggregate_pools_to_external,
             external_transit: settings.external_transit,
             program_external_routes: settings.program_external_routes,
+            services: &services,
+            advertisements: &advertisements,
+            peer_filters: &peer_filters,
         }));
         let role = me.route_reflector_cluster_id.or(self.file.cluster_id);
         if self
@@ -241,9 +253,11 @@ impl Brain {
         let next_hop_of = |f: IpFamily| me.address(f).map(|a| a.addr());
         let next_hops = (next_hop_of(IpFamily::V4), next_hop_of(IpFamily::V6));
         let family_of = |p: &Prefix| IpFamily::of(p.addr());
+        // The node's blocks (or pool aggregates) and the service ranges every node announces.
         let want: BTreeSet<Prefix> =
             origin::originated(&self.me, c, settings.aggregate_pools_to_external)
                 .into_iter()
+                .chain(filters::announced_service_ranges(&settings))
                 .filter(|p| next_hop_of(family_of(p)).is_some())
                 .collect();
         if next_hops != self.applied.next_hops {
@@ -271,13 +285,11 @@ impl Brain {
 
         // Peers last: a session that comes up finds this node's routes already there, and
         // gets them in its first UPDATEs rather than in more after them.
-        self.apply_peers(peers::desired_peers(
-            &self.me,
-            &settings,
-            &c.nodes,
-            &c.bgp_peers,
-        ))
-        .await
+        let mut want = peers::desired_peers(&self.me, &settings, &c.nodes, &c.bgp_peers);
+        for spec in want.values_mut() {
+            spec.error_wait = self.file.error_wait_time;
+        }
+        self.apply_peers(want).await
     }
 
     /// Add, replace or remove the cluster-derived peers; peers from the configuration file
@@ -380,12 +392,14 @@ async fn follow(brain: &mut Brain, store: &Store, hub: &Hub) -> Result<(), Follo
         let c = cache.state();
         // When this writes (the node's tunnel address), its own event brings the next pass.
         if !tunnel::ensure_tunnel(&ipam, &brain.me, &c).await? {
+            let peer_gateways = filters::peer_gateways(&brain.me, &c.bgp_peers);
             hub.publish(desired::compute(&desired::Inputs {
                 me: &brain.me,
                 nodes: &c.nodes,
                 pools: &c.pools,
                 blocks: &c.blocks,
                 affinities: &c.affinities,
+                peer_gateways: &peer_gateways,
             }));
             brain.apply(&c).await?;
         }

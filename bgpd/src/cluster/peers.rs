@@ -24,11 +24,12 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use bgp_wire::Asn;
-use ipam::model::{BgpConfiguration, BgpPeer, IpFamily, Node};
+use ipam::model::{BgpConfiguration, BgpPeer, IpFamily, NextHopMode, Node};
 
 use crate::speaker::sockopt::{Password, Transport};
 use crate::speaker::{PeerOrigin, PeerSpec};
 use bgp::policy::PeerClass;
+use bgp::rib::PeerOptions;
 
 /// BIRD's default hold time, which Calico keeps.
 pub const DEFAULT_HOLD: u16 = 240;
@@ -105,14 +106,7 @@ pub fn desired_peers(
         out.insert(addr, spec);
     }
 
-    // Global resources first, so a node-specific one for the same address replaces them.
-    let mut explicit: Vec<&BgpPeer> = resources
-        .iter()
-        .filter(|p| p.node.is_empty() || p.node == me)
-        .collect();
-    explicit.sort_by_key(|p| (!p.node.is_empty(), p.name.clone()));
-    for p in explicit {
-        let addr = p.peer_address;
+    for (addr, p) in effective_resources(me, resources) {
         if my_addrs.contains(&addr) {
             continue;
         }
@@ -144,6 +138,19 @@ pub fn desired_peers(
             multihop_ttl: None,
         };
         spec.max_prefixes = (p.max_prefixes != 0).then_some(p.max_prefixes);
+        spec.options = PeerOptions {
+            local_as: p.local_as_number.map(Asn),
+            allow_local_as: p.num_allowed_local_as_numbers,
+            next_hop: match p.next_hop_mode {
+                NextHopMode::Auto => bgp::rib::NextHopMode::Auto,
+                NextHopMode::SelfNextHop => bgp::rib::NextHopMode::SelfNextHop,
+                NextHopMode::Keep => bgp::rib::NextHopMode::Keep,
+            },
+            interface: None,
+        };
+        if let (Some(t), Some(gr)) = (p.max_restart_time_s, spec.graceful_restart.as_mut()) {
+            gr.restart_time = t;
+        }
         // Validated when stored; a resource written by an older or other client is checked
         // again rather than trusted.
         spec.bfd = p.bfd.and_then(|b| {
@@ -173,6 +180,21 @@ pub fn desired_peers(
         out.insert(addr, spec);
     }
     out
+}
+
+/// The `BGPPeer` resource that decides each address for node `me`: a global one, replaced by
+/// this node's own for the same address (the one with the last name, where several are).
+pub fn effective_resources<'a>(
+    me: &str,
+    resources: &'a [BgpPeer],
+) -> BTreeMap<IpAddr, &'a BgpPeer> {
+    let mut explicit: Vec<&BgpPeer> = resources
+        .iter()
+        .filter(|p| p.node.is_empty() || p.node == me)
+        .collect();
+    // Global first, then by name: the last one collected for an address is left.
+    explicit.sort_by_key(|p| (!p.node.is_empty(), p.name.clone()));
+    explicit.into_iter().map(|p| (p.peer_address, p)).collect()
 }
 
 #[cfg(test)]

@@ -211,6 +211,10 @@ pub struct BgpConfig {
     /// Pass routes learned from one configured peer on to the others (until the cluster's
     /// BGP configuration is stored in the datastore, which then decides).
     pub external_transit: bool,
+    /// How long a session waits after an error before it starts again, seconds: the first
+    /// wait, doubled per consecutive error up to the second (BIRD's `error wait time`;
+    /// Calico's 5 and 30 by default). For every session; `[[bgp.peers]]` may set its own.
+    pub error_wait_time: [u16; 2],
 }
 
 /// One explicitly configured BGP peer.
@@ -260,6 +264,9 @@ pub struct BgpPeerConfig {
     /// single-hop, or multihop (RFC 5883) when `multihop` is set. Its session going Down
     /// takes the BGP session down at once.
     pub bfd: Option<BfdConfig>,
+    /// `[first, longest]` wait after a session error, seconds; `bgp.error_wait_time` when
+    /// unset.
+    pub error_wait_time: Option<[u16; 2]>,
 }
 
 /// A peer's BFD parameters; FRR's defaults (300 ms × 3) where a key is left out.
@@ -326,8 +333,25 @@ impl Default for BgpConfig {
             announce: Vec::new(),
             cluster_id: None,
             external_transit: false,
+            error_wait_time: DEFAULT_ERROR_WAIT,
         }
     }
+}
+
+pub use crate::speaker::task::DEFAULT_ERROR_WAIT;
+
+/// `[first, longest]` error wait: the first at least 1 s (a session that keeps failing must
+/// not spin), the longest at least the first, both at most an hour.
+fn check_error_wait(name: &str, [first, longest]: [u16; 2]) -> Result<(), ConfigError> {
+    if first == 0 || first > longest || longest > 3600 {
+        return Err(field(
+            "bgp.error_wait_time",
+            format!(
+                "{name} = [{first}, {longest}]: give [first, longest] seconds with 1 <= first <= longest <= 3600"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 impl Config {
@@ -396,7 +420,11 @@ impl Config {
         if self.bgp.as_number == 0 {
             return Err(field("bgp.as", "AS 0 is reserved (RFC 7607)"));
         }
+        check_error_wait("bgp.error_wait_time", self.bgp.error_wait_time)?;
         for (i, p) in self.bgp.peers.iter().enumerate() {
+            if let Some(w) = p.error_wait_time {
+                check_error_wait(&format!("bgp.peers[{i}].error_wait_time"), w)?;
+            }
             if let Some(Err(e)) = p.bfd.map(|b| b.session()) {
                 return Err(field(
                     "bgp.peers",

@@ -256,3 +256,40 @@ fn bfd_of_a_peer_loads_and_bad_intervals_name_the_field() {
     let err = load(&peer("{ min_rx = 100 }")).unwrap_err().to_string();
     assert!(err.contains("min_rx"), "{err}");
 }
+
+#[test]
+fn the_error_wait_time_defaults_to_calicos_and_is_checked() {
+    let n = env(&[("MARGAY_NODE__NAME", "n")]);
+    let f = write("[[bgp.peers]]\naddress = \"10.0.0.9\"\nas = 65000\n");
+    let c = Config::load_with_env(Some(f.path()), n.clone()).unwrap();
+    assert_eq!(c.bgp.error_wait_time, [5, 30]);
+    assert_eq!(c.bgp.peers[0].error_wait_time, None);
+    let f = write(
+        "[bgp]\nerror_wait_time = [1, 60]\n\
+         [[bgp.peers]]\naddress = \"10.0.0.9\"\nas = 65000\nerror_wait_time = [2, 4]\n",
+    );
+    let c = Config::load_with_env(Some(f.path()), n.clone()).unwrap();
+    assert_eq!(
+        (c.bgp.error_wait_time, c.bgp.peers[0].error_wait_time),
+        ([1, 60], Some([2, 4]))
+    );
+    for (text, name) in [
+        (
+            "[bgp]\nerror_wait_time = [0, 30]\n",
+            "bgp.error_wait_time = [0, 30]",
+        ),
+        (
+            "[bgp]\nerror_wait_time = [30, 5]\n",
+            "bgp.error_wait_time = [30, 5]",
+        ),
+        (
+            "[[bgp.peers]]\naddress = \"10.0.0.9\"\nas = 65000\nerror_wait_time = [1, 9999]\n",
+            "bgp.peers[0].error_wait_time = [1, 9999]",
+        ),
+    ] {
+        let err = Config::load_with_env(Some(write(text).path()), n.clone())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(name), "{err}");
+    }
+}

@@ -70,6 +70,9 @@ pub struct Inputs<'a> {
     pub pools: &'a [IpPool],
     pub blocks: &'a [Block],
     pub affinities: &'a [BlockAffinity],
+    /// Routes to BGP peers through a gateway (Calico's `BGPPeer.reachableBy`): peer address,
+    /// gateway, the peer's name.
+    pub peer_gateways: &'a [(IpAddr, IpAddr, String)],
 }
 
 fn route(
@@ -245,6 +248,22 @@ pub fn compute(inputs: &Inputs<'_>) -> Desired {
             };
             out.insert(key, pb::DesiredItem { item: Some(item) });
         }
+    }
+
+    // A peer beyond our subnet is reached through the gateway its BGPPeer names, as Calico
+    // adds a static route for it.
+    for (peer, gateway, name) in inputs.peer_gateways {
+        let dest = IpNet::from(*peer);
+        out.insert(
+            ItemKey::Route(dest),
+            route(
+                dest,
+                pb::RouteKind::Gateway,
+                Some(*gateway),
+                false,
+                format!("BGPPeer {name} reachableBy"),
+            ),
+        );
     }
 
     for p in inputs.pools {

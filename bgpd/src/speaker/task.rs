@@ -41,8 +41,10 @@ pub use super::session::Families;
 use super::session::{FromSession, Session, ToSession};
 use super::sockopt::{self, Transport};
 use bgp::fsm::{Fsm, FsmConfig, State};
-use bgp::policy::{KernelVia, PeerClass, Policy};
-use bgp::rib::{OutUpdate, PeerId, PeerInfo, Rib, RibPrefix, Route, Source, next_hop_addr};
+use bgp::policy::{IfName, KernelVia, PeerClass, Policy};
+use bgp::rib::{
+    OutUpdate, PeerId, PeerInfo, PeerOptions, Rib, RibPrefix, Route, Source, next_hop_addr,
+};
 
 /// Depth of the speaker's inbound queues.
 const QUEUE: usize = 1024;
@@ -135,6 +137,12 @@ pub struct PeerSpec {
     /// Run BFD (RFC 5880; single-hop RFC 5881, or multihop RFC 5883 with `multihop_ttl`)
     /// with the peer: its session going Down takes the BGP session down at once.
     pub bfd: Option<bfd::SessionConfig>,
+    /// `local as`, `allow local as`, `next hop self|keep` (the RIB applies them; the
+    /// interface is filled in when the session comes up).
+    pub options: PeerOptions,
+    /// Seconds before a session starts again after an error, doubled per consecutive error
+    /// from the first to the longest (BIRD's `error wait time`).
+    pub error_wait: [u16; 2],
 }
 
 /// Graceful restart times of a peer.
@@ -156,6 +164,10 @@ impl Default for GracefulRestart {
         }
     }
 }
+
+/// Calico's `error wait time 5, 30` (confd's BIRD template): the first and longest wait
+/// after a session error, seconds.
+pub const DEFAULT_ERROR_WAIT: [u16; 2] = [5, 30];
 
 /// Cease subcode "BFD Down" (RFC 9384).
 const CEASE_BFD_DOWN: u8 = 10;
@@ -185,16 +197,24 @@ impl PeerSpec {
             graceful_restart: Some(GracefulRestart::default()),
             peer_connects: false,
             bfd: None,
+            options: PeerOptions::default(),
+            error_wait: DEFAULT_ERROR_WAIT,
         }
     }
 
     /// The session FSM's settings for this peer, as this speaker (`local_as`, `router_id`)
     /// runs it.
     pub fn fsm_config(&self, local_as: Asn, router_id: Ipv4Addr) -> FsmConfig {
-        let mut fc = FsmConfig::new(local_as, router_id, self.asn);
+        let mut fc = FsmConfig::new(
+            self.options.local_as.unwrap_or(local_as),
+            router_id,
+            self.asn,
+        );
         fc.hold_time = self.hold_time;
         fc.keepalive = self.keepalive;
         fc.passive = self.passive;
+        fc.idle_hold = std::time::Duration::from_secs(u64::from(self.error_wait[0]));
+        fc.idle_hold_max = std::time::Duration::from_secs(u64::from(self.error_wait[1]));
         fc.connect_retry_max = std::time::Duration::from_secs(5);
         if self.peer_connects {
             // Both nodes of a pair connect, and each listens before it does: of two nodes
@@ -306,6 +326,18 @@ impl Announcement {
     }
 }
 
+/// Which rule decided a prefix on a peer's session (`bgpctl show filters PEER [PREFIX]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FilterDecision {
+    pub prefix: Prefix,
+    /// Received from the peer (else: sent to it).
+    pub import: bool,
+    pub accept: bool,
+    /// The deciding rule's match and reason.
+    pub rule: String,
+    pub reason: String,
+}
+
 /// A route with where it came from, for listings.
 #[derive(Debug, Clone)]
 pub struct ListedRoute {
@@ -335,6 +367,11 @@ enum Command {
     Announce(Announcement, oneshot::Sender<Result<(), SpeakerError>>),
     SetPolicy(Arc<Policy>, Option<Ipv4Addr>, oneshot::Sender<()>),
     GetPolicy(oneshot::Sender<Arc<Policy>>),
+    ExplainFilters {
+        peer: IpAddr,
+        prefix: Option<Prefix>,
+        reply: oneshot::Sender<Result<Vec<FilterDecision>, SpeakerError>>,
+    },
     Reconfigure {
         local_as: Asn,
         listen_port: u16,
@@ -456,6 +493,21 @@ impl SpeakerHandle {
         self.ask(Command::Shutdown).await
     }
 
+    /// For peer `peer`, the rule that decides each prefix it sends us and each we send it
+    /// (or only `prefix`, in both directions).
+    pub async fn explain_filters(
+        &self,
+        peer: IpAddr,
+        prefix: Option<Prefix>,
+    ) -> Result<Vec<FilterDecision>, SpeakerError> {
+        self.ask(|reply| Command::ExplainFilters {
+            peer,
+            prefix,
+            reply,
+        })
+        .await?
+    }
+
     /// The policy in force.
     pub async fn policy(&self) -> Result<Arc<Policy>, SpeakerError> {
         self.ask(Command::GetPolicy).await
@@ -546,6 +598,54 @@ struct Speaker {
     in_kernel: hashbrown::HashSet<Prefix>,
     /// The BFD task (it opens its sockets with the first BFD peer).
     bfd: BfdHandle,
+}
+
+/// One family's part of [`Speaker::explain`]: every prefix `id` sent us and every
+/// Loc-RIB prefix (or only `only`, if of this family), with the deciding rule.
+fn explain_family<P: RibPrefix>(
+    rib: &Rib<P>,
+    id: PeerId,
+    spec: &PeerSpec,
+    only: Option<Prefix>,
+) -> Vec<FilterDecision> {
+    let peer = rib.peer_ref(id).unwrap_or(bgp::policy::PeerRef {
+        class: spec.class,
+        address: spec.address,
+        interface: None,
+    });
+    let (imports, exports): (Vec<P>, Vec<P>) = match only {
+        Some(want) => match P::from_any(want) {
+            Some(p) => (vec![p], vec![p]),
+            None => return Vec::new(),
+        },
+        None => (
+            rib.adj_in(id).into_iter().map(|r| r.prefix).collect(),
+            rib.loc_rib().map(|r| r.prefix).collect(),
+        ),
+    };
+    let decision = |p: P, import: bool, v: bgp::policy::Verdict<'_>| {
+        let (rule, reason) = v.describe();
+        FilterDecision {
+            prefix: p.any(),
+            import,
+            accept: v.accept,
+            rule,
+            reason,
+        }
+    };
+    let mut out: Vec<FilterDecision> = imports
+        .into_iter()
+        .map(|p| decision(p, true, rib.explain_import(&peer, &p)))
+        .collect();
+    out.extend(exports.into_iter().map(|p| {
+        let mut d = decision(p, false, rib.explain_export(&peer, &p));
+        if rib.best(&p).is_none() {
+            d.reason
+                .push_str(" (no route for it here: judged as one originated here)");
+        }
+        d
+    }));
+    out
 }
 
 /// The RIBs of a speaker in AS `local_as`.
@@ -662,6 +762,13 @@ impl Speaker {
             }
             Command::Routes { table, peer, reply } => {
                 let _ = reply.send(self.list(table, peer));
+            }
+            Command::ExplainFilters {
+                peer,
+                prefix,
+                reply,
+            } => {
+                let _ = reply.send(self.explain(peer, prefix));
             }
             Command::SetPolicy(policy, cluster_id, reply) => {
                 // The kernel is told everything once, after both families: the policy may
@@ -796,6 +903,20 @@ impl Speaker {
                 }
             }
         }
+    }
+
+    fn explain(
+        &self,
+        peer: IpAddr,
+        prefix: Option<Prefix>,
+    ) -> Result<Vec<FilterDecision>, SpeakerError> {
+        let p = self
+            .peers
+            .get(&peer)
+            .ok_or_else(|| SpeakerError::NoPeer(peer.to_string()))?;
+        let mut out = explain_family(&self.rib, p.id, &p.spec, prefix);
+        out.extend(explain_family(&self.rib6, p.id, &p.spec, prefix));
+        Ok(out)
     }
 
     fn list(&self, table: Table, peer: Option<IpAddr>) -> Result<Vec<ListedRoute>, SpeakerError> {
@@ -1352,6 +1473,11 @@ impl Speaker {
                     next_hop_v6: next_hop_v6.filter(|_| ipv6),
                     class: p.spec.class,
                     rr_client: p.spec.rr_client,
+                    options: PeerOptions {
+                        interface: super::iface::interface_of(local_address)
+                            .and_then(|n| IfName::new(&n)),
+                        ..p.spec.options
+                    },
                 };
                 let tx = p.tx.clone();
                 if ipv4 {
@@ -1662,6 +1788,35 @@ mod tests {
 
     fn v6(s: &str) -> Ipv6Addr {
         s.parse().unwrap()
+    }
+
+    #[test]
+    fn the_error_wait_time_is_the_sessions_idle_hold() {
+        use bgp::fsm::{Action, Event, Timer};
+        let mut spec = PeerSpec::new(Ipv4Addr::new(10, 0, 0, 2), Asn(65000));
+        spec.error_wait = [2, 7];
+        let fc = spec.fsm_config(Asn(64512), Ipv4Addr::new(10, 0, 0, 1));
+        assert_eq!(
+            (fc.idle_hold, fc.idle_hold_max),
+            (
+                std::time::Duration::from_secs(2),
+                std::time::Duration::from_secs(7)
+            )
+        );
+        // Consecutive errors double the wait from the first to the longest.
+        let mut fsm = Fsm::new(fc);
+        let mut holds = Vec::new();
+        let _ = fsm.handle(Event::Start);
+        for _ in 0..4 {
+            let _ = fsm.handle(Event::Connected);
+            for a in fsm.handle(Event::ConnectionClosed) {
+                if let Action::StartTimer(Timer::IdleHold, d) = a {
+                    holds.push(d.as_secs());
+                }
+            }
+            let _ = fsm.handle(Event::TimerExpired(Timer::IdleHold));
+        }
+        assert_eq!(holds, [2, 4, 7, 7]);
     }
 
     /// The ConnectRetry intervals of a peer's first `n` attempts that end with `failure`.

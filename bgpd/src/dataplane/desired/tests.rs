@@ -36,6 +36,7 @@ struct World {
     pools: Vec<IpPool>,
     blocks: Vec<Block>,
     affinities: Vec<BlockAffinity>,
+    peer_gateways: Vec<(std::net::IpAddr, std::net::IpAddr, String)>,
 }
 
 impl World {
@@ -52,6 +53,7 @@ impl World {
             pools: vec![pool],
             blocks: vec![],
             affinities: vec![],
+            peer_gateways: vec![],
         };
         for (cidr, owner) in [
             ("172.20.0.0/26", "a"),
@@ -71,6 +73,7 @@ impl World {
             pools: &self.pools,
             blocks: &self.blocks,
             affinities: &self.affinities,
+            peer_gateways: &self.peer_gateways,
         })
     }
 }
@@ -310,4 +313,25 @@ fn a_mode_change_is_a_small_diff() {
     assert!(upsert.is_empty() && remove.is_empty());
     let (_, remove) = diff(&after, &Desired::new());
     assert_eq!(remove.len(), after.len());
+}
+
+#[test]
+fn a_peer_reachable_by_a_gateway_gets_a_route_through_it() {
+    let mut w = World::new(EncapMode::Never);
+    w.peer_gateways = vec![(
+        "192.0.2.1".parse().unwrap(),
+        "10.0.0.254".parse().unwrap(),
+        "tor".into(),
+    )];
+    let r = kernel_route(&w.compute("a"), "192.0.2.1/32").unwrap();
+    assert_eq!(
+        (r.kind(), r.gateway.as_str(), r.source.as_str()),
+        (
+            pb::RouteKind::Gateway,
+            "10.0.0.254",
+            "BGPPeer tor reachableBy"
+        )
+    );
+    w.peer_gateways.clear();
+    assert!(kernel_route(&w.compute("a"), "192.0.2.1/32").is_none());
 }
