@@ -8,6 +8,7 @@ const PROTOS: &[&str] = &[
     "margay/v1/ipam.proto",
     "margay/v1/bgp.proto",
     "margay/v1/dataplane.proto",
+    "margay/v1/services.proto",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

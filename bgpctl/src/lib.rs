@@ -6,6 +6,7 @@ pub mod bgp;
 pub mod ipam;
 pub mod pool;
 pub mod resources;
+pub mod service;
 pub mod status;
 pub mod table;
 

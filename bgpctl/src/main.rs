@@ -55,6 +55,9 @@ enum Command {
     /// Routes this node announces: add, del.
     #[command(subcommand)]
     Route(ctl::bgp::RouteCommand),
+    /// Service addresses announced from this node under a lease: announce, withdraw, list.
+    #[command(subcommand)]
+    Service(ctl::service::ServiceCommand),
     /// Create or update Calico v3 resources (IPPool, BGPConfiguration, BGPPeer, Node) from a file.
     Apply(ctl::resources::commands::ApplyArgs),
     /// Print resources as Calico v3 documents, to apply again.
@@ -120,6 +123,7 @@ async fn run(socket: PathBuf, command: Command) -> Result<(), CtlError> {
         Command::Peer(c) => ctl::bgp::peer(channel, c, &mut out).await,
         Command::Config(c) => ctl::bgp::config(channel, c, &mut out).await,
         Command::Route(c) => ctl::bgp::route(channel, c, &mut out).await,
+        Command::Service(c) => ctl::service::run(channel, c, &mut out).await,
         Command::Apply(a) => ctl::resources::commands::apply(channel, a, &mut out).await,
         Command::Get(a) => ctl::resources::commands::get(channel, a, &mut out).await,
         Command::Delete(a) => ctl::resources::commands::delete(channel, a, &mut out).await,

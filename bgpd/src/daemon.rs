@@ -63,6 +63,15 @@ pub async fn run(config: Config, path: Option<std::path::PathBuf>) -> Result<(),
         dataplane.clone(),
         bgp.clone(),
     ));
+    // Service addresses go out with the node's own address as next hop, as its blocks do.
+    let services = crate::services::start(
+        bgp.clone(),
+        crate::services::NextHops {
+            v4: config.node.address.map(|a| a.addr()),
+            v6: config.node.address6.map(|a| a.addr()),
+        },
+    );
+    let api = api.with_services(services);
     let info = DaemonInfo {
         node: config.node.name.clone(),
         datastore,

@@ -14,6 +14,7 @@
 //! - `metrics`: bgpd's Prometheus metrics, readiness, liveness and status over HTTP.
 //! - `peering`: the `[bgp]` section applied to the speaker, at start and on reload.
 //! - `registration`: this node and the configured default pools, written at start.
+//! - `services`: single service addresses announced from this node under a renewed lease.
 //! - `speaker`: the tokio tasks of the BGP speaker (sessions over TCP, the RIB's owner).
 
 pub mod api;
@@ -26,6 +27,7 @@ pub mod datastore;
 pub mod metrics;
 pub mod peering;
 pub mod registration;
+pub mod services;
 pub mod speaker;
 
 /// The version of margay this binary was built from.

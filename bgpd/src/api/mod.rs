@@ -12,6 +12,7 @@ mod daemon_service;
 mod dataplane_service;
 mod ipam_service;
 mod lazy;
+mod services_service;
 pub mod socket;
 
 use std::net::SocketAddr;
@@ -22,6 +23,7 @@ use proto::v1::dataplane_server::DataplaneServer;
 use proto::v1::ipam_server::IpamServer;
 use proto::v1::nodes_server::NodesServer;
 use proto::v1::pools_server::PoolsServer;
+use proto::v1::services_server::ServicesServer;
 use tokio::sync::watch;
 use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
 use tonic::service::Routes;
@@ -69,6 +71,9 @@ pub struct Api {
     unix: tokio::net::UnixListener,
     socket: socket::SocketGuard,
     tcp: Option<(tokio::net::TcpListener, ServerTlsConfig)>,
+    /// The service-address task, once the daemon has started it (`Services` is served only
+    /// then).
+    services: Option<crate::services::ServicesHandle>,
 }
 
 impl Api {
@@ -89,7 +94,18 @@ impl Api {
             }
             _ => None,
         };
-        Ok(Self { unix, socket, tcp })
+        Ok(Self {
+            unix,
+            socket,
+            tcp,
+            services: None,
+        })
+    }
+
+    /// Serve `Services` through this task.
+    pub fn with_services(mut self, services: crate::services::ServicesHandle) -> Self {
+        self.services = Some(services);
+        self
     }
 
     /// The TCP address actually bound (useful when configured with port 0).
@@ -105,7 +121,7 @@ impl Api {
     ) -> Result<(), ApiError> {
         // Every call on every listener is counted for the metrics.
         let counted = info.api_stats.layer();
-        let routes = routes(info).await;
+        let routes = routes(info, self.services).await;
         let _socket = self.socket;
         let unix = Server::builder()
             .layer(counted.clone())
@@ -139,7 +155,7 @@ async fn wait_for(mut shutdown: watch::Receiver<bool>) {
 }
 
 /// Every service bgpd serves, on every listener.
-async fn routes(info: DaemonInfo) -> Routes {
+async fn routes(info: DaemonInfo, services: Option<crate::services::ServicesHandle>) -> Routes {
     let (health, health_service) = tonic_health::server::health_reporter();
     health
         .set_serving::<DaemonServer<daemon_service::DaemonService>>()
@@ -161,7 +177,14 @@ async fn routes(info: DaemonInfo) -> Routes {
         info.registered.clone(),
         info.node.clone(),
     );
-    Routes::new(health_service)
+    let mut routes = Routes::new(health_service);
+    if let Some(services) = services {
+        routes = routes.add_service(ServicesServer::new(services_service::ServicesService::new(
+            services,
+            info.datastore.clone(),
+        )));
+    }
+    routes
         .add_service(reflection_v1)
         .add_service(reflection_v1alpha)
         .add_service(PoolsServer::new(ipam.clone()))
