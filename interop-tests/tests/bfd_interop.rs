@@ -36,11 +36,20 @@ fn bgpd(ns: &Netns) -> Bgpd {
     )
 }
 
+/// The BFD session's state as `bgpctl show bfd` gives it (and `show protocols` agrees).
 fn bfd_state(b: &Bgpd) -> String {
-    b.ctl_json(&["show", "protocols", "--json"])[0]["bfd"]["state"]
-        .as_str()
-        .unwrap_or("")
-        .to_owned()
+    let bfd = b.ctl_json(&["show", "bfd", "--json"]);
+    let s = bfd[0]["state"].as_str().unwrap_or("").to_owned();
+    assert_eq!(
+        (&bfd[0]["min_rx_ms"], &bfd[0]["multiplier"]),
+        (&serde_json::json!(100), &serde_json::json!(3)),
+        "{bfd}"
+    );
+    assert_eq!(
+        b.ctl_json(&["show", "protocols", "--json"])[0]["bfd"]["state"].as_str(),
+        Some(s.as_str())
+    );
+    s
 }
 
 /// Drop (or stop dropping) BFD's UDP 3784 in and out of `ns`.

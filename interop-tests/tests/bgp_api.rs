@@ -114,6 +114,50 @@ fn peers_and_routes_added_and_deleted_live() {
     );
     assert!(b.route("10.10.1.0/24").is_none());
 
+    // Session options over the API: shown as given; a's session to b fails (b speaks AS
+    // 65010, which a does not expect), so b's peer is not Established.
+    b.ctl(&[
+        "peer",
+        "add",
+        BGPD_ADDR,
+        "--as",
+        &LOCAL_AS.to_string(),
+        "--local-as",
+        "65010",
+        "--next-hop",
+        "self",
+        "--allow-local-as",
+        "2",
+        "--max-restart-time",
+        "90",
+    ]);
+    let shown = b.ctl_json(&["show", "protocols", "--json"]);
+    let p = &shown[0];
+    assert_eq!(
+        (
+            &p["local_as"],
+            &p["next_hop"],
+            &p["allow_local_as"],
+            &p["restart_time_s"]
+        ),
+        (
+            &serde_json::json!(65010),
+            &serde_json::json!("self"),
+            &serde_json::json!(2),
+            &serde_json::json!(90)
+        ),
+        "{shown}"
+    );
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    assert_ne!(peer_state(&b, BGPD_ADDR).as_deref(), Some("Established"));
+    b.ctl(&["peer", "del", BGPD_ADDR]);
+    // Filters belong to BGPPeer resources.
+    let out = interop_tests::lab::bgpd::bgpctl(
+        &b.socket,
+        &["peer", "add", BGPD_ADDR, "--as", "1", "--filters", "f"],
+    );
+    assert!(!out.status.success());
+
     // Bad input is refused with a reason.
     let out =
         interop_tests::lab::bgpd::bgpctl(&b.socket, &["peer", "add", "10.0.0.300", "--as", "1"]);

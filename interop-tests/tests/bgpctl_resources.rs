@@ -284,9 +284,14 @@ fn calico_files_apply_round_trip_refuse_and_delete() {
         "the bad file's peer was not stored"
     );
 
-    // get bgppeer is refused with why, rather than printing sessions as resources.
-    assert!(fails(&d, &["get", "bgppeers"], None).contains("not supported yet"));
-    assert!(fails(&d, &["get", "bgpfilters"], None).contains("BGPFilter: not supported yet"));
+    // get bgppeers lists the stored resources (not this node's sessions): the file's two.
+    let peers: Vec<String> = json(&d, &["get", "bgppeers"])["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["metadata"]["name"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(peers, ["node-b-v6", "rack1-tor"]);
 
     // delete -f removes what the file made.
     let out = ok(&d, &["delete", "-f", file], None);

@@ -98,14 +98,14 @@ fn reflection_lists_every_service_of_the_contract() {
 }
 
 #[test]
-fn filters_are_served_and_what_is_not_built_answers_unimplemented() {
+fn filters_are_served_and_service_cidrs_are_checked() {
     let d = Daemon::start("");
     runtime().block_on(async {
         let channel = proto::client::connect_unix(&d.socket).await.unwrap();
         let mut client = proto::v1::bgp_client::BgpClient::new(channel);
         // Every scope has rules, ending in an unconditional one.
         let rules = client
-            .get_filters(proto::v1::GetFiltersRequest {})
+            .get_filters(proto::v1::GetFiltersRequest::default())
             .await
             .unwrap()
             .into_inner()
@@ -114,17 +114,27 @@ fn filters_are_served_and_what_is_not_built_answers_unimplemented() {
             let last = rules.iter().rfind(|r| r.scope == scope);
             assert!(last.is_some_and(|r| r.r#match == "all"), "{rules:?}");
         }
-        // Advertising service CIDRs is not built yet.
+        // Service CIDRs are stored; one with host bits set is refused, naming the field, and
+        // nothing changes.
+        let set = |cidr: &str| proto::v1::SetConfigurationRequest {
+            configuration: Some(proto::v1::BgpConfiguration {
+                service_cluster_cidrs: vec![cidr.into()],
+                ..Default::default()
+            }),
+        };
+        client.set_configuration(set("10.96.0.0/12")).await.unwrap();
         let err = client
-            .set_configuration(proto::v1::SetConfigurationRequest {
-                configuration: Some(proto::v1::BgpConfiguration {
-                    service_cluster_cidrs: vec!["10.96.0.0/12".into()],
-                    ..Default::default()
-                }),
-            })
+            .set_configuration(set("10.96.0.1/12"))
             .await
             .unwrap_err();
-        assert_eq!(err.code(), tonic::Code::Unimplemented);
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+        assert!(err.message().contains("service_cluster"), "{err:?}");
+        let stored = client
+            .get_configuration(proto::v1::GetConfigurationRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(stored.service_cluster_cidrs, ["10.96.0.0/12"]);
     });
 }
 

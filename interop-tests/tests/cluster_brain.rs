@@ -9,17 +9,15 @@
 //! the kernel tables, VXLAN routes replace them, the ToR keeps the blocks until the pool
 //! disables BGP export). Needs root and FRR.
 
-use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use interop_tests::lab::bgp_peer::wait_until;
 use interop_tests::lab::bgpd::{bgpctl, runtime};
 use interop_tests::lab::frr::{Frr, parse_route};
-use interop_tests::lab::netns::{Netns, NsProcess};
-use interop_tests::lab::segment::{Member, Segment};
-use interop_tests::lab::{binary, open_store};
+use interop_tests::lab::netns::Netns;
+use interop_tests::lab::open_store;
+use interop_tests::lab::segment::Segment;
+use interop_tests::lab::segment_node::{SegmentNode as Node, context};
 use ipam::allocator::{AssignRequest, Ipam};
 use ipam::model::{BgpConfiguration, BgpPeer, EncapMode, IpPool};
 use ipam::store::Store;
@@ -27,102 +25,6 @@ use ipam::store::Store;
 const TOR: &str = "10.98.0.1";
 const POOL: &str = "172.21.0.0/16";
 const CONVERGE: Duration = Duration::from_secs(40);
-
-/// One bgpd node: its namespace on the segment, its directory, its process.
-struct Node {
-    // Killed before its namespace goes.
-    process: Option<NsProcess>,
-    name: String,
-    addr: String,
-    socket: PathBuf,
-    dir: tempfile::TempDir,
-    _member: Member,
-}
-
-impl Node {
-    fn start(seg: &Segment, name: &str, addr: &str, store: &std::path::Path) -> Node {
-        let member = seg.attach(name, &format!("{addr}/24")).unwrap();
-        let ns = &member.ns;
-        let dir = tempfile::tempdir().unwrap();
-        let socket = dir.path().join("bgpd.sock");
-        let config = dir.path().join("bgpd.toml");
-        std::fs::write(
-            &config,
-            format!(
-                "[node]\nname = \"{name}\"\naddress = \"{addr}/24\"\n\
-                 [datastore]\nkind = \"sqlite\"\npath = \"{}\"\n\
-                 [api]\nsocket = \"{}\"\n[log]\nlevel = \"info\"\n",
-                store.display(),
-                socket.display()
-            ),
-        )
-        .unwrap();
-        let log = std::fs::File::create(dir.path().join("bgpd.log")).unwrap();
-        let mut cmd = ns.command(binary("bgpd"));
-        cmd.arg("--config")
-            .arg(&config)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log);
-        let process = ns.spawn(&mut cmd).unwrap();
-        let node = Node {
-            process: Some(process),
-            name: name.into(),
-            addr: addr.into(),
-            socket,
-            dir,
-            _member: member,
-        };
-        assert!(
-            wait_until(Duration::from_secs(20), || node.socket.exists()),
-            "{name}: bgpd did not serve\n{}",
-            node.log()
-        );
-        node
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("bgpd.log")).unwrap_or_default()
-    }
-
-    fn json(&self, args: &[&str]) -> serde_json::Value {
-        let o = bgpctl(&self.socket, args);
-        serde_json::from_slice(&o.stdout).unwrap_or(serde_json::Value::Null)
-    }
-
-    /// Session name → state.
-    fn sessions(&self) -> BTreeMap<String, String> {
-        self.json(&["show", "protocols", "--json"])
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|p| {
-                (
-                    p["name"].as_str().unwrap_or("").to_owned(),
-                    p["state"].as_str().unwrap_or("").to_owned(),
-                )
-            })
-            .collect()
-    }
-
-    /// Destination → (route as `ip route` shows it, why).
-    fn kernel(&self) -> BTreeMap<String, (String, String)> {
-        self.json(&["show", "route", "--table", "kernel", "--json"])
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|r| {
-                (
-                    r["prefix"].as_str().unwrap_or("").to_owned(),
-                    (
-                        r["route"].as_str().unwrap_or("").to_owned(),
-                        r["source"].as_str().unwrap_or("").to_owned(),
-                    ),
-                )
-            })
-            .collect()
-    }
-}
 
 /// FRR in AS 65000 taking any node of the segment as an eBGP neighbour (dynamic peers, any
 /// AS but its own, so that the cluster's AS can change).
@@ -157,38 +59,6 @@ async fn claim(ipam: &Ipam<Store>, node: &str, handle: &str) -> String {
     got[0].block.to_string()
 }
 
-fn context(nodes: &[&Node]) -> String {
-    let mut s = String::new();
-    for n in nodes {
-        s.push_str(&format!(
-            "--- {} sessions {:?}\n--- {} kernel {:#?}\n--- {} log (tail)\n{}\n",
-            n.name,
-            n.sessions(),
-            n.name,
-            n.kernel(),
-            n.name,
-            n.log()
-                .lines()
-                .rev()
-                .take(30)
-                .collect::<Vec<_>>()
-                .into_iter()
-                .rev()
-                .collect::<Vec<_>>()
-                .join("\n")
-        ));
-    }
-    s
-}
-
-fn all_established(n: &Node, want: &[&str]) -> bool {
-    let s = n.sessions();
-    s.len() == want.len()
-        && want
-            .iter()
-            .all(|w| s.get(*w).is_some_and(|st| st == "Established"))
-}
-
 #[test]
 fn the_cluster_brain_with_a_tor_and_real_daemons() {
     let rt = runtime();
@@ -211,9 +81,9 @@ fn the_cluster_brain_with_a_tor_and_real_daemons() {
         ipam
     });
 
-    let n1 = Node::start(&seg, "n1", "10.98.0.11", &store_path);
-    let n2 = Node::start(&seg, "n2", "10.98.0.12", &store_path);
-    let n3 = Node::start(&seg, "n3", "10.98.0.13", &store_path);
+    let n1 = Node::start(&seg, "n1", "10.98.0.11", &store_path, "");
+    let n2 = Node::start(&seg, "n2", "10.98.0.12", &store_path, "");
+    let n3 = Node::start(&seg, "n3", "10.98.0.13", &store_path, "");
     let nodes = [&n1, &n2, &n3];
     let blocks: Vec<String> = rt.block_on(async {
         let mut v = vec![];
@@ -236,7 +106,7 @@ fn the_cluster_brain_with_a_tor_and_real_daemons() {
     assert!(
         wait_until(CONVERGE, || nodes.iter().all(|n| {
             let want = peers_of(n);
-            all_established(n, &want.iter().map(String::as_str).collect::<Vec<_>>())
+            n.all_established(&want.iter().map(String::as_str).collect::<Vec<_>>())
         })),
         "mesh and ToR sessions did not come up\n{}",
         context(&nodes)
@@ -345,7 +215,7 @@ fn the_cluster_brain_with_a_tor_and_real_daemons() {
     );
 
     // A fourth node joins: every mesh and every kernel table; then it leaves.
-    let n4 = Node::start(&seg, "n4", "10.98.0.14", &store_path);
+    let n4 = Node::start(&seg, "n4", "10.98.0.14", &store_path, "");
     let block4 = rt.block_on(claim(&ipam, "n4", "pod-n4"));
     assert!(
         wait_until(CONVERGE, || {
@@ -361,9 +231,7 @@ fn the_cluster_brain_with_a_tor_and_real_daemons() {
     );
     eprintln!("n4 joined every mesh and kernel table");
     let mut n4 = n4;
-    if let Some(mut p) = n4.process.take() {
-        p.signal_and_wait(libc::SIGTERM, Duration::from_secs(10));
-    }
+    n4.terminate();
     rt.block_on(ipam.delete_node("n4")).unwrap();
     assert!(
         wait_until(CONVERGE, || nodes.iter().all(|n| {
@@ -396,7 +264,7 @@ fn the_cluster_brain_with_a_tor_and_real_daemons() {
         } else {
             vec!["Node_10_98_0_11", "Global_10_98_0_1"]
         };
-        all_established(n, &want)
+        n.all_established(&want)
     };
     assert!(
         wait_until(CONVERGE, || nodes.iter().all(|n| rr_sessions(n))

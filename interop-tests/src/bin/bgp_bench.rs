@@ -508,7 +508,7 @@ async fn bgpd_settings(
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let rules = client
-            .get_filters(proto::v1::GetFiltersRequest {})
+            .get_filters(proto::v1::GetFiltersRequest::default())
             .await
             .map_err(|e| e.to_string())?
             .into_inner()

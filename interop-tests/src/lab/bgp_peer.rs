@@ -143,7 +143,7 @@ impl Bgpd {
         Self::start_with(
             ns,
             &format!(
-                "[bgp]\nas = {LOCAL_AS}\nrouter_id = \"{BGPD_ADDR}\"\n\
+                "[bgp]\nas = {LOCAL_AS}\nrouter_id = \"{BGPD_ADDR}\"\nerror_wait_time = [1, 60]\n\
                  [[bgp.peers]]\naddress = \"{PEER_ADDR}\"\nas = {peer_as}\nhold_time = 9\n\
                  [[bgp.announce]]\nprefix = \"{announce}\"\n"
             ),

@@ -13,6 +13,7 @@ pub mod mesh;
 pub mod netns;
 pub mod procstat;
 pub mod segment;
+pub mod segment_node;
 
 use std::path::PathBuf;
 
