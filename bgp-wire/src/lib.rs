@@ -12,7 +12,7 @@
 //! **Untrusted input.** Decoders read through a small private cursor whose every read can
 //! fail and none can index out of bounds; there is no unchecked arithmetic (the lints below
 //! enforce both), and every loop consumes input or stops. Any input gives a value or an
-//! error, never a panic or a hang; this is fuzzed (`bgp-wire/fuzz`). Every [`DecodeError`]
+//! error, never a panic or a hang; this is fuzzed (`fuzz/`). Every [`DecodeError`]
 //! names the NOTIFICATION to send; UPDATEs are classified by RFC 7606 into a [`Disposition`].
 //!
 //! **Map.** Framing: [`split_message`], [`decode_message`], [`Message::encode`]. Messages:

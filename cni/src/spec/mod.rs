@@ -6,6 +6,7 @@
 pub mod config;
 pub mod env;
 pub mod error;
+pub mod oracle;
 pub mod result;
 pub mod version;
 

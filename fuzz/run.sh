@@ -8,7 +8,7 @@ cd "$(dirname "$0")"
 secs=${1:-300}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(message update_as2 update_as4 open notification route_refresh bfd_control)
+[ ${#targets[@]} -gt 0 ] || targets=(message update_as2 update_as4 open notification route_refresh bfd_control cni_netconf cni_env)
 export RUSTC_BOOTSTRAP=1 CARGO_BUILD_JOBS=1
 cargo fuzz build -O
 mkdir -p logs

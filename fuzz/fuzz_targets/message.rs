@@ -1,6 +1,6 @@
 //! Framing + decoding of a byte stream, as the session task does it. The first octet picks
 //! the session (bit 0: 4-octet AS, 1: extended messages, 2: IPv6, 3: RFC 8950 next hops,
-//! 4: external peer, 5: IPv4 unicast not negotiated).
+//! 4: external peer, 5: IPv4 unicast not negotiated, 6: confederation segments allowed).
 #![no_main]
 
 use bgp_wire::{Decoded, Message, SessionParams, Split, decode_message, split_message};
@@ -17,6 +17,7 @@ fuzz_target!(|data: &[u8]| {
         ipv4_ext_next_hop: bits & 8 != 0,
         external: bits & 16 != 0,
         ipv4_unicast: bits & 32 == 0,
+        confederation: bits & 64 != 0,
     };
     loop {
         match split_message(rest, &session) {
