@@ -508,7 +508,13 @@ impl Fsm {
                     Family::IPV6_UNICAST => n.params.ipv6_unicast,
                     _ => false,
                 });
-                if carried {
+                // Without enhanced route refresh the subtype octet is RFC 2918's Reserved
+                // field, which the receiver ignores: every message is a refresh request (as
+                // BIRD reads it), never a BoRR / EoRR that would sweep the peer's routes.
+                let enhanced = self.negotiated.as_ref().is_some_and(|n| n.enhanced_refresh);
+                if carried && !enhanced {
+                    out.push(Action::Refresh(family));
+                } else if carried {
                     match r.subtype {
                         bgp_wire::RefreshSubtype::Normal => out.push(Action::Refresh(family)),
                         bgp_wire::RefreshSubtype::Begin => out.push(Action::RefreshMarker {

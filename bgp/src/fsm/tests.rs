@@ -687,9 +687,23 @@ fn enhanced_route_refresh_is_offered_and_its_markers_reach_the_rib() {
             .any(|a| matches!(a, Action::Refresh(_) | Action::RefreshMarker { .. }))
     );
     assert_eq!(f.state(), State::Established);
-    // Without the peer's capability, no framing.
-    let (f, _) = established(cfg(), 9);
+    // Without the peer's capability, no framing: the subtype octet is RFC 2918's Reserved
+    // field, so a BoRR, an EoRR or an unknown subtype is a plain refresh request (as BIRD
+    // reads it), and never sweeps the peer's routes.
+    let (mut f, _) = established(cfg(), 9);
     assert!(!f.negotiated().unwrap().enhanced_refresh);
+    for subtype in [
+        RefreshSubtype::Begin,
+        RefreshSubtype::End,
+        RefreshSubtype::Other(9),
+    ] {
+        let a = f.handle(rr(subtype));
+        assert!(a.contains(&Action::Refresh(Family::IPV4_UNICAST)), "{a:?}");
+        assert!(
+            !a.iter().any(|a| matches!(a, Action::RefreshMarker { .. })),
+            "{a:?}"
+        );
+    }
 }
 
 #[test]
