@@ -1,7 +1,9 @@
 //! Transport security against real peers: TCP MD5 (RFC 2385) with BIRD 2 and FRR — the right
 //! password brings the session up, a wrong or missing one keeps it down with the reason in
 //! `bgpctl show protocols` — and GTSM (RFC 5082) with FRR's `ttl-security hops 1`. Each case
-//! in its own pair of namespaces; needs root, BIRD 2 and FRR.
+//! in its own pair of namespaces; needs root, BIRD 2 and FRR. What the kernel refuses never
+//! reaches the BGP state machine; bgpd's metrics count it
+//! (`margay_bgpd_tcp_segments_refused_total{reason}`, the namespace's kernel counters).
 
 use std::time::Duration;
 
@@ -24,9 +26,32 @@ fn bgpd(ns: &Netns, options: &str) -> Bgpd {
         &format!(
             "[bgp]\nas = {LOCAL_AS}\nrouter_id = \"{BGPD_ADDR}\"\n\
              [[bgp.peers]]\naddress = \"{PEER_ADDR}\"\nas = {PEER_AS}\nhold_time = 9\n{options}\n\
-             [[bgp.announce]]\nprefix = \"10.10.1.0/24\"\n"
+             [[bgp.announce]]\nprefix = \"10.10.1.0/24\"\n\
+             [metrics]\nlisten = \"127.0.0.1:9099\"\n"
         ),
     )
+}
+
+/// Waits until bgpd has counted refused segments for `reason` (the peer's next connection
+/// attempt brings them).
+fn counted(ns: &Netns, reason: &str) {
+    assert!(
+        wait_until(Duration::from_secs(30), || refused(ns, reason) > 0),
+        "nothing counted as {reason}"
+    );
+    eprintln!("counted as {reason}: {}", refused(ns, reason));
+}
+
+/// bgpd's count of TCP segments the kernel refused for `reason` (its namespace's).
+fn refused(ns: &Netns, reason: &str) -> u64 {
+    let text = ns
+        .exec("curl", &["-s", "http://127.0.0.1:9099/metrics"])
+        .unwrap_or_default();
+    let key = format!("margay_bgpd_tcp_segments_refused_total{{reason=\"{reason}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&key))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {key} in bgpd's metrics:\n{text}"))
 }
 
 fn frr(ns: &Netns, neighbor_options: &[&str]) -> Frr {
@@ -92,11 +117,13 @@ fn md5_with_bird2() {
     let peer = bird2(&wrong.b, "  password \"s3cret\";\n");
     let b = bgpd(&wrong.a, "password = \"other\"");
     expect_refused("BIRD 2, wrong password", &b, &peer, "TCP MD5");
+    counted(&wrong.a, "md5_failure");
 
     let missing = Link::new("md5bm");
     let peer = bird2(&missing.b, "");
     let b = bgpd(&missing.a, "password = \"s3cret\"");
     expect_refused("BIRD 2, no password on its side", &b, &peer, "TCP MD5");
+    counted(&missing.a, "md5_not_found");
 }
 
 #[test]
@@ -105,11 +132,13 @@ fn md5_with_frr() {
     let peer = frr(&ok.b, &["password s3cret"]);
     let b = bgpd(&ok.a, "password = \"s3cret\"");
     expect_up("FRR, right password", &b, &peer);
+    assert_eq!(refused(&ok.a, "md5_failure"), 0);
 
     let wrong = Link::new("md5fw");
     let peer = frr(&wrong.b, &["password s3cret"]);
     let b = bgpd(&wrong.a, "password = \"other\"");
     expect_refused("FRR, wrong password", &b, &peer, "TCP MD5");
+    counted(&wrong.a, "md5_failure");
 }
 
 #[test]
@@ -127,6 +156,7 @@ fn gtsm_with_frr() {
     let peer = bird2(&ours.b, "");
     let b = bgpd(&ours.a, "ttl_security = 1");
     expect_refused("bgpd with GTSM, BIRD 2 without", &b, &peer, "GTSM");
+    counted(&ours.a, "min_ttl");
 
     let ours = Link::new("gtsmf");
     let peer = frr(&ours.b, &[]);

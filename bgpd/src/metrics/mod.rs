@@ -16,9 +16,11 @@
 //!
 //! - `ready`: readiness and liveness as pure verdicts.
 //! - `render`: the Prometheus text of a snapshot.
+//! - `tcp_drops`: the kernel's counts of segments TCP MD5 and GTSM refused.
 
 pub mod ready;
 pub mod render;
+pub mod tcp_drops;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -117,6 +119,7 @@ impl Endpoints {
                     ipam,
                     api: self.info.api_stats.snapshot(),
                     bfd: self.info.bgp.bfd_counters().snapshot(),
+                    tcp_drops: tcp_drops::read(),
                 };
                 Response::new(200, http::PROMETHEUS, render::render(&snapshot))
             }

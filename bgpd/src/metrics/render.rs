@@ -64,6 +64,8 @@ pub struct Snapshot {
     pub api: BTreeMap<String, MethodStats>,
     /// The BFD task's packet counters, by what happened to the packets.
     pub bfd: Vec<(&'static str, u64)>,
+    /// TCP segments the kernel refused for TCP MD5 or GTSM, by reason (`tcp_drops`).
+    pub tcp_drops: Vec<(&'static str, u64)>,
 }
 
 /// A per-peer or per-pool family: its name, its help, and its value for one row.
@@ -105,6 +107,14 @@ pub fn render(s: &Snapshot) -> String {
     );
     for (what, n) in &s.bfd {
         e.sample("bfd_packets_total", &[("outcome", what)], n);
+    }
+    e.family(
+        "tcp_segments_refused_total",
+        "TCP segments the kernel refused before BGP saw them, in bgpd's network namespace: TCP MD5 (RFC 2385) md5_failure (wrong signature), md5_not_found (none where one is expected), md5_unexpected (one where none is), and min_ttl (GTSM, RFC 5082).",
+        Kind::Counter,
+    );
+    for (why, n) in &s.tcp_drops {
+        e.sample("tcp_segments_refused_total", &[("reason", why)], n);
     }
     e.finish()
 }
@@ -301,6 +311,7 @@ mod tests {
             },
             api: stats.snapshot(),
             bfd: vec![("received", 7), ("malformed", 2)],
+            tcp_drops: vec![("md5_failure", 4), ("min_ttl", 1)],
         }
     }
 
@@ -313,6 +324,8 @@ mod tests {
             "margay_bgpd_ready 0",
             "margay_bgpd_bgp_speaker_up 1",
             "margay_bgpd_bfd_packets_total{outcome=\"malformed\"} 2",
+            "margay_bgpd_tcp_segments_refused_total{reason=\"md5_failure\"} 4",
+            "margay_bgpd_tcp_segments_refused_total{reason=\"min_ttl\"} 1",
             "margay_bgpd_bgp_sessions{state=\"Established\"} 1",
             "margay_bgpd_bgp_sessions{state=\"Active\"} 1",
             "margay_bgpd_bgp_sessions{state=\"Idle\"} 0",
