@@ -54,7 +54,11 @@ mod tests {
                     IpExt: TCPMinTTLDrop\nIpExt: 5\n";
         assert_eq!(
             parse(text),
-            vec![("md5_failure", 7), ("md5_not_found", 3), ("md5_unexpected", 1)]
+            vec![
+                ("md5_failure", 7),
+                ("md5_not_found", 3),
+                ("md5_unexpected", 1)
+            ]
         );
         assert!(parse("garbage").is_empty());
         assert!(parse("TcpExt: TCPMD5Failure\nTcpExt: lots\n").is_empty());
