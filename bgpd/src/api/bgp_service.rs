@@ -39,6 +39,8 @@ use bgp::rib::next_hop_addr;
 
 /// Routes per streamed message.
 const BATCH: usize = 1000;
+/// Communities an announced route may carry (see `announce_route`).
+const MAX_COMMUNITIES: usize = 1000;
 
 #[derive(Clone)]
 pub struct BgpService {
@@ -132,10 +134,9 @@ fn config_from(m: &BgpConfiguration) -> Result<model::BgpConfiguration, Status> 
         u16::try_from(v).map_err(|_| Status::invalid_argument(format!("{field}: above 65535")))
     };
     let c = model::BgpConfiguration {
-        as_number: if m.as_number == 0 {
-            d.as_number
-        } else {
-            m.as_number
+        as_number: match convert::asn("as_number", m.as_number)? {
+            0 => d.as_number,
+            a => a,
         },
         node_to_node_mesh: m.node_to_node_mesh.unwrap_or(d.node_to_node_mesh),
         listen_port: u16_of("listen_port", m.listen_port, d.listen_port)?,
@@ -524,6 +525,14 @@ impl Bgp for BgpService {
         if p.as_number == 0 {
             return Err(Status::invalid_argument("peer.as_number: AS 0 is reserved"));
         }
+        convert::asn("peer.as_number", p.as_number)?;
+        convert::asn("peer.local_as_number", p.local_as_number)?;
+        if PeerOrigin::try_from(p.origin).is_err() {
+            return Err(Status::invalid_argument(format!(
+                "peer.origin: {} is not an origin",
+                p.origin
+            )));
+        }
         // Checked before anything is stored or started.
         let bfd = match (p.bfd_min_rx_ms, p.bfd_min_tx_ms, p.bfd_multiplier) {
             (0, 0, 0) => None,
@@ -713,6 +722,7 @@ impl Bgp for BgpService {
         request: Request<DeletePeerRequest>,
     ) -> Result<Response<DeletePeerResponse>, Status> {
         let peer = request.into_inner().peer;
+        convert::required("peer", &peer)?;
         let Ok(addr) = peer_ref(&peer) else {
             // Not an address or session name: a BGPPeer resource's name.
             self.ipam()?
@@ -766,7 +776,10 @@ impl Bgp for BgpService {
         request: Request<ListRoutesRequest>,
     ) -> Result<Response<Self::ListRoutesStream>, Status> {
         let req = request.into_inner();
-        let table = match RouteTable::try_from(req.table).unwrap_or(RouteTable::Unspecified) {
+        let table = RouteTable::try_from(req.table).map_err(|_| {
+            Status::invalid_argument(format!("table: {} is not a table", req.table))
+        })?;
+        let table = match table {
             RouteTable::Unspecified | RouteTable::LocRib => Table::Loc,
             RouteTable::AdjRibIn => Table::AdjIn,
             RouteTable::AdjRibOut => Table::AdjOut,
@@ -800,6 +813,15 @@ impl Bgp for BgpService {
         request: Request<AnnounceRouteRequest>,
     ) -> Result<Response<AnnounceRouteResponse>, Status> {
         let req = request.into_inner();
+        // A route's COMMUNITIES travel in one UPDATE of at most 4096 octets (RFC 4271 §4.3):
+        // about a thousand fit. More could never be sent; refused before parsing, so a
+        // request of 350 000 (3 MB, under the decoding limit) costs nothing.
+        if req.communities.len() > MAX_COMMUNITIES {
+            return Err(Status::invalid_argument(format!(
+                "communities: {} given, at most {MAX_COMMUNITIES} fit in a BGP UPDATE",
+                req.communities.len()
+            )));
+        }
         let prefix = parse_prefix(&req.prefix)?;
         let next_hop = if req.next_hop.trim().is_empty() {
             None
@@ -864,6 +886,7 @@ impl Bgp for BgpService {
         request: Request<proto::v1::DeleteBgpFilterRequest>,
     ) -> Result<Response<proto::v1::DeleteBgpFilterResponse>, Status> {
         let name = request.into_inner().name;
+        convert::required("name", &name)?;
         self.ipam()?
             .delete_bgp_filter(name.trim())
             .await

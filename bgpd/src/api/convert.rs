@@ -32,6 +32,24 @@ pub fn invalid(field: &str, reason: impl std::fmt::Display) -> Status {
     Status::invalid_argument(format!("invalid {field}: {reason}"))
 }
 
+/// A field that names something: empty is a mistake of the request, not an unknown name.
+pub fn required<'a>(field: &str, text: &'a str) -> Result<&'a str, Status> {
+    if text.trim().is_empty() {
+        Err(invalid(field, "required"))
+    } else {
+        Ok(text)
+    }
+}
+
+/// An AS number: 4294967295 is reserved (RFC 7300) and never a node's or a peer's.
+pub fn asn(field: &str, v: u32) -> Result<u32, Status> {
+    if v == u32::MAX {
+        Err(invalid(field, "AS 4294967295 is reserved (RFC 7300)"))
+    } else {
+        Ok(v)
+    }
+}
+
 pub fn parse_addr(field: &str, text: &str) -> Result<IpAddr, Status> {
     text.parse()
         .map_err(|_| invalid(field, format!("{text:?} is not an IP address")))
@@ -146,16 +164,27 @@ pub fn node_from(n: &pb::Node) -> Result<Node, Status> {
             })
         })
         .transpose()?;
-    node.asn = (n.as_number != 0).then_some(n.as_number);
+    node.asn = (asn("as_number", n.as_number)? != 0).then_some(n.as_number);
     node.labels = n.labels.clone().into_iter().collect();
     node.vxlan_tunnel_address = opt(&n.vxlan_tunnel_address)
         .map(|a| parse_addr("vxlan_tunnel_address", a))
         .transpose()?;
-    node.vxlan_tunnel_mac = opt(&n.vxlan_tunnel_mac).map(str::to_owned);
+    let mac = |field: &str, m: &str| match proto::mac::parse_mac(m) {
+        Some(_) => Ok(m.to_owned()),
+        None => Err(invalid(
+            field,
+            format!("{m:?} is not a MAC like aa:bb:cc:dd:ee:ff"),
+        )),
+    };
+    node.vxlan_tunnel_mac = opt(&n.vxlan_tunnel_mac)
+        .map(|m| mac("vxlan_tunnel_mac", m))
+        .transpose()?;
     node.vxlan_tunnel_address_v6 = opt(&n.vxlan_tunnel_address_v6)
         .map(|a| parse_addr("vxlan_tunnel_address_v6", a))
         .transpose()?;
-    node.vxlan_tunnel_mac_v6 = opt(&n.vxlan_tunnel_mac_v6).map(str::to_owned);
+    node.vxlan_tunnel_mac_v6 = opt(&n.vxlan_tunnel_mac_v6)
+        .map(|m| mac("vxlan_tunnel_mac_v6", m))
+        .transpose()?;
     node.route_reflector_cluster_id = opt(&n.route_reflector_cluster_id)
         .map(|a| {
             a.parse().map_err(|_| {

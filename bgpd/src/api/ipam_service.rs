@@ -14,7 +14,7 @@ use proto::v1::pools_server::Pools as PoolsApi;
 use tokio::sync::watch;
 use tonic::{Request, Response, Status};
 
-use super::convert::{self, invalid, parse_addr, status};
+use super::convert::{self, invalid, parse_addr, required, status};
 use crate::datastore::DatastoreHandle;
 
 /// Serves the three IPAM-side services; cheap to clone.
@@ -117,7 +117,7 @@ impl PoolsApi for IpamService {
         r: Request<pb::DeletePoolRequest>,
     ) -> Reply<pb::DeletePoolResponse> {
         self.ipam()?
-            .delete_pool(&r.into_inner().name)
+            .delete_pool(required("name", &r.into_inner().name)?)
             .await
             .map_err(status)?;
         Ok(Response::new(pb::DeletePoolResponse {}))
@@ -126,7 +126,7 @@ impl PoolsApi for IpamService {
     async fn get_pool(&self, r: Request<pb::GetPoolRequest>) -> Reply<pb::IpPool> {
         let (pool, rev) = self
             .ipam()?
-            .get_pool(&r.into_inner().name)
+            .get_pool(required("name", &r.into_inner().name)?)
             .await
             .map_err(status)?;
         Ok(Response::new(convert::pool_to(&pool, rev)))
@@ -160,7 +160,7 @@ impl NodesApi for IpamService {
     async fn get_node(&self, r: Request<pb::GetNodeRequest>) -> Reply<pb::Node> {
         let (node, rev) = self
             .ipam()?
-            .get_node(&r.into_inner().name)
+            .get_node(required("name", &r.into_inner().name)?)
             .await
             .map_err(status)?;
         Ok(Response::new(convert::node_to(&node, rev)))
@@ -178,6 +178,7 @@ impl NodesApi for IpamService {
         r: Request<pb::DeleteNodeRequest>,
     ) -> Reply<pb::DeleteNodeResponse> {
         let name = r.into_inner().name;
+        required("name", &name)?;
         let ipam = self.ipam()?;
         ipam.get_node(&name).await.map_err(status)?;
         let (blocks, addresses) = ipam.delete_node(&name).await.map_err(status)?;
@@ -195,6 +196,11 @@ impl IpamApi for IpamService {
         r: Request<pb::AutoAssignRequest>,
     ) -> Reply<pb::AutoAssignResponse> {
         let r = r.into_inner();
+        let use_tunnel = match pb::AllowedUse::try_from(r.r#use) {
+            Ok(pb::AllowedUse::Tunnel) => true,
+            Ok(_) => false,
+            Err(_) => return Err(invalid("use", format!("unknown use {}", r.r#use))),
+        };
         let req = AssignRequest {
             handle: r.handle,
             attrs: r.attributes.into_iter().collect(),
@@ -203,7 +209,7 @@ impl IpamApi for IpamService {
             node: self.node_or_default(&r.node).to_owned(),
             v4_pools: r.ipv4_pools,
             v6_pools: r.ipv6_pools,
-            use_tunnel: r.r#use == i32::from(pb::AllowedUse::Tunnel),
+            use_tunnel,
             strict_affinity: r.strict_affinity,
         };
         let ipam = self.ipam()?;
@@ -252,9 +258,10 @@ impl IpamApi for IpamService {
             .into_inner()
             .ips
             .into_iter()
-            .map(|ip| {
+            .enumerate()
+            .map(|(i, ip)| {
                 Ok(ReleaseRequest {
-                    address: parse_addr("address", &ip.address)?,
+                    address: parse_addr(&format!("ips[{i}].address"), &ip.address)?,
                     handle: (!ip.handle.is_empty()).then_some(ip.handle),
                     seq: (ip.sequence != 0).then_some(ip.sequence),
                 })
@@ -268,6 +275,7 @@ impl IpamApi for IpamService {
 
     async fn get_handle(&self, r: Request<pb::GetHandleRequest>) -> Reply<pb::HandleAllocations> {
         let handle = r.into_inner().handle;
+        required("handle", &handle)?;
         let allocations = self
             .ipam()?
             .handle_allocations(&handle)
@@ -285,6 +293,12 @@ impl IpamApi for IpamService {
     ) -> Reply<pb::ShowBlocksResponse> {
         let r = r.into_inner();
         let (pools, blocks) = self.ipam()?.usage(&r.pool).await.map_err(status)?;
+        if !r.pool.trim().is_empty() && pools.is_empty() {
+            return Err(Status::not_found(format!(
+                "pool: no pool named or with CIDR {:?}",
+                r.pool
+            )));
+        }
         Ok(Response::new(pb::ShowBlocksResponse {
             pools: pools.iter().map(convert::pool_usage_to).collect(),
             blocks: if r.show_blocks {
@@ -300,6 +314,9 @@ impl IpamApi for IpamService {
         r: Request<pb::GarbageCollectRequest>,
     ) -> Reply<pb::GarbageCollectResponse> {
         let r = r.into_inner();
+        if !r.node.is_empty() {
+            ipam::model::validate_name("node", &r.node).map_err(status)?;
+        }
         let node = self.node_or_default(&r.node).to_owned();
         let live: HashSet<String> = r.live_handles.into_iter().collect();
         let released = self

@@ -2,6 +2,8 @@
 //! when configured, on TCP with mutual TLS; both listeners carry the same services, the
 //! standard health service and server reflection (v1 and v1alpha). Services of the contract
 //! that are not implemented yet are not registered, so tonic answers them UNIMPLEMENTED.
+//! A request that cannot be decoded gets INVALID_ARGUMENT naming the field, one over the
+//! size limit RESOURCE_EXHAUSTED (see `decode_error_status`).
 //!
 //! The API layer owns no state of its own: each service holds handles to the parts of the
 //! daemon that own the state.
@@ -26,6 +28,8 @@ use proto::v1::pools_server::PoolsServer;
 use proto::v1::services_server::ServicesServer;
 use tokio::sync::watch;
 use tokio_stream::wrappers::{TcpListenerStream, UnixListenerStream};
+use tonic::body::Body;
+use tonic::codegen::http;
 use tonic::service::Routes;
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 
@@ -121,10 +125,14 @@ impl Api {
     ) -> Result<(), ApiError> {
         // Every call on every listener is counted for the metrics.
         let counted = info.api_stats.layer();
+        let decode_codes = tower::util::MapResponseLayer::new(
+            decode_error_status as fn(http::Response<Body>) -> http::Response<Body>,
+        );
         let routes = routes(info, self.services).await;
         let _socket = self.socket;
         let unix = Server::builder()
             .layer(counted.clone())
+            .layer(decode_codes.clone())
             .add_routes(routes.clone())
             .serve_with_incoming_shutdown(
                 UnixListenerStream::new(self.unix),
@@ -137,6 +145,7 @@ impl Api {
                     .tls_config(tls)
                     .map_err(ApiError::Tls)?
                     .layer(counted)
+                    .layer(decode_codes)
                     .add_routes(routes)
                     .serve_with_incoming_shutdown(
                         TcpListenerStream::new(listener),
@@ -147,6 +156,37 @@ impl Api {
             }
         }
     }
+}
+
+/// The status of a request tonic could not decode, as the gRPC status codes mean it. tonic
+/// answers INTERNAL to a message protobuf refuses (invalid UTF-8 in a string, a truncated or
+/// mistyped field), but the fault is the client's and the API's contract is INVALID_ARGUMENT
+/// naming the field, which prost's message already does ("IpPool.name:
+/// CreatePoolRequest.pool: invalid string value: data is not UTF-8 encoded"). A message over
+/// the decoding limit (tonic's default, 4 MiB: the largest request, a GC's live handles, is
+/// far below) gets OUT_OF_RANGE from tonic, RESOURCE_EXHAUSTED in gRPC's table. Both fail
+/// before a handler runs, so the status is in the response headers (trailers-only).
+fn decode_error_status(mut response: http::Response<Body>) -> http::Response<Body> {
+    let Some(status) = tonic::Status::from_header_map(response.headers()) else {
+        return response;
+    };
+    let code = match status.code() {
+        tonic::Code::Internal if status.message().starts_with("failed to decode Protobuf") => {
+            tonic::Code::InvalidArgument
+        }
+        tonic::Code::OutOfRange
+            if status
+                .message()
+                .starts_with("Error, decoded message length too large") =>
+        {
+            tonic::Code::ResourceExhausted
+        }
+        _ => return response,
+    };
+    response
+        .headers_mut()
+        .insert("grpc-status", http::HeaderValue::from(code as i32));
+    response
 }
 
 async fn wait_for(mut shutdown: watch::Receiver<bool>) {
