@@ -14,6 +14,7 @@ pub mod netns;
 pub mod procstat;
 pub mod segment;
 pub mod segment_node;
+pub mod soak;
 pub mod tester;
 
 use std::path::PathBuf;

@@ -1,0 +1,564 @@
+//! The soak's sans-IO part (`margay-lab soak`): the fault schedule drawn from a seed, the
+//! parsing of the pingers' output into lost pings with their times, the attribution of each
+//! lost ping to the fault in force when it was sent, and the final table.
+//!
+//! Nothing here touches a process, a namespace or the clock: the lab tool injects the faults,
+//! measures their real windows and feeds them back, so all of it is unit-tested.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write;
+use std::time::Duration;
+
+/// After a fault ends, how long its aftermath may last: lost pings up to this long after the
+/// end belong to it, and the cluster must answer the whole ping matrix again within it.
+pub const RECOVERY: Duration = Duration::from_secs(10);
+
+/// A small PRNG (xorshift64*), so a seed gives the same schedule on every machine and build.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        // xorshift must not start at 0; mixing also spreads small seeds (1, 2, ...) apart.
+        let s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5_4A32_D192_ED03;
+        Rng(if s == 0 { 1 } else { s })
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// Uniform in `0..n` (`n` > 0; the modulo bias is negligible for the small `n` used here).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n.max(1)
+    }
+
+    /// A duration in `[lo_ms, hi_ms]`, in whole milliseconds.
+    pub fn millis(&mut self, lo_ms: u64, hi_ms: u64) -> Duration {
+        Duration::from_millis(lo_ms + self.below(hi_ms.saturating_sub(lo_ms) + 1))
+    }
+}
+
+/// What the driver does to the cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum FaultKind {
+    KillBgpd,
+    KillRoutewriter,
+    KillBoth,
+    ReloadBgpd,
+    PoolMode,
+    PodChurn,
+    UplinkDown,
+    RouterLoss,
+}
+
+impl FaultKind {
+    pub const ALL: [FaultKind; 8] = [
+        FaultKind::KillBgpd,
+        FaultKind::KillRoutewriter,
+        FaultKind::KillBoth,
+        FaultKind::ReloadBgpd,
+        FaultKind::PoolMode,
+        FaultKind::PodChurn,
+        FaultKind::UplinkDown,
+        FaultKind::RouterLoss,
+    ];
+
+    /// The kinds the schedule draws at random; pod churn comes at a steady rate instead.
+    const RANDOM: [FaultKind; 7] = [
+        FaultKind::KillBgpd,
+        FaultKind::KillRoutewriter,
+        FaultKind::KillBoth,
+        FaultKind::ReloadBgpd,
+        FaultKind::PoolMode,
+        FaultKind::UplinkDown,
+        FaultKind::RouterLoss,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            FaultKind::KillBgpd => "kill -9 bgpd",
+            FaultKind::KillRoutewriter => "kill -9 routewriter",
+            FaultKind::KillBoth => "kill -9 both",
+            FaultKind::ReloadBgpd => "SIGHUP bgpd",
+            FaultKind::PoolMode => "pool vxlanMode flip",
+            FaultKind::PodChurn => "pod create+delete",
+            FaultKind::UplinkDown => "node uplink down",
+            FaultKind::RouterLoss => "router 20% loss",
+        }
+    }
+
+    /// Daemon restarts and reloads: the issue's target is 0 pings lost for these.
+    pub fn is_restart_or_reload(self) -> bool {
+        matches!(
+            self,
+            FaultKind::KillBgpd
+                | FaultKind::KillRoutewriter
+                | FaultKind::KillBoth
+                | FaultKind::ReloadBgpd
+        )
+    }
+
+    /// Whether the fault acts on one node (the others act on the cluster or the router).
+    pub fn has_node(self) -> bool {
+        !matches!(self, FaultKind::PoolMode | FaultKind::RouterLoss)
+    }
+}
+
+/// One planned fault.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fault {
+    pub kind: FaultKind,
+    /// Index into the lab's nodes (meaningful when [`FaultKind::has_node`]).
+    pub node: usize,
+    /// Quiet time before it, counted from the previous fault's recovery.
+    pub gap: Duration,
+    /// How long it is held: the wait before a restart, a link's down time, a pool's time in
+    /// the other mode, the loss's duration; zero for a reload or a pod's create and delete.
+    pub hold: Duration,
+}
+
+/// How often a pod is created and deleted (the steady rate of the churn).
+pub const CHURN_EVERY: Duration = Duration::from_secs(20);
+
+/// The time a fault is expected to take beyond its hold (restart, recovery check), for
+/// planning only: the driver measures the real windows.
+const OVERHEAD: Duration = Duration::from_secs(4);
+
+/// The faults of a soak of `total` over `nodes` nodes, drawn from `seed`: the same list for
+/// the same arguments. Random kinds at random gaps (3-10 s), and a pod churn whenever
+/// [`CHURN_EVERY`] of planned time has passed since the last one. The list covers at least
+/// `total` of planned time; the driver stops when its real clock runs out.
+pub fn schedule(seed: u64, nodes: usize, total: Duration) -> Vec<Fault> {
+    let mut rng = Rng::new(seed);
+    let mut out = Vec::new();
+    let mut t = Duration::ZERO;
+    let mut last_churn = Duration::ZERO;
+    while t < total {
+        let gap = rng.millis(3_000, 10_000);
+        let churn = t + gap >= last_churn + CHURN_EVERY;
+        let kind = if churn {
+            FaultKind::PodChurn
+        } else {
+            FaultKind::RANDOM[rng.below(FaultKind::RANDOM.len() as u64) as usize]
+        };
+        let node = rng.below(nodes as u64) as usize;
+        let hold = match kind {
+            FaultKind::KillBgpd | FaultKind::KillRoutewriter | FaultKind::KillBoth => {
+                rng.millis(0, 5_000)
+            }
+            FaultKind::ReloadBgpd | FaultKind::PodChurn => Duration::ZERO,
+            FaultKind::PoolMode => rng.millis(5_000, 15_000),
+            FaultKind::UplinkDown => rng.millis(1_000, 10_000),
+            FaultKind::RouterLoss => Duration::from_secs(30),
+        };
+        t += gap + hold + OVERHEAD;
+        if churn {
+            last_churn = t;
+        }
+        out.push(Fault {
+            kind,
+            node,
+            gap,
+            hold,
+        });
+    }
+    out
+}
+
+/// A fault as it happened: from its first action to its last (a restart done, a link up),
+/// in seconds of the Unix clock, as `ping -D` stamps its lines.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Window {
+    pub kind: FaultKind,
+    pub start: f64,
+    pub end: f64,
+}
+
+/// The fault a ping sent at `t` was lost to: the latest-started window with
+/// `start <= t < end + grace`; `None` when no fault was in force (or just over).
+pub fn attribute(t: f64, windows: &[Window], grace: Duration) -> Option<FaultKind> {
+    windows
+        .iter()
+        .filter(|w| w.start <= t && t < w.end + grace.as_secs_f64())
+        .max_by(|a, b| a.start.total_cmp(&b.start))
+        .map(|w| w.kind)
+}
+
+/// What one pinger's output says: how many it sent, and the send times of those lost.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PingLog {
+    pub sent: u64,
+    pub lost: Vec<f64>,
+}
+
+/// Parses the output of `ping -D -O -i INTERVAL -W 1`: a `[ts] no answer yet for icmp_seq=N`
+/// line (printed one interval after the send) marks N as outstanding; a reply line, or a later
+/// one, answers it. A sequence number never answered is lost, sent at its first mark minus
+/// `interval`. Error lines (`From ... Destination Host Unreachable`) answer nothing. The last
+/// packet, sent just before the pinger stopped, has no mark and counts neither way. The
+/// 16-bit sequence wraps after 65 536 packets (109 minutes at 10/s): longer runs would merge.
+pub fn parse_ping(text: &str, interval: Duration) -> PingLog {
+    let mut outstanding: BTreeMap<u64, f64> = BTreeMap::new();
+    let mut answered: BTreeSet<u64> = BTreeSet::new();
+    let mut max_seq = 0;
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix('[') else {
+            continue;
+        };
+        let Some((ts, rest)) = rest.split_once(']') else {
+            continue;
+        };
+        let Ok(ts) = ts.parse::<f64>() else {
+            continue;
+        };
+        let Some(seq) = rest
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("icmp_seq="))
+            .and_then(|s| s.parse::<u64>().ok())
+        else {
+            continue;
+        };
+        max_seq = max_seq.max(seq);
+        if rest.contains("no answer yet") {
+            outstanding.entry(seq).or_insert(ts);
+        } else if rest.contains(" bytes from ") {
+            answered.insert(seq);
+        }
+    }
+    let lost = outstanding
+        .into_iter()
+        .filter(|(seq, _)| !answered.contains(seq))
+        .map(|(_, ts)| ts - interval.as_secs_f64())
+        .collect();
+    PingLog {
+        sent: max_seq,
+        lost,
+    }
+}
+
+/// One check's outcome for the table.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Check {
+    pub name: String,
+    pub passed: bool,
+    pub detail: String,
+}
+
+/// One daemon's resident memory at the baseline and at the end, KiB.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rss {
+    pub process: String,
+    pub baseline_kib: u64,
+    /// `None` when the process was restarted after the baseline (its growth means nothing).
+    pub end_kib: Option<u64>,
+}
+
+impl Rss {
+    pub fn growth_percent(&self) -> Option<f64> {
+        let end = self.end_kib? as f64;
+        (self.baseline_kib > 0).then(|| (end / self.baseline_kib as f64 - 1.0) * 100.0)
+    }
+}
+
+/// The issue's bound on memory growth over a run.
+pub const RSS_TARGET_PERCENT: f64 = 5.0;
+
+/// Everything the final table shows.
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    pub seed: u64,
+    pub minutes: f64,
+    pub injected: BTreeMap<FaultKind, u64>,
+    /// Kinds that could not be injected here, with why (e.g. no netem in the kernel).
+    pub unavailable: BTreeMap<FaultKind, String>,
+    /// Lost pings by the fault in force (`None`: no fault).
+    pub lost: BTreeMap<Option<FaultKind>, u64>,
+    pub sent: u64,
+    pub checks: Vec<Check>,
+    pub rss: Vec<Rss>,
+    /// The RSS baseline's time, seconds after the start.
+    pub rss_baseline_at: f64,
+}
+
+impl Report {
+    /// Counts the lost pings of one pinger by the fault in force when each was sent.
+    pub fn add_pings(&mut self, log: &PingLog, windows: &[Window]) {
+        self.sent += log.sent;
+        for &t in &log.lost {
+            *self
+                .lost
+                .entry(attribute(t, windows, RECOVERY))
+                .or_default() += 1;
+        }
+    }
+
+    /// Whether every check passed (the targets are reported, not checked).
+    pub fn passed(&self) -> bool {
+        self.checks.iter().all(|c| c.passed)
+    }
+
+    /// The table: faults and pings lost by kind, the checks, RSS, the issue's targets.
+    pub fn render(&self) -> String {
+        let mut o = String::new();
+        let _ = writeln!(
+            o,
+            "== soak: seed {}, {:.1} min, {} pings sent",
+            self.seed, self.minutes, self.sent
+        );
+        let _ = writeln!(o, "{:<22} {:>8} {:>11}", "fault", "injected", "pings lost");
+        for kind in FaultKind::ALL {
+            let injected = match self.unavailable.get(&kind) {
+                Some(_) => "n/a".to_owned(),
+                None => self.injected.get(&kind).copied().unwrap_or(0).to_string(),
+            };
+            let lost = self.lost.get(&Some(kind)).copied().unwrap_or(0);
+            let _ = writeln!(o, "{:<22} {injected:>8} {lost:>11}", kind.name());
+        }
+        let none = self.lost.get(&None).copied().unwrap_or(0);
+        let _ = writeln!(o, "{:<22} {:>8} {none:>11}", "none (no fault)", "-");
+        let total_injected: u64 = self.injected.values().sum();
+        let total_lost: u64 = self.lost.values().sum();
+        let _ = writeln!(o, "{:<22} {total_injected:>8} {total_lost:>11}", "total");
+        for (kind, why) in &self.unavailable {
+            let _ = writeln!(o, "not injected: {}: {why}", kind.name());
+        }
+        let passed = self.checks.iter().filter(|c| c.passed).count();
+        let _ = writeln!(o, "checks ({passed}/{} passed)", self.checks.len());
+        for c in &self.checks {
+            let verdict = if c.passed { "pass" } else { "FAIL" };
+            let _ = writeln!(o, "  {verdict}  {}: {}", c.name, c.detail);
+        }
+        let _ = writeln!(
+            o,
+            "RSS (KiB, baseline at {:.0} s, end)",
+            self.rss_baseline_at
+        );
+        for r in &self.rss {
+            let after = match (r.end_kib, r.growth_percent()) {
+                (Some(end), Some(g)) => format!("{end:>8} {g:>+7.1}%"),
+                (Some(end), None) => format!("{end:>8}     n/a"),
+                (None, _) => "restarted after the baseline".to_owned(),
+            };
+            let _ = writeln!(o, "  {:<22} {:>8} {after}", r.process, r.baseline_kib);
+        }
+        let _ = writeln!(o, "targets (reported, not enforced)");
+        let restart_lost: u64 = self
+            .lost
+            .iter()
+            .filter(|(k, _)| k.is_some_and(FaultKind::is_restart_or_reload))
+            .map(|(_, n)| n)
+            .sum();
+        let met = |ok: bool| if ok { "met" } else { "missed" };
+        let _ = writeln!(
+            o,
+            "  0 pings lost for daemon restarts and reloads: {} ({restart_lost} lost)",
+            met(restart_lost == 0)
+        );
+        let measured: Vec<f64> = self.rss.iter().filter_map(Rss::growth_percent).collect();
+        let worst = measured.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        if measured.is_empty() {
+            let _ = writeln!(
+                o,
+                "  RSS growth <= 5%: not measured (every daemon restarted)"
+            );
+        } else {
+            let _ = writeln!(
+                o,
+                "  RSS growth <= 5%: {} (worst {worst:+.1}% over {} daemons)",
+                met(worst <= RSS_TARGET_PERCENT),
+                measured.len()
+            );
+        }
+        let _ = writeln!(
+            o,
+            "result: {}",
+            if self.passed() {
+                "every check passed"
+            } else {
+                "some checks FAILED"
+            }
+        );
+        o
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_seed_gives_one_schedule_and_another_seed_another() {
+        let a = schedule(42, 4, Duration::from_secs(600));
+        assert_eq!(a, schedule(42, 4, Duration::from_secs(600)));
+        assert_ne!(a, schedule(43, 4, Duration::from_secs(600)));
+        // Pinned: a change to the PRNG or the drawing changes what a published seed means.
+        let first: Vec<(FaultKind, usize)> = a.iter().take(3).map(|f| (f.kind, f.node)).collect();
+        assert_eq!(
+            first,
+            [
+                (FaultKind::KillBgpd, 3),
+                (FaultKind::PodChurn, 3),
+                (FaultKind::KillBoth, 2)
+            ]
+        );
+    }
+
+    #[test]
+    fn the_schedule_keeps_its_bounds_and_churns_steadily() {
+        let total = Duration::from_secs(1800);
+        let plan = schedule(7, 4, total);
+        let mut planned = Duration::ZERO;
+        let mut since_churn = Duration::ZERO;
+        for f in &plan {
+            assert!(f.node < 4, "{f:?}");
+            assert!(f.gap >= Duration::from_secs(3) && f.gap <= Duration::from_secs(10));
+            match f.kind {
+                FaultKind::KillBgpd | FaultKind::KillRoutewriter | FaultKind::KillBoth => {
+                    assert!(f.hold <= Duration::from_secs(5), "{f:?}")
+                }
+                FaultKind::UplinkDown => {
+                    assert!(f.hold >= Duration::from_secs(1) && f.hold <= Duration::from_secs(10))
+                }
+                FaultKind::RouterLoss => assert_eq!(f.hold, Duration::from_secs(30)),
+                _ => {}
+            }
+            let step = f.gap + f.hold + OVERHEAD;
+            if f.kind == FaultKind::PodChurn {
+                since_churn = Duration::ZERO;
+            } else {
+                since_churn += step;
+                // A churn is due once 20 s have passed; the longest step is 44 s.
+                assert!(since_churn < CHURN_EVERY + Duration::from_secs(45));
+            }
+            planned += step;
+        }
+        assert!(planned >= total);
+        let kinds: BTreeSet<FaultKind> = plan.iter().map(|f| f.kind).collect();
+        assert_eq!(kinds.len(), FaultKind::ALL.len(), "every kind in 30 min");
+    }
+
+    fn w(kind: FaultKind, start: f64, end: f64) -> Window {
+        Window { kind, start, end }
+    }
+
+    #[test]
+    fn losses_belong_to_the_fault_in_force_or_just_over() {
+        let windows = [
+            w(FaultKind::KillBgpd, 100.0, 103.0),
+            w(FaultKind::UplinkDown, 120.0, 125.0),
+        ];
+        let g = RECOVERY;
+        assert_eq!(attribute(99.99, &windows, g), None);
+        assert_eq!(attribute(100.0, &windows, g), Some(FaultKind::KillBgpd));
+        assert_eq!(attribute(112.99, &windows, g), Some(FaultKind::KillBgpd));
+        assert_eq!(attribute(113.0, &windows, g), None);
+        // Within the first fault's grace, a later fault takes over once it starts.
+        let close = [
+            w(FaultKind::KillBgpd, 100.0, 103.0),
+            w(FaultKind::ReloadBgpd, 106.0, 106.5),
+        ];
+        assert_eq!(attribute(105.9, &close, g), Some(FaultKind::KillBgpd));
+        assert_eq!(attribute(106.0, &close, g), Some(FaultKind::ReloadBgpd));
+        assert_eq!(attribute(116.49, &close, g), Some(FaultKind::ReloadBgpd));
+        assert_eq!(attribute(116.5, &close, g), None);
+    }
+
+    #[test]
+    fn pings_are_lost_when_never_answered() {
+        let text = "PING 172.20.0.5 (172.20.0.5) 56(84) bytes of data.\n\
+            [1000.100] 64 bytes from 172.20.0.5: icmp_seq=1 ttl=63 time=0.1 ms\n\
+            [1000.300] no answer yet for icmp_seq=2\n\
+            [1000.350] 64 bytes from 172.20.0.5: icmp_seq=2 ttl=63 time=150 ms\n\
+            [1000.400] no answer yet for icmp_seq=3\n\
+            [1000.500] no answer yet for icmp_seq=4\n\
+            [1000.550] From 10.99.1.1 icmp_seq=4 Destination Host Unreachable\n\
+            [1000.600] 64 bytes from 172.20.0.5: icmp_seq=5 ttl=63 time=0.1 ms\n\
+            \n--- 172.20.0.5 ping statistics ---\n5 packets transmitted, 3 received\n";
+        let log = parse_ping(text, Duration::from_millis(100));
+        assert_eq!(log.sent, 5);
+        assert_eq!(log.lost.len(), 2, "{log:?}");
+        assert!((log.lost[0] - 1000.3).abs() < 1e-9 && (log.lost[1] - 1000.4).abs() < 1e-9);
+        assert_eq!(
+            parse_ping("garbage\n[x] icmp_seq=1\n", Duration::ZERO),
+            PingLog::default()
+        );
+    }
+
+    #[test]
+    fn the_table_counts_by_kind_and_reports_targets() {
+        let windows = [w(FaultKind::KillRoutewriter, 10.0, 11.0)];
+        let mut r = Report {
+            seed: 9,
+            minutes: 2.0,
+            rss_baseline_at: 60.0,
+            ..Default::default()
+        };
+        r.injected.insert(FaultKind::KillRoutewriter, 1);
+        r.unavailable
+            .insert(FaultKind::RouterLoss, "tc: netem unknown".into());
+        r.add_pings(
+            &PingLog {
+                sent: 100,
+                lost: vec![10.5, 30.0, 40.0],
+            },
+            &windows,
+        );
+        r.checks.push(Check {
+            name: "bgpctl ipam check".into(),
+            passed: true,
+            detail: "clean on 4 nodes".into(),
+        });
+        r.rss.push(Rss {
+            process: "node-1-bgpd".into(),
+            baseline_kib: 1000,
+            end_kib: Some(1100),
+        });
+        r.rss.push(Rss {
+            process: "node-1-routewriter".into(),
+            baseline_kib: 1000,
+            end_kib: None,
+        });
+        let t = r.render();
+        assert!(
+            t.contains("kill -9 routewriter           1           1\n"),
+            "{t}"
+        );
+        assert!(
+            t.contains("router 20% loss             n/a           0\n"),
+            "{t}"
+        );
+        assert!(
+            t.contains("none (no fault)               -           2\n"),
+            "{t}"
+        );
+        assert!(
+            t.contains("total                         1           3\n"),
+            "{t}"
+        );
+        assert!(
+            t.contains("not injected: router 20% loss: tc: netem unknown"),
+            "{t}"
+        );
+        assert!(
+            t.contains("checks (1/1 passed)\n  pass  bgpctl ipam check"),
+            "{t}"
+        );
+        assert!(
+            t.contains("node-1-bgpd                1000     1100   +10.0%"),
+            "{t}"
+        );
+        assert!(t.contains("restarted after the baseline"), "{t}");
+        assert!(t.contains("restarts and reloads: missed (1 lost)"), "{t}");
+        assert!(t.contains("RSS growth <= 5%: missed (worst +10.0%"), "{t}");
+        assert!(t.contains("result: every check passed"), "{t}");
+        r.checks[0].passed = false;
+        assert!(!r.passed());
+        assert!(r.render().contains("result: some checks FAILED"));
+    }
+}
