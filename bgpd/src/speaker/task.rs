@@ -379,8 +379,8 @@ enum Command {
     },
     Withdraw(Prefix, oneshot::Sender<Result<(), SpeakerError>>),
     Accepted(TcpStream, SocketAddr),
-    /// The restart time after a prefix-limit stop has passed.
-    RestartAfterLimit(IpAddr, PeerId),
+    /// The wait after we stopped a session (prefix limit, BFD down) has passed.
+    RestartStopped(IpAddr, PeerId),
     /// A graceful-restart timer of a peer ran out (restart time or stale-path time).
     GrExpired(IpAddr, PeerId, u64),
     /// Ask a peer to send its routes again.
@@ -561,9 +561,9 @@ struct PeerEntry {
     up: Families,
     /// Families the peer's graceful restart covers (routes kept through its restart).
     gr_families: Families,
-    /// The peer passed its prefix limit: its session is stopped (restarted later if
-    /// configured).
-    limit_hit: bool,
+    /// We stopped its session (prefix limit passed, BFD down): a new one starts only at
+    /// `Command::RestartStopped` (after `max_prefixes_restart`, or the error wait), if ever.
+    stopped: bool,
     /// The prefix-limit warning was logged for this session.
     limit_warned: bool,
     /// Bumped by every event that makes a pending graceful-restart timer moot.
@@ -862,20 +862,20 @@ impl Speaker {
                 }
                 let _ = reply.send(());
             }
-            Command::RestartAfterLimit(addr, id) => {
+            Command::RestartStopped(addr, id) => {
                 let Some(p) = self.peers.get(&addr) else {
                     return;
                 };
-                if p.id != id || !p.limit_hit {
+                if p.id != id || !p.stopped {
                     return;
                 }
                 let tx = self.spawn_session(id, &p.spec);
                 if let Some(p) = self.peers.get_mut(&addr) {
                     p.tx = tx;
-                    p.limit_hit = false;
+                    p.stopped = false;
                     p.limit_warned = false;
+                    tracing::info!(peer = %addr, after = ?p.last_error, "restarting the session we stopped");
                 }
-                tracing::info!(peer = %addr, "restarting the session after its prefix limit");
             }
             Command::Accepted(stream, from) => {
                 match self.peers.get_mut(&from.ip().to_canonical()) {
@@ -1075,7 +1075,7 @@ impl Speaker {
                 epoch: None,
                 up: Families::NONE,
                 gr_families: Families::NONE,
-                limit_hit: false,
+                stopped: false,
                 limit_warned: false,
                 gr_token: 0,
                 malformed: Malformed::default(),
@@ -1097,6 +1097,15 @@ impl Speaker {
     }
 
     /// In `secs`, sweep the peer's stale routes unless something happened since (`token`).
+    /// Start a new session for a peer whose session we stopped, `secs` from now.
+    fn restart_later(&self, addr: IpAddr, id: PeerId, secs: u16) {
+        let tx = self.self_tx.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_secs(u64::from(secs))).await;
+            let _ = tx.send(Command::RestartStopped(addr, id)).await;
+        });
+    }
+
     fn gr_timer(&self, addr: IpAddr, id: PeerId, token: u64, secs: u16) {
         let tx = self.self_tx.clone();
         tokio::spawn(async move {
@@ -1132,15 +1141,11 @@ impl Speaker {
                 subcode: cease::MAX_PREFIXES,
                 reason: reason.as_str().into(),
             });
-            p.limit_hit = true;
+            p.stopped = true;
             p.epoch = None;
             p.last_error = Some(reason);
             if let Some(s) = restart {
-                let tx = self.self_tx.clone();
-                tokio::spawn(async move {
-                    tokio::time::sleep(std::time::Duration::from_secs(u64::from(s))).await;
-                    let _ = tx.send(Command::RestartAfterLimit(addr, id)).await;
-                });
+                self.restart_later(addr, id, s);
             }
             self.peer_down(id, Families::NONE);
         } else if !p.limit_warned && held * 100 >= max * PREFIX_WARN_PERCENT {
@@ -1352,7 +1357,9 @@ impl Speaker {
     /// A BFD session changed state. Down after Up: the forwarding path to the peer is gone,
     /// so its BGP session goes down at once, its routes withdrawn (not kept stale: graceful
     /// restart protects a restarting control plane, not a dead link), and a new session
-    /// starts that comes up when the peer is reachable again, as BIRD does.
+    /// starts after the peer's error wait, as BIRD does (`bgp_update_startup_delay`): a
+    /// session brought up again at once over a path BFD just found dead would bring the
+    /// routes back with it, and flap with every BFD failure.
     fn bfd_event(&mut self, e: BfdEvent) {
         let Some(p) = self.peers.get_mut(&e.peer) else {
             return;
@@ -1375,13 +1382,10 @@ impl Speaker {
         p.epoch = None;
         p.gr_token = p.gr_token.wrapping_add(1);
         p.last_error = Some(reason);
-        let id = p.id;
-        let spec = p.spec.clone();
+        p.stopped = true;
+        let (id, wait) = (p.id, p.spec.error_wait[0]);
         self.peer_down(id, Families::NONE);
-        let tx = self.spawn_session(id, &spec);
-        if let Some(p) = self.peers.get_mut(&e.peer) {
-            p.tx = tx;
-        }
+        self.restart_later(e.peer, id, wait);
     }
 
     fn delete_peer(&mut self, addr: IpAddr) -> Result<(), SpeakerError> {
