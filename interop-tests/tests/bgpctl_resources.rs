@@ -5,8 +5,6 @@
 //! all. Every address is on loopback: the mesh is off before the Node is created, and the
 //! peers point at loopback ports nobody listens on.
 
-use std::io::Write;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use interop_tests::lab::bgpd::{Daemon, runtime};
@@ -74,47 +72,8 @@ spec:
     asNumber: 64601
 "#;
 
-fn run(d: &Daemon, args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
-    let mut child = Command::new(interop_tests::lab::binary("bgpctl"))
-        .arg("--socket")
-        .arg(&d.socket)
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut input = child.stdin.take().unwrap();
-    input.write_all(stdin.unwrap_or("").as_bytes()).unwrap();
-    drop(input);
-    let out = child.wait_with_output().unwrap();
-    (
-        out.status.success(),
-        String::from_utf8(out.stdout).unwrap(),
-        String::from_utf8(out.stderr).unwrap(),
-    )
-}
-
-fn ok(d: &Daemon, args: &[&str], stdin: Option<&str>) -> String {
-    let (success, out, err) = run(d, args, stdin);
-    assert!(success, "bgpctl {args:?}: {err}\nbgpd's log:\n{}", d.log());
-    out
-}
-
-fn fails(d: &Daemon, args: &[&str], stdin: Option<&str>) -> String {
-    let (success, out, err) = run(d, args, stdin);
-    assert!(!success, "bgpctl {args:?} succeeded: {out}");
-    err
-}
-
-fn json(d: &Daemon, args: &[&str]) -> Value {
-    let mut all = args.to_vec();
-    all.extend(["-o", "json"]);
-    serde_json::from_str(&ok(d, &all, None)).unwrap()
-}
-
 fn pool_names(d: &Daemon) -> Vec<String> {
-    json(d, &["get", "ippools"])["items"]
+    d.ctl_o_json(&["get", "ippools"])["items"]
         .as_array()
         .unwrap()
         .iter()
@@ -174,7 +133,7 @@ fn calico_files_apply_round_trip_refuse_and_delete() {
     std::fs::write(&file, CLUSTER).unwrap();
     let file = file.to_str().unwrap();
 
-    let (success, out, err) = run(&d, &["apply", "-f", file], None);
+    let (success, out, err) = d.ctl_io(&["apply", "-f", file], None);
     assert!(success, "{err}\n{}", d.log());
     assert_eq!(
         out.lines().collect::<Vec<_>>(),
@@ -193,15 +152,15 @@ fn calico_files_apply_round_trip_refuse_and_delete() {
     );
 
     // What bgpd stored, as Calico documents.
-    let cfg = json(&d, &["get", "bgpconfiguration", "default"]);
+    let cfg = d.ctl_o_json(&["get", "bgpconfiguration", "default"]);
     assert_eq!(cfg["spec"]["asNumber"], 64600);
     assert_eq!(cfg["spec"]["nodeToNodeMeshEnabled"], false);
-    let v6 = json(&d, &["get", "ippool", "default-ipv6-ippool"]);
+    let v6 = d.ctl_o_json(&["get", "ippool", "default-ipv6-ippool"]);
     assert_eq!(v6["kind"], "IPPool");
     assert_eq!(v6["spec"]["cidr"], "fd00:30::/48");
     assert_eq!(v6["spec"]["blockSize"], 122);
     assert_eq!(v6["spec"]["vxlanMode"], "Never");
-    let node = json(&d, &["get", "node", "node-b"]);
+    let node = d.ctl_o_json(&["get", "node", "node-b"]);
     assert_eq!(node["metadata"]["labels"]["rack"], "r1");
     assert_eq!(node["spec"]["bgp"]["ipv4Address"], "127.0.0.6/8");
     assert_eq!(node["spec"]["bgp"]["asNumber"], 64601);
@@ -218,20 +177,20 @@ fn calico_files_apply_round_trip_refuse_and_delete() {
     // get -o yaml (or json, which is YAML too) | apply -f - changes nothing.
     for kind in ["ippools", "bgpconfiguration", "nodes"] {
         for format in ["yaml", "json"] {
-            let before = without_revisions(json(&d, &["get", kind]));
-            let text = ok(&d, &["get", kind, "-o", format], None);
+            let before = without_revisions(d.ctl_o_json(&["get", kind]));
+            let text = d.ctl_io_ok(&["get", kind, "-o", format], None);
             assert!(text.contains("projectcalico.org/v3"), "{text}");
-            let applied = ok(&d, &["apply", "-f", "-"], Some(&text));
+            let applied = d.ctl_io_ok(&["apply", "-f", "-"], Some(&text));
             assert!(applied.contains("configured"), "{applied}");
             assert_eq!(
-                without_revisions(json(&d, &["get", kind])),
+                without_revisions(d.ctl_o_json(&["get", kind])),
                 before,
                 "{kind} -o {format}"
             );
         }
     }
     // Applying the same file again updates in place.
-    let again = ok(&d, &["apply", "-f", file], None);
+    let again = d.ctl_io_ok(&["apply", "-f", file], None);
     assert_eq!(again.matches("configured").count(), 6, "{again}");
     assert_eq!(
         resource_peer(&d, "127.0.0.2").map(|p| p.as_number),
@@ -245,7 +204,7 @@ fn calico_files_apply_round_trip_refuse_and_delete() {
                spec: {peerIP: 127.0.0.3, asNumber: 64569}\n---\n\
                apiVersion: projectcalico.org/v3\nkind: IPPool\nmetadata: {name: tunnelled}\n\
                spec: {cidr: 172.29.0.0/16, ipipMode: Always}\n";
-    let err = fails(&d, &["apply", "-f", "-"], Some(bad));
+    let err = d.ctl_io_fails(&["apply", "-f", "-"], Some(bad));
     assert!(
         err.contains("document 3 (IPPool tunnelled): spec.ipipMode: Always: not supported on this kernel (no ipip)"),
         "{err}"
@@ -255,7 +214,7 @@ fn calico_files_apply_round_trip_refuse_and_delete() {
         "name: tunnelled}\nspec: {cidr: 172.29.0.0/16, ipipMode: Always}",
         "name: default-ipv4-ippool}\nspec: {cidr: 172.29.0.0/16}",
     );
-    let err = fails(&d, &["apply", "-f", "-"], Some(&moved));
+    let err = d.ctl_io_fails(&["apply", "-f", "-"], Some(&moved));
     assert!(
         err.contains(
             "document 3 (IPPool default-ipv4-ippool): spec.cidr: the pool has 172.30.0.0/16"
@@ -263,13 +222,13 @@ fn calico_files_apply_round_trip_refuse_and_delete() {
         "{err}"
     );
     let overlapping = bad.replace("172.29.0.0/16, ipipMode: Always", "172.30.1.0/24");
-    let err = fails(&d, &["apply", "-f", "-"], Some(&overlapping));
+    let err = d.ctl_io_fails(&["apply", "-f", "-"], Some(&overlapping));
     assert!(
         err.contains("spec.cidr: 172.30.1.0/24 overlaps the pool default-ipv4-ippool"),
         "{err}"
     );
     let bad_cidr = bad.replace("172.29.0.0/16, ipipMode: Always", "172.29.0.1/16");
-    let err = fails(&d, &["apply", "-f", "-"], Some(&bad_cidr));
+    let err = d.ctl_io_fails(&["apply", "-f", "-"], Some(&bad_cidr));
     assert!(
         err.contains("spec.cidr: 172.29.0.1/16 is not a network address"),
         "{err}"
@@ -285,7 +244,7 @@ fn calico_files_apply_round_trip_refuse_and_delete() {
     );
 
     // get bgppeers lists the stored resources (not this node's sessions): the file's two.
-    let peers: Vec<String> = json(&d, &["get", "bgppeers"])["items"]
+    let peers: Vec<String> = d.ctl_o_json(&["get", "bgppeers"])["items"]
         .as_array()
         .unwrap()
         .iter()
@@ -294,27 +253,26 @@ fn calico_files_apply_round_trip_refuse_and_delete() {
     assert_eq!(peers, ["node-b-v6", "rack1-tor"]);
 
     // delete -f removes what the file made.
-    let out = ok(&d, &["delete", "-f", file], None);
+    let out = d.ctl_io_ok(&["delete", "-f", file], None);
     assert_eq!(out.lines().count(), 6, "{out}");
     assert!(pool_names(&d).is_empty());
     wait_for("the rack1-tor session to go", &d, || {
         resource_peer(&d, "127.0.0.2").is_none().then_some(())
     });
-    let (success, _, err) = run(&d, &["get", "node", "node-b"], None);
+    let (success, _, err) = d.ctl_io(&["get", "node", "node-b"], None);
     assert!(!success && err.contains("node-b"), "{err}");
-    let cfg = json(&d, &["get", "bgpconfiguration"]);
+    let cfg = d.ctl_o_json(&["get", "bgpconfiguration"]);
     assert_eq!(
         cfg["items"][0]["spec"]["nodeToNodeMeshEnabled"], true,
         "back to the defaults"
     );
     // And by kind and name.
-    ok(
-        &d,
+    d.ctl_io_ok(
         &["apply", "-f", "-"],
         Some(CLUSTER.split("---").nth(1).unwrap()),
     );
     assert_eq!(
-        ok(&d, &["delete", "ippool", "default-ipv4-ippool"], None),
+        d.ctl_io_ok(&["delete", "ippool", "default-ipv4-ippool"], None),
         "IPPool default-ipv4-ippool deleted\n"
     );
     assert!(pool_names(&d).is_empty());

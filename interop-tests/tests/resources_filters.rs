@@ -6,9 +6,6 @@
 //! exist is refused, and `delete -f` removes it all. Every address is on loopback; the peer
 //! points at a loopback port nobody listens on.
 
-use std::io::Write;
-use std::process::{Command, Stdio};
-
 use interop_tests::lab::bgpd::{Daemon, runtime};
 use proto::v1 as pb;
 use proto::v1::bgp_client::BgpClient;
@@ -84,47 +81,8 @@ spec:
   reachableBy: 127.0.0.1
 "#;
 
-fn run(d: &Daemon, args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
-    let mut child = Command::new(interop_tests::lab::binary("bgpctl"))
-        .arg("--socket")
-        .arg(&d.socket)
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut input = child.stdin.take().unwrap();
-    input.write_all(stdin.unwrap_or("").as_bytes()).unwrap();
-    drop(input);
-    let out = child.wait_with_output().unwrap();
-    (
-        out.status.success(),
-        String::from_utf8(out.stdout).unwrap(),
-        String::from_utf8(out.stderr).unwrap(),
-    )
-}
-
-fn ok(d: &Daemon, args: &[&str], stdin: Option<&str>) -> String {
-    let (success, out, err) = run(d, args, stdin);
-    assert!(success, "bgpctl {args:?}: {err}\nbgpd's log:\n{}", d.log());
-    out
-}
-
-fn fails(d: &Daemon, args: &[&str], stdin: Option<&str>) -> String {
-    let (success, out, err) = run(d, args, stdin);
-    assert!(!success, "bgpctl {args:?} succeeded: {out}");
-    err
-}
-
-fn json(d: &Daemon, args: &[&str]) -> Value {
-    let mut all = args.to_vec();
-    all.extend(["-o", "json"]);
-    serde_json::from_str(&ok(d, &all, None)).unwrap()
-}
-
 fn names(d: &Daemon, kind: &str) -> Vec<String> {
-    json(d, &["get", kind])["items"]
+    d.ctl_o_json(&["get", kind])["items"]
         .as_array()
         .unwrap()
         .iter()
@@ -156,7 +114,7 @@ fn bgp_filters_and_peer_options_apply_round_trip_refuse_and_delete() {
     std::fs::write(&file, POLICY).unwrap();
     let file = file.to_str().unwrap();
 
-    let out = ok(&d, &["apply", "-f", file], None);
+    let out = d.ctl_io_ok(&["apply", "-f", file], None);
     assert_eq!(
         out.lines().collect::<Vec<_>>(),
         [
@@ -168,7 +126,7 @@ fn bgp_filters_and_peer_options_apply_round_trip_refuse_and_delete() {
     );
 
     // What bgpd stored, as Calico documents.
-    let f = json(&d, &["get", "bgpfilter", "export-pods"]);
+    let f = d.ctl_o_json(&["get", "bgpfilter", "export-pods"]);
     assert_eq!(f["kind"], "BGPFilter");
     assert!(f["metadata"]["resourceVersion"].is_string(), "{f}");
     assert_eq!(
@@ -178,7 +136,7 @@ fn bgp_filters_and_peer_options_apply_round_trip_refuse_and_delete() {
             {"action": "Reject"},
         ])
     );
-    let imp = json(&d, &["get", "bgpfilter", "import-default"]);
+    let imp = d.ctl_o_json(&["get", "bgpfilter", "import-default"]);
     assert_eq!(imp["spec"]["importV4"][1]["source"], "RemotePeers");
     assert_eq!(
         imp["spec"]["importV6"][0]["prefixLength"],
@@ -186,7 +144,7 @@ fn bgp_filters_and_peer_options_apply_round_trip_refuse_and_delete() {
     );
     assert_eq!(imp["spec"]["importV6"][0]["interface"], "*.calico");
     assert_eq!(names(&d, "bgpfilters"), ["export-pods", "import-default"]);
-    let peer = json(&d, &["get", "bgppeer", "rack1-tor"]);
+    let peer = d.ctl_o_json(&["get", "bgppeer", "rack1-tor"]);
     let s = &peer["spec"];
     assert_eq!(s["peerIP"], "127.0.0.2:1790");
     assert_eq!(
@@ -200,7 +158,7 @@ fn bgp_filters_and_peer_options_apply_round_trip_refuse_and_delete() {
     );
     assert_eq!(s["maxRestartTime"], "120s");
     assert_eq!(s["reachableBy"], "127.0.0.1");
-    let cfg = json(&d, &["get", "bgpconfiguration", "default"]);
+    let cfg = d.ctl_o_json(&["get", "bgpconfiguration", "default"]);
     let s = &cfg["spec"];
     assert_eq!(
         s["serviceClusterIPs"],
@@ -236,21 +194,21 @@ fn bgp_filters_and_peer_options_apply_round_trip_refuse_and_delete() {
     // get -o yaml (or json) | apply -f - changes nothing.
     for kind in ["bgpfilters", "bgppeers", "bgpconfiguration"] {
         for format in ["yaml", "json"] {
-            let before = without_revisions(json(&d, &["get", kind]));
-            let text = ok(&d, &["get", kind, "-o", format], None);
-            let applied = ok(&d, &["apply", "-f", "-"], Some(&text));
+            let before = without_revisions(d.ctl_o_json(&["get", kind]));
+            let text = d.ctl_io_ok(&["get", kind, "-o", format], None);
+            let applied = d.ctl_io_ok(&["apply", "-f", "-"], Some(&text));
             assert!(applied.contains("configured"), "{applied}");
             assert_eq!(
-                without_revisions(json(&d, &["get", kind])),
+                without_revisions(d.ctl_o_json(&["get", kind])),
                 before,
                 "{kind} -o {format}"
             );
         }
     }
     // A filter read before someone else changed it does not apply over the change.
-    let old = ok(&d, &["get", "bgpfilter", "export-pods"], None);
-    ok(&d, &["apply", "-f", "-"], Some(&old));
-    let err = fails(&d, &["apply", "-f", "-"], Some(&old));
+    let old = d.ctl_io_ok(&["get", "bgpfilter", "export-pods"], None);
+    d.ctl_io_ok(&["apply", "-f", "-"], Some(&old));
+    let err = d.ctl_io_fails(&["apply", "-f", "-"], Some(&old));
     assert!(err.contains("was changed since it was read"), "{err}");
 
     // A bad filter in a file: refused by path, and nothing of the file is stored.
@@ -258,7 +216,7 @@ fn bgp_filters_and_peer_options_apply_round_trip_refuse_and_delete() {
                spec:\n  exportV4:\n  - {action: Reject}\n---\n\
                apiVersion: projectcalico.org/v3\nkind: BGPFilter\nmetadata: {name: broken}\n\
                spec:\n  exportV4:\n  - {action: Accept, matchOperator: In, cidr: 10.0.0.1/24}\n";
-    let err = fails(&d, &["apply", "-f", "-"], Some(bad));
+    let err = d.ctl_io_fails(&["apply", "-f", "-"], Some(bad));
     assert!(
         err.contains(
             "document 2 (BGPFilter broken): spec.exportV4[0].cidr: 10.0.0.1/24 is not a network \
@@ -280,8 +238,7 @@ fn bgp_filters_and_peer_options_apply_round_trip_refuse_and_delete() {
             "spec.exportV4[0].interface",
         ),
     ] {
-        let err = fails(
-            &d,
+        let err = d.ctl_io_fails(
             &["apply", "-f", "-"],
             Some(&bad.replace("cidr: 10.0.0.1/24", change)),
         );
@@ -290,7 +247,7 @@ fn bgp_filters_and_peer_options_apply_round_trip_refuse_and_delete() {
     // A peer naming a filter nobody applied.
     let orphan = "apiVersion: projectcalico.org/v3\nkind: BGPPeer\nmetadata: {name: orphan}\n\
                   spec: {peerIP: 127.0.0.3, asNumber: 64569, filters: [export-pods, nope]}\n";
-    let err = fails(&d, &["apply", "-f", "-"], Some(orphan));
+    let err = d.ctl_io_fails(&["apply", "-f", "-"], Some(orphan));
     assert!(
         err.contains(
             "document 1 (BGPPeer orphan): spec.filters[1]: no BGPFilter \"nope\": apply it first \
@@ -401,23 +358,23 @@ fn bgp_filters_and_peer_options_apply_round_trip_refuse_and_delete() {
     );
     assert_eq!(names(&d, "bgpfilters"), ["export-pods", "import-default"]);
     assert_eq!(
-        json(&d, &["get", "bgpconfiguration"])["items"][0]["spec"]["communities"][0]["value"],
+        d.ctl_o_json(&["get", "bgpconfiguration"])["items"][0]["spec"]["communities"][0]["value"],
         "64600:300:100",
         "the bad configuration was not stored"
     );
 
     // delete -f removes what the file made; the configuration goes back to the defaults.
-    let out = ok(&d, &["delete", "-f", file], None);
+    let out = d.ctl_io_ok(&["delete", "-f", file], None);
     assert_eq!(out.lines().count(), 4, "{out}");
     assert!(names(&d, "bgpfilters").is_empty());
     assert!(names(&d, "bgppeers").is_empty());
-    let cfg = json(&d, &["get", "bgpconfiguration"]);
+    let cfg = d.ctl_o_json(&["get", "bgpconfiguration"]);
     assert!(
         cfg["items"][0]["spec"].get("serviceClusterIPs").is_none(),
         "{cfg}"
     );
-    let err = fails(&d, &["delete", "bgpfilter", "export-pods"], None);
+    let err = d.ctl_io_fails(&["delete", "bgpfilter", "export-pods"], None);
     assert!(err.contains("not found"), "{err}");
-    let err = fails(&d, &["get", "bgpfilter", "export-pods"], None);
+    let err = d.ctl_io_fails(&["get", "bgpfilter", "export-pods"], None);
     assert!(err.contains("BGPFilter export-pods not found"), "{err}");
 }

@@ -80,6 +80,55 @@ impl Daemon {
         serde_json::from_str(&self.bgpctl_ok(&all)).unwrap()
     }
 
+    /// `bgpctl ARGS` with `stdin` on its standard input (for `apply -f -`): (success,
+    /// stdout, stderr).
+    pub fn ctl_io(&self, args: &[&str], stdin: Option<&str>) -> (bool, String, String) {
+        use std::io::Write;
+        let mut child = Command::new(binary("bgpctl"))
+            .arg("--socket")
+            .arg(&self.socket)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut input = child.stdin.take().unwrap();
+        input.write_all(stdin.unwrap_or("").as_bytes()).unwrap();
+        drop(input);
+        let out = child.wait_with_output().unwrap();
+        (
+            out.status.success(),
+            String::from_utf8(out.stdout).unwrap(),
+            String::from_utf8(out.stderr).unwrap(),
+        )
+    }
+
+    /// [`Daemon::ctl_io`], which must succeed: its stdout.
+    pub fn ctl_io_ok(&self, args: &[&str], stdin: Option<&str>) -> String {
+        let (success, out, err) = self.ctl_io(args, stdin);
+        assert!(
+            success,
+            "bgpctl {args:?}: {err}\nbgpd's log:\n{}",
+            self.log()
+        );
+        out
+    }
+
+    /// [`Daemon::ctl_io`], which must fail: its stderr.
+    pub fn ctl_io_fails(&self, args: &[&str], stdin: Option<&str>) -> String {
+        let (success, out, err) = self.ctl_io(args, stdin);
+        assert!(!success, "bgpctl {args:?} succeeded: {out}");
+        err
+    }
+
+    /// `bgpctl ARGS -o json` (the resource commands' flag), parsed.
+    pub fn ctl_o_json(&self, args: &[&str]) -> serde_json::Value {
+        let mut all = args.to_vec();
+        all.extend(["-o", "json"]);
+        serde_json::from_str(&self.ctl_io_ok(&all, None)).unwrap()
+    }
+
     /// `bgpctl args`, which must fail with exit code 1 and one line on stderr; that line.
     pub fn bgpctl_fails(&self, args: &[&str]) -> String {
         let out = bgpctl(&self.socket, args);
