@@ -11,7 +11,7 @@ use std::net::IpAddr;
 
 use bgp::policy::{Advertisement, FilterRule, MatchOperator, PeerFilters};
 use bgp_wire::{Community, LargeCommunity, Prefix};
-use ipam::model::{self, BgpConfiguration, BgpFilter, BgpFilterRule, BgpPeer};
+use ipam::model::{self, BgpConfiguration, BgpFilter, BgpFilterRule, BgpPeer, CommunityValue};
 use ipnet::IpNet;
 
 use super::peers::effective_resources;
@@ -112,21 +112,6 @@ pub fn announced_service_ranges(c: &BgpConfiguration) -> Vec<Prefix> {
         .collect()
 }
 
-/// A community value: `aa:nn` (standard) or `aa:nn:mm` (large).
-enum CommunityValue {
-    Standard(Community),
-    Large(LargeCommunity),
-}
-
-fn parse_community(v: &str) -> Option<CommunityValue> {
-    let v = v.trim();
-    match v.matches(':').count() {
-        1 => v.parse().ok().map(CommunityValue::Standard),
-        2 => v.parse().ok().map(CommunityValue::Large),
-        _ => None,
-    }
-}
-
 /// The communities of `prefixAdvertisements`, names resolved through `communities`.
 pub fn advertisements(c: &BgpConfiguration) -> Vec<Advertisement> {
     let mut out = Vec::new();
@@ -137,14 +122,17 @@ pub fn advertisements(c: &BgpConfiguration) -> Vec<Advertisement> {
             large_communities: Vec::new(),
         };
         for name in &pa.communities {
-            let value = c
-                .communities
-                .iter()
-                .find(|d| &d.name == name)
-                .map_or(name.as_str(), |d| d.value.as_str());
-            match parse_community(value) {
-                Some(CommunityValue::Standard(x)) => ad.communities.push(x),
-                Some(CommunityValue::Large(x)) => ad.large_communities.push(x),
+            match c.community(name) {
+                Some(CommunityValue::Standard(a, n)) => ad
+                    .communities
+                    .push(Community(u32::from(a) << 16 | u32::from(n))),
+                Some(CommunityValue::Large(global_admin, local1, local2)) => {
+                    ad.large_communities.push(LargeCommunity {
+                        global_admin,
+                        local1,
+                        local2,
+                    })
+                }
                 None => {
                     tracing::warn!(cidr = %pa.cidr, community = %name, "prefixAdvertisements: not a defined community nor a value: skipped");
                 }
