@@ -3,7 +3,11 @@
 //! and a table of malformed requests (invalid UTF-8 in raw frames, out-of-range values) for
 //! every method of every service. Throughout, bgpd must stay responsive for other clients (a
 //! `GetStatus` call's latency is measured) and its memory bounded (VmRSS of the process the
-//! test spawned), and each bad request must get the right code with the field named.
+//! test spawned), and each bad request must get the right code with the field named. Last, a
+//! second bgpd with small `[api]` caps: the connection over `max_connections` is closed while
+//! the others keep working, the stream over `max_streams_per_connection` waits, the one over
+//! `max_watch_streams` gets RESOURCE_EXHAUSTED naming the option, freeing one makes room, and
+//! the metrics count the refusals.
 //!
 //! Raw frames: the crate has no protobuf or bytes dependency of its own, so a malformed
 //! request is written by hand and sent as an HTTP/2 body of type `String` through tonic's
@@ -11,7 +15,7 @@
 //! character (0xC3 of "è"): the field is invalid UTF-8, the body as a whole is not (the
 //! character's second byte starts an unknown varint field that protobuf skips).
 //!
-//! Why this file is long: four hostile scenarios and a table of cases covering all 36 methods
+//! Why this file is long: five hostile scenarios and a table of cases covering all 36 methods
 //! of seven services, with the raw-frame client they need.
 
 use std::collections::BTreeSet;
@@ -1874,6 +1878,317 @@ async fn out_of_range(ch: &Channel, t: &mut Tally) {
     );
 }
 
+// ---- 5. The API's caps, on a second bgpd configured with small ones ----
+
+const CAP_CONNECTIONS: usize = 8;
+const CAP_PER_CONNECTION: usize = 10;
+const CAP_STREAMS: usize = 50;
+
+/// The `[api]` keys (and a metrics listener) of the capped bgpd.
+fn caps_config(metrics: std::net::SocketAddr) -> String {
+    format!(
+        "max_connections = {CAP_CONNECTIONS}\nmax_streams_per_connection = {CAP_PER_CONNECTION}\n\
+         max_watch_streams = {CAP_STREAMS}\n[metrics]\nlisten = \"{metrics}\"\n"
+    )
+}
+
+/// bgpd's `/metrics` text.
+async fn scrape(addr: std::net::SocketAddr) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut out = String::new();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_string(&mut out))
+        .await
+        .expect("/metrics answers within 10 s")
+        .unwrap();
+    out
+}
+
+/// The value of the sample `series` (name with labels, exactly); -1 when absent.
+fn sample(text: &str, series: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(-1.0)
+}
+
+/// Opens a Watch; its stream or the refusal's status.
+async fn watch(ch: &Channel) -> Result<tonic::Streaming<pb::DataplaneUpdate>, tonic::Status> {
+    let mut c = pb::dataplane_client::DataplaneClient::new(ch.clone());
+    match tokio::time::timeout(
+        Duration::from_secs(5),
+        c.watch(pb::WatchRequest { from_revision: 0 }),
+    )
+    .await
+    {
+        Ok(r) => r.map(tonic::Response::into_inner),
+        Err(_) => Err(tonic::Status::deadline_exceeded("no answer in 5 s")),
+    }
+}
+
+/// A Watch that succeeds within `within` (retried: bgpd frees a permit when it sees the
+/// client's reset, a moment after the client dropped its stream).
+async fn watch_within(
+    ch: &Channel,
+    within: Duration,
+) -> Result<tonic::Streaming<pb::DataplaneUpdate>, String> {
+    let deadline = Instant::now() + within;
+    loop {
+        match watch(ch).await {
+            Ok(s) => return Ok(s),
+            Err(e) if Instant::now() > deadline => return Err(format!("{e:?}")),
+            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+}
+
+async fn status_ok(ch: &Channel) -> bool {
+    tokio::time::timeout(
+        Duration::from_secs(2),
+        pb::daemon_client::DaemonClient::new(ch.clone()).get_status(pb::GetStatusRequest {}),
+    )
+    .await
+    .is_ok_and(|r| r.is_ok())
+}
+
+async fn caps(d: &Daemon, metrics: std::net::SocketAddr, t: &mut Tally) {
+    use tokio::io::AsyncReadExt;
+    // -- Connections: 8 open and answering.
+    let mut conns = Vec::new();
+    for _ in 0..CAP_CONNECTIONS {
+        let c = connect(d).await;
+        status_latency(&c).await;
+        conns.push(c);
+    }
+    // The 9th is closed at once: a raw client reads end-of-file, not a half-open socket.
+    let mut raw = tokio::net::UnixStream::connect(&d.socket).await.unwrap();
+    let mut buf = [0u8; 64];
+    let read = tokio::time::timeout(Duration::from_secs(2), raw.read(&mut buf)).await;
+    t.check(
+        "caps: the 9th connection is closed at once",
+        matches!(read, Ok(Ok(0) | Err(_))),
+        &format!("{read:?}"),
+    );
+    drop(raw);
+    // A gRPC client's 9th connection: its call fails instead of hanging.
+    let ninth = match tokio::time::timeout(Duration::from_secs(5), async {
+        let c = proto::client::connect_unix(&d.socket)
+            .await
+            .map_err(|e| e.to_string())?;
+        pb::daemon_client::DaemonClient::new(c)
+            .get_status(pb::GetStatusRequest {})
+            .await
+            .map_err(|s| format!("{:?} {}", s.code(), s.message()))
+    })
+    .await
+    {
+        Ok(Ok(_)) => "answered".to_owned(),
+        Ok(Err(e)) => format!("refused: {e}"),
+        Err(_) => "hung for 5 s".to_owned(),
+    };
+    t.check(
+        "caps: a gRPC call on a 9th connection fails at once",
+        ninth.starts_with("refused"),
+        &ninth,
+    );
+    let mut working = 0;
+    for c in &conns {
+        working += usize::from(status_ok(c).await);
+    }
+    t.check(
+        "caps: the 8 open connections keep working meanwhile",
+        working == CAP_CONNECTIONS,
+        &format!("{working} of {CAP_CONNECTIONS} answered"),
+    );
+    // One closed makes room for a new one.
+    drop(conns.pop());
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let replaced = loop {
+        if let Ok(c) = proto::client::connect_unix(&d.socket).await
+            && status_ok(&c).await
+        {
+            break Some(c);
+        }
+        if Instant::now() > deadline {
+            break None;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    t.check(
+        "caps: a connection closed makes room for a new one",
+        replaced.is_some(),
+        "",
+    );
+    conns.extend(replaced);
+    if conns.len() < CAP_CONNECTIONS {
+        return;
+    }
+
+    // -- Streams per connection: SETTINGS_MAX_CONCURRENT_STREAMS 10; the 11th waits.
+    let mut on_first = Vec::new();
+    for _ in 0..CAP_PER_CONNECTION {
+        match watch(&conns[0]).await {
+            Ok(s) => on_first.push(s),
+            Err(e) => println!("caps: watch on the first connection: {e:?}"),
+        }
+    }
+    let eleventh = {
+        let ch = conns[0].clone();
+        tokio::spawn(async move {
+            pb::dataplane_client::DataplaneClient::new(ch)
+                .watch(pb::WatchRequest { from_revision: 0 })
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let waiting = !eleventh.is_finished();
+    let elsewhere = watch(&conns[1]).await;
+    t.check(
+        "caps: 10 streams on one connection open, the 11th waits, another connection's opens",
+        on_first.len() == CAP_PER_CONNECTION && waiting && elsewhere.is_ok(),
+        &format!(
+            "{} open, 11th waiting: {waiting}, other connection: {:?}",
+            on_first.len(),
+            elsewhere.as_ref().map(|_| "open")
+        ),
+    );
+    on_first.pop();
+    let admitted = tokio::time::timeout(Duration::from_secs(3), eleventh).await;
+    t.check(
+        "caps: one of the 10 closed, the waiting 11th opens",
+        matches!(&admitted, Ok(Ok(Ok(_)))),
+        &format!(
+            "{:?}",
+            admitted.as_ref().map(|r| r.as_ref().map(|r| r.is_ok()))
+        ),
+    );
+    drop(admitted);
+    drop(on_first);
+    drop(elsewhere);
+
+    // -- Streams over all clients: 50, then RESOURCE_EXHAUSTED naming the option.
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while sample(&scrape(metrics).await, "margay_bgpd_api_streams_open") != 0.0
+        && Instant::now() < deadline
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut streams = Vec::new();
+    let mut failed = Vec::new();
+    for i in 0..CAP_STREAMS {
+        match watch(&conns[i % CAP_CONNECTIONS]).await {
+            Ok(s) => streams.push(s),
+            Err(e) => failed.push(format!("{:?} {}", e.code(), e.message())),
+        }
+    }
+    t.check(
+        "caps: 50 Watch streams open over 8 connections",
+        streams.len() == CAP_STREAMS,
+        &format!("{} open, refused: {:?}", streams.len(), failed.first()),
+    );
+    let over = watch(&conns[3]).await;
+    let over = over.map(|_| ()).unwrap_err();
+    t.check(
+        "caps: the 51st Watch gets RESOURCE_EXHAUSTED naming api.max_watch_streams",
+        over.code() == Code::ResourceExhausted && over.message().contains("api.max_watch_streams"),
+        &format!("{:?} {}", over.code(), over.message()),
+    );
+    // One permit for every streaming method: a listing is refused as well.
+    let list = pb::bgp_client::BgpClient::new(conns[4].clone())
+        .list_routes(pb::ListRoutesRequest::default())
+        .await;
+    let list = list.map(|_| ()).unwrap_err();
+    t.check(
+        "caps: at the cap a ListRoutes stream is refused too (one shared cap)",
+        list.code() == Code::ResourceExhausted,
+        &format!("{:?} {}", list.code(), list.message()),
+    );
+    // Unary calls do not wait on the cap.
+    let (p50, worst) = status_p50_worst(&conns[2], 20).await;
+    t.check(
+        "caps: GetStatus on an existing connection stays fast at the stream cap",
+        worst < 1000.0,
+        &format!("p50 {p50:.1} ms, worst {worst:.1} ms"),
+    );
+    let m = scrape(metrics).await;
+    let figures = [
+        (
+            "margay_bgpd_api_streams_open",
+            sample(&m, "margay_bgpd_api_streams_open"),
+        ),
+        (
+            "margay_bgpd_api_streams_refused_total",
+            sample(&m, "margay_bgpd_api_streams_refused_total"),
+        ),
+        (
+            "connections_open{unix}",
+            sample(&m, "margay_bgpd_api_connections_open{listener=\"unix\"}"),
+        ),
+        (
+            "connections_refused_total{unix}",
+            sample(
+                &m,
+                "margay_bgpd_api_connections_refused_total{listener=\"unix\"}",
+            ),
+        ),
+    ];
+    println!("caps: metrics at the cap {figures:?}");
+    let [(_, open), (_, refused), (_, conns_open), (_, conns_refused)] = figures;
+    t.check(
+        "caps: metrics show 50 streams and 8 connections open, and count the refusals",
+        open == CAP_STREAMS as f64
+            && refused >= 2.0
+            && conns_open == CAP_CONNECTIONS as f64
+            && conns_refused >= 2.0,
+        &format!("{figures:?}"),
+    );
+    // A stream freed makes room again.
+    streams.pop();
+    let again = watch_within(&conns[5], Duration::from_secs(3)).await;
+    t.check(
+        "caps: a Watch closed makes room for a new one",
+        again.is_ok(),
+        &format!("{:?}", again.as_ref().map(|_| "open")),
+    );
+    // Everything closed: every permit back.
+    drop(again);
+    drop(streams);
+    drop(conns);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let (mut open, mut conns_open);
+    loop {
+        let m = scrape(metrics).await;
+        open = sample(&m, "margay_bgpd_api_streams_open");
+        conns_open = sample(&m, "margay_bgpd_api_connections_open{listener=\"unix\"}");
+        if (open == 0.0 && conns_open == 0.0) || Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    t.check(
+        "caps: every client gone, no stream or connection is counted open",
+        open == 0.0 && conns_open == 0.0,
+        &format!("{open} streams, {conns_open} connections"),
+    );
+    // Refusals are logged, but not one line each: at most one per cap every 10 s.
+    let log = d.log();
+    let lines = |what: &str| log.lines().filter(|l| l.contains(what)).count();
+    let (conn_lines, stream_lines) = (
+        lines("api.max_connections reached"),
+        lines("api.max_watch_streams reached"),
+    );
+    t.check(
+        "caps: refusals logged, rate-limited (fewer lines than refusals)",
+        (1..conns_refused as usize).contains(&conn_lines)
+            && (1..refused as usize).contains(&stream_lines),
+        &format!(
+            "{conn_lines} lines for {conns_refused} connections, {stream_lines} for {refused} streams"
+        ),
+    );
+}
+
 #[test]
 fn api_hostile_input() {
     let dir = tempfile::tempdir().unwrap();
@@ -1908,6 +2223,17 @@ fn api_hostile_input() {
         // Still serving after all of it.
         status_latency(&ch).await;
     });
+    // The caps, on their own bgpd: the first one's defaults must not be what refuses.
+    let metrics = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap();
+    let capped = Daemon::start(&caps_config(metrics));
+    let before = t.failures.len();
+    rt.block_on(caps(&capped, metrics, &mut t));
+    if t.failures.len() > before {
+        println!("capped bgpd's log:\n{}", capped.log());
+    }
     let passed = t.cases - t.failures.len();
     println!("api hostile input: {} cases, {passed} passed", t.cases);
     assert!(

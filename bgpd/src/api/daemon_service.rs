@@ -20,8 +20,18 @@ pub struct DaemonInfo {
     pub dataplane: crate::dataplane::Hub,
     /// The BGP speaker task.
     pub bgp: crate::speaker::SpeakerHandle,
-    /// The API's call counters, read by the metrics listener.
-    pub api_stats: crate::api_stats::ApiStats,
+    /// The API's counters, read by the metrics listener: its calls, and what its caps
+    /// hold and refused. (One field, so that the daemon creates both as it created the
+    /// first: `Default::default()`.)
+    pub api_stats: ApiCounters,
+}
+
+/// The API's counters: its calls by method and code (`crate::api_stats`), and its caps'
+/// open and refused counts (`super::limits`).
+#[derive(Debug, Clone, Default)]
+pub struct ApiCounters {
+    pub calls: crate::api_stats::ApiStats,
+    pub limits: super::limits::LimitCounters,
 }
 
 #[derive(Clone)]

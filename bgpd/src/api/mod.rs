@@ -5,8 +5,14 @@
 //! A request that cannot be decoded gets INVALID_ARGUMENT naming the field, one over the
 //! size limit RESOURCE_EXHAUSTED (see `decode_error_status`).
 //!
+//! Caps bound what clients hold open (`limits`): connections per listener
+//! (`api.max_connections`), streams per connection (`api.max_streams_per_connection`, HTTP/2
+//! SETTINGS_MAX_CONCURRENT_STREAMS) and streaming calls over all clients
+//! (`api.max_watch_streams`).
+//!
 //! The API layer owns no state of its own: each service holds handles to the parts of the
-//! daemon that own the state.
+//! daemon that own the state; the caps' permits live in the connections and streams they
+//! admit.
 
 mod bgp_service;
 pub mod convert;
@@ -14,6 +20,7 @@ mod daemon_service;
 mod dataplane_service;
 mod ipam_service;
 mod lazy;
+pub mod limits;
 mod services_service;
 pub mod socket;
 
@@ -33,7 +40,7 @@ use tonic::codegen::http;
 use tonic::service::Routes;
 use tonic::transport::{Certificate, Identity, Server, ServerTlsConfig};
 
-pub use daemon_service::DaemonInfo;
+pub use daemon_service::{ApiCounters, DaemonInfo};
 
 use crate::config::{ApiConfig, TlsFiles};
 use crate::datastore::{DatastoreHandle, DatastoreState};
@@ -78,7 +85,20 @@ pub struct Api {
     /// The service-address task, once the daemon has started it (`Services` is served only
     /// then).
     services: Option<crate::services::ServicesHandle>,
+    /// `api.max_connections`, `api.max_streams_per_connection`, `api.max_watch_streams`.
+    caps: Caps,
 }
+
+#[derive(Debug, Clone, Copy)]
+struct Caps {
+    connections: u32,
+    streams_per_connection: u32,
+    streams: u32,
+}
+
+/// How long a TCP client gets to finish its TLS handshake: one that stalls must not hold
+/// one of the listener's `api.max_connections` for ever (tonic sets no limit).
+const TLS_HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
 impl Api {
     /// Binds every configured listener, so that start-up fails before anything is served.
@@ -103,6 +123,11 @@ impl Api {
             socket,
             tcp,
             services: None,
+            caps: Caps {
+                connections: config.max_connections,
+                streams_per_connection: config.max_streams_per_connection,
+                streams: config.max_watch_streams,
+            },
         })
     }
 
@@ -124,18 +149,31 @@ impl Api {
         shutdown: watch::Receiver<bool>,
     ) -> Result<(), ApiError> {
         // Every call on every listener is counted for the metrics.
-        let counted = info.api_stats.layer();
+        let counted = info.api_stats.calls.layer();
         let decode_codes = tower::util::MapResponseLayer::new(
             decode_error_status as fn(http::Response<Body>) -> http::Response<Body>,
         );
+        let limits = info.api_stats.limits.clone();
+        // Inside the counting layer: a refused stream is counted as a RESOURCE_EXHAUSTED call.
+        let streams = limits::StreamCapLayer::new(limits::Gate::new(
+            self.caps.streams,
+            limits.streams.clone(),
+        ));
+        let per_connection = Some(self.caps.streams_per_connection);
         let routes = routes(info, self.services).await;
         let _socket = self.socket;
         let unix = Server::builder()
+            .max_concurrent_streams(per_connection)
             .layer(counted.clone())
             .layer(decode_codes.clone())
+            .layer(streams.clone())
             .add_routes(routes.clone())
             .serve_with_incoming_shutdown(
-                UnixListenerStream::new(self.unix),
+                limits::CappedIncoming::new(
+                    UnixListenerStream::new(self.unix),
+                    limits::Gate::new(self.caps.connections, limits.unix.clone()),
+                    "unix",
+                ),
                 wait_for(shutdown.clone()),
             );
         match self.tcp {
@@ -144,11 +182,17 @@ impl Api {
                 let tcp = Server::builder()
                     .tls_config(tls)
                     .map_err(ApiError::Tls)?
+                    .max_concurrent_streams(per_connection)
                     .layer(counted)
                     .layer(decode_codes)
+                    .layer(streams)
                     .add_routes(routes)
                     .serve_with_incoming_shutdown(
-                        TcpListenerStream::new(listener),
+                        limits::CappedIncoming::new(
+                            TcpListenerStream::new(listener),
+                            limits::Gate::new(self.caps.connections, limits.tcp.clone()),
+                            "tcp",
+                        ),
                         wait_for(shutdown),
                     );
                 let (u, t) = tokio::join!(unix, tcp);
@@ -276,5 +320,6 @@ async fn tls_config(files: &TlsFiles) -> Result<ServerTlsConfig, ApiError> {
     // A client CA makes client certificates mandatory: mutual TLS.
     Ok(ServerTlsConfig::new()
         .identity(Identity::from_pem(cert, key))
-        .client_ca_root(Certificate::from_pem(ca)))
+        .client_ca_root(Certificate::from_pem(ca))
+        .timeout(TLS_HANDSHAKE_TIMEOUT))
 }

@@ -112,7 +112,26 @@ pub struct ApiConfig {
     pub tls_key: Option<PathBuf>,
     /// PEM CA bundle that client certificates must chain to.
     pub tls_client_ca: Option<PathBuf>,
+    /// Connections open at once on each listener (the unix socket and TCP count apart, so
+    /// that remote clients cannot lock the node's own agents out); one more is closed as
+    /// soon as it is accepted.
+    pub max_connections: u32,
+    /// Streams (calls in flight) one HTTP/2 connection may have open at once: the
+    /// SETTINGS_MAX_CONCURRENT_STREAMS bgpd announces. A client waits for a free one.
+    pub max_streams_per_connection: u32,
+    /// Streaming calls open at once over all clients and listeners (`Dataplane.Watch`,
+    /// `Bgp.ListRoutes`, `grpc.health.v1.Health.Watch`, server reflection); one more gets
+    /// RESOURCE_EXHAUSTED.
+    pub max_watch_streams: u32,
 }
+
+/// Defaults of the API's caps: far above what a node's own clients open (routewriter
+/// holds one Watch, the CNI plugin and bgpctl one connection each per call), and above what
+/// `api_hostile` opens (10 000 Watch streams over 10 connections, twice in turn), so that
+/// only a runaway or hostile client meets them.
+pub const DEFAULT_MAX_CONNECTIONS: u32 = 1024;
+pub const DEFAULT_MAX_STREAMS_PER_CONNECTION: u32 = 4096;
+pub const DEFAULT_MAX_WATCH_STREAMS: u32 = 20_000;
 
 impl Default for ApiConfig {
     fn default() -> Self {
@@ -122,6 +141,9 @@ impl Default for ApiConfig {
             tls_cert: None,
             tls_key: None,
             tls_client_ca: None,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_streams_per_connection: DEFAULT_MAX_STREAMS_PER_CONNECTION,
+            max_watch_streams: DEFAULT_MAX_WATCH_STREAMS,
         }
     }
 }
@@ -134,7 +156,31 @@ pub struct TlsFiles {
     pub client_ca: PathBuf,
 }
 
+/// The largest value of each API cap: beyond, a cap would no longer bound anything (file
+/// descriptors and memory run out first), so a value above is a typo.
+const MAX_API_CAP: u32 = 1_000_000;
+
 impl ApiConfig {
+    /// Each cap at least 1 (0 would serve nothing) and at most [`MAX_API_CAP`].
+    fn check_caps(&self) -> Result<(), ConfigError> {
+        for (name, value) in [
+            ("api.max_connections", self.max_connections),
+            (
+                "api.max_streams_per_connection",
+                self.max_streams_per_connection,
+            ),
+            ("api.max_watch_streams", self.max_watch_streams),
+        ] {
+            if !(1..=MAX_API_CAP).contains(&value) {
+                return Err(field(
+                    name,
+                    format!("{value}: give 1 to {MAX_API_CAP} (0 would refuse every client)"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// The TLS files, when the TCP listener is configured.
     pub fn tls_files(&self) -> Option<TlsFiles> {
         Some(TlsFiles {
@@ -409,6 +455,7 @@ impl Config {
                 "TCP is served only with mutual TLS: set api.tls_cert, api.tls_key and api.tls_client_ca",
             ));
         }
+        self.api.check_caps()?;
         for (i, pool) in self.ipam.default_pools.iter().enumerate() {
             pool.to_pool().validate().map_err(|e| {
                 field(

@@ -293,3 +293,55 @@ fn the_error_wait_time_defaults_to_calicos_and_is_checked() {
         assert!(err.contains(name), "{err}");
     }
 }
+
+// ---- The API's caps (`[api]` max_connections, max_streams_per_connection, max_watch_streams) ----
+
+fn load_caps(text: &str) -> Result<Config, ConfigError> {
+    let f = write(text);
+    Config::load_with_env(Some(f.path()), env(&[("MARGAY_NODE__NAME", "n")]))
+}
+
+#[test]
+fn api_caps_default_and_load() {
+    let c = load_caps("").unwrap();
+    assert_eq!(
+        (
+            c.api.max_connections,
+            c.api.max_streams_per_connection,
+            c.api.max_watch_streams
+        ),
+        (1024, 4096, 20_000)
+    );
+    let c = load_caps(
+        "[api]\nmax_connections = 8\nmax_streams_per_connection = 10\nmax_watch_streams = 50\n",
+    )
+    .unwrap();
+    assert_eq!(
+        (
+            c.api.max_connections,
+            c.api.max_streams_per_connection,
+            c.api.max_watch_streams
+        ),
+        (8, 10, 50)
+    );
+}
+
+#[test]
+fn a_cap_of_zero_or_too_large_names_its_key() {
+    for (text, key) in [
+        ("[api]\nmax_connections = 0\n", "api.max_connections"),
+        (
+            "[api]\nmax_streams_per_connection = 0\n",
+            "api.max_streams_per_connection",
+        ),
+        ("[api]\nmax_watch_streams = 0\n", "api.max_watch_streams"),
+        (
+            "[api]\nmax_watch_streams = 1000001\n",
+            "api.max_watch_streams",
+        ),
+        ("[api]\nmax_connections = -1\n", "max_connections"),
+    ] {
+        let err = load_caps(text).expect_err(text).to_string();
+        assert!(err.contains(key), "{text:?}: {err}");
+    }
+}

@@ -10,9 +10,9 @@
 //! - `GET /status`: one JSON object (node, datastore, readiness, sessions).
 //!
 //! Boundaries: this module reads through the daemon's handles (`api::DaemonInfo`: speaker,
-//! datastore, the API's call counters of `crate::api_stats`) and owns nothing but a short
-//! cache of the IPAM usage; every read has a time limit, so a stuck part makes a scrape say
-//! so rather than hang.
+//! datastore, the API's call counters of `crate::api_stats` and its caps' counts of
+//! `api::limits`) and owns nothing but a short cache of the IPAM usage; every read has a
+//! time limit, so a stuck part makes a scrape say so rather than hang.
 //!
 //! - `ready`: readiness and liveness as pure verdicts.
 //! - `render`: the Prometheus text of a snapshot.
@@ -117,7 +117,8 @@ impl Endpoints {
                     ready,
                     peers,
                     ipam,
-                    api: self.info.api_stats.snapshot(),
+                    api: self.info.api_stats.calls.snapshot(),
+                    api_limits: render::ApiLimits::of(&self.info.api_stats.limits),
                     bfd: self.info.bgp.bfd_counters().snapshot(),
                     tcp_drops: tcp_drops::read(),
                 };

@@ -62,10 +62,34 @@ pub struct Snapshot {
     pub peers: Result<Vec<PeerRow>, String>,
     pub ipam: IpamView,
     pub api: BTreeMap<String, MethodStats>,
+    /// What the API's caps hold open and refused.
+    pub api_limits: ApiLimits,
     /// The BFD task's packet counters, by what happened to the packets.
     pub bfd: Vec<(&'static str, u64)>,
     /// TCP segments the kernel refused for TCP MD5 or GTSM, by reason (`tcp_drops`).
     pub tcp_drops: Vec<(&'static str, u64)>,
+}
+
+/// The API's caps at one scrape (`api::limits`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ApiLimits {
+    /// (listener, open, refused) of each listener's connections.
+    pub connections: Vec<(&'static str, usize, u64)>,
+    pub streams_open: usize,
+    pub streams_refused: u64,
+}
+
+impl ApiLimits {
+    pub fn of(c: &crate::api::limits::LimitCounters) -> Self {
+        Self {
+            connections: vec![
+                ("unix", c.unix.open(), c.unix.refused()),
+                ("tcp", c.tcp.open(), c.tcp.refused()),
+            ],
+            streams_open: c.streams.open(),
+            streams_refused: c.streams.refused(),
+        }
+    }
 }
 
 /// A per-peer or per-pool family: its name, its help, and its value for one row.
@@ -100,6 +124,7 @@ pub fn render(s: &Snapshot) -> String {
     bgp(&mut e, &s.peers);
     ipam(&mut e, &s.ipam);
     api(&mut e, &s.api);
+    api_limits(&mut e, &s.api_limits);
     e.family(
         "bfd_packets_total",
         "BFD control packets by outcome: received, sent, send_errors, and dropped as malformed, no_session, ttl_refused (single-hop TTL below 255) or flooded (above the peer's rate).",
@@ -257,6 +282,41 @@ fn api(e: &mut Exposition, methods: &BTreeMap<String, MethodStats>) {
     }
 }
 
+fn api_limits(e: &mut Exposition, l: &ApiLimits) {
+    e.family(
+        "api_connections_open",
+        "gRPC API connections open, by listener (unix, tcp).",
+        Kind::Gauge,
+    );
+    for (listener, open, _) in &l.connections {
+        e.sample("api_connections_open", &[("listener", listener)], open);
+    }
+    e.family(
+        "api_connections_refused_total",
+        "gRPC API connections closed at once because api.max_connections were open on their listener.",
+        Kind::Counter,
+    );
+    for (listener, _, refused) in &l.connections {
+        e.sample(
+            "api_connections_refused_total",
+            &[("listener", listener)],
+            refused,
+        );
+    }
+    e.single(
+        "api_streams_open",
+        "Streaming gRPC API calls open (Dataplane.Watch, Bgp.ListRoutes, Health.Watch, reflection), over all clients.",
+        Kind::Gauge,
+        l.streams_open,
+    );
+    e.single(
+        "api_streams_refused_total",
+        "Streaming gRPC API calls refused with RESOURCE_EXHAUSTED because api.max_watch_streams were open.",
+        Kind::Counter,
+        l.streams_refused,
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -310,6 +370,11 @@ mod tests {
                 age_seconds: 0.25,
             },
             api: stats.snapshot(),
+            api_limits: ApiLimits {
+                connections: vec![("unix", 8, 3), ("tcp", 0, 0)],
+                streams_open: 50,
+                streams_refused: 2,
+            },
             bfd: vec![("received", 7), ("malformed", 2)],
             tcp_drops: vec![("md5_failure", 4), ("min_ttl", 1)],
         }
@@ -344,6 +409,11 @@ mod tests {
             "margay_bgpd_api_request_duration_seconds_bucket{method=\"margay.v1.Ipam/AutoAssign\",le=\"0.05\"} 2",
             "margay_bgpd_api_request_duration_seconds_bucket{method=\"margay.v1.Ipam/AutoAssign\",le=\"+Inf\"} 2",
             "margay_bgpd_api_request_duration_seconds_count{method=\"margay.v1.Ipam/AutoAssign\"} 2",
+            "margay_bgpd_api_connections_open{listener=\"unix\"} 8",
+            "margay_bgpd_api_connections_refused_total{listener=\"unix\"} 3",
+            "margay_bgpd_api_connections_refused_total{listener=\"tcp\"} 0",
+            "margay_bgpd_api_streams_open 50",
+            "margay_bgpd_api_streams_refused_total 2",
         ] {
             assert!(t.lines().any(|l| l == line), "missing {line:?} in\n{t}");
         }
