@@ -49,7 +49,7 @@ use std::fmt;
 use std::hash::Hash;
 
 use hashbrown::{DefaultHashBuilder, HashMap, HashSet};
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::Arc;
 
 use bgp_wire::{
@@ -331,6 +331,10 @@ pub struct PeerInfo {
     /// The same for IPv6 routes: our global address on the session (and link-local on a
     /// shared link), or the node's IPv6 address on an IPv4 session.
     pub next_hop_v6: Option<NextHop>,
+    /// Our link-local address on the session's link, when the session runs over IPv6 on a
+    /// shared link: one of our own addresses even where no IPv6 routes flow (an IPv6 session
+    /// carrying only IPv4), so a route naming it as next hop is not usable.
+    pub local_link_local: Option<Ipv6Addr>,
     /// Which policy rules apply to the peer.
     pub class: PeerClass,
     /// A route-reflector client of ours (meaningful only when we have a cluster id).
@@ -389,15 +393,16 @@ impl PeerInfo {
     /// NEXT_HOP is not usable (RFC 4271 §5.1.3, §6.3) and is treated as withdrawn, as BIRD
     /// does.
     pub fn is_own_address(&self, addr: IpAddr) -> bool {
-        [self.next_hop_v4, self.next_hop_v6]
-            .into_iter()
-            .flatten()
-            .any(|nh| match nh {
-                NextHop::V4(a) => IpAddr::V4(a) == addr,
-                NextHop::V6 { global, link_local } => {
-                    IpAddr::V6(global) == addr || link_local.map(IpAddr::V6) == Some(addr)
-                }
-            })
+        self.local_link_local.map(IpAddr::V6) == Some(addr)
+            || [self.next_hop_v4, self.next_hop_v6]
+                .into_iter()
+                .flatten()
+                .any(|nh| match nh {
+                    NextHop::V4(a) => IpAddr::V4(a) == addr,
+                    NextHop::V6 { global, link_local } => {
+                        IpAddr::V6(global) == addr || link_local.map(IpAddr::V6) == Some(addr)
+                    }
+                })
     }
 }
 

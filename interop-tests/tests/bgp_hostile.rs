@@ -4,52 +4,94 @@
 //! back-off), and checks the exact NOTIFICATION (code, subcode, and data where RFC 4271
 //! specifies it) or the exact routes and RFC 7606 counters bgpd holds afterwards. Meanwhile
 //! BIRD 2 holds an unrelated eBGP session to the same bgpd: after every case it must still be
-//! in the same Established period with its route in bgpd's table.
+//! in the same Established period with its route in bgpd's table. The segment is dual-stack:
+//! the RFC 8950 cases run over IPv6 sessions, where bgpd offers the extended next hop
+//! capability for IPv4 unicast (and only there), and the tester offers it as a peer would.
 //!
 //! Why this file is long: it is the catalog itself, one entry per case (input, expected, why),
 //! in groups: message header (RFC 4271 §6.1), OPEN (§6.2, RFC 6793, RFC 7607, RFC 9072), FSM
 //! (RFC 6608), UPDATE over eBGP and over iBGP (§6.3, RFC 7606, RFC 4760, RFC 8950, RFC 5065,
-//! RFC 4456), ROUTE-REFRESH (RFC 7313) and NOTIFICATION handling; splitting it would scatter
-//! the one table a reader wants to see whole.
+//! RFC 4456), UPDATE with the extended next hop capability negotiated (RFC 8950, RFC 7606
+//! §7.11), ROUTE-REFRESH (RFC 7313) and NOTIFICATION handling; splitting it would scatter the
+//! one table a reader wants to see whole.
 //!
 //! Where the RFCs leave a choice, BIRD 2 is the reference, asked in the same run: the tester
-//! replays those cases to BIRD 2 (passive protocols `t1`..`t4` of the same BIRD) and the
-//! output shows BIRD's outcome under bgpd's. Matching BIRD 2:
+//! replays those cases to BIRD 2 (passive protocols `t1`..`t5` of the same BIRD over IPv4,
+//! `t6`..`t13` over IPv6 with `extended next hop on`) and the output shows BIRD's outcome
+//! under bgpd's. Matching BIRD 2:
 //! - first AS of an eBGP AS_PATH not the peer's AS (RFC 4271 §6.3 and RFC 7606 §7.2 make the
 //!   check a MAY): not checked, the route is kept (BIRD's `enforce first as` is off by
 //!   default);
 //! - a NEXT_HOP that is the receiver's own address (RFC 4271 §5.1.3): the route is not used
 //!   (bgpd counts it as rejected, not as malformed);
-//! - an IPv4 route in MP_REACH_NLRI with an IPv6 next hop when RFC 8950 was not negotiated:
+//! - an IPv4 route in MP_REACH_NLRI with an IPv6 next hop when RFC 8950 was not negotiated
+//!   (also when only the peer offered the capability: bgpd offers none on IPv4 sessions):
 //!   treat-as-withdraw of those routes only;
+//! - with RFC 8950 negotiated: a 16-octet global, a 32-octet global + link-local and a
+//!   link-local-alone next hop are held as sent; `::` and multicast ones are treat-as-withdraw;
+//!   an IPv4-mapped one (`::ffff:a.b.c.d`) is the IPv4 next hop it maps; a next hop length
+//!   other than 4, 16 or 32 resets the session with 3/9 (RFC 7606 §7.11: the NLRI after it
+//!   cannot be located);
 //! - ORIGINATOR_ID equal to our router id on iBGP (RFC 4456 §8): the route is ignored.
 //!
 //! Deliberate differences (counted in the summary line):
 //! - an unrecognised well-known attribute: bgpd resets the session with 3/2 and the attribute
 //!   as data, as RFC 4271 §6.3 prescribes (RFC 7606 does not revise it); BIRD 2 treats the
 //!   UPDATE as withdraw instead.
+//! - RFC 8950 next hop lengths other than 4, 16 or 32: the same 3/9, but with the attribute
+//!   as data, which RFC 4271 §6.3 requires of an Optional Attribute Error; BIRD 2 sends none.
+//! - an IPv6 next hop for IPv4 routes on a session where bgpd offered the extended next hop
+//!   capability and the peer did not (or only for another family): bgpd holds the routes, as
+//!   the capability tells the peer what the receiver can take (RFC 8950 §4) and nothing asks
+//!   the sender to offer it too; BIRD 2 (and FRR) negotiate it as both-or-none and treat them
+//!   as withdrawn.
 //!
-//! Found by this catalog and fixed (`bgp::fsm`): BoRR/EoRR when enhanced route refresh was
-//! not negotiated were acted on (the peer's routes swept) instead of being read as plain
-//! RFC 2918 refresh requests, as BIRD 2 reads them.
+//! Found by this catalog and fixed: BoRR/EoRR when enhanced route refresh was not
+//! negotiated were acted on (the peer's routes swept) instead of being read as plain
+//! RFC 2918 refresh requests, as BIRD 2 reads them (`bgp::fsm`); an IPv4-mapped IPv6 next
+//! hop for IPv4 routes was held as that IPv6 address, which no packet can be sent to (and an
+//! IPv4 route via IPv6 stays out of the kernel, while it could still be the best route),
+//! instead of as the IPv4 address, as BIRD 2 reads it (`bgp_wire::attributes::mp`); on an
+//! IPv6 session carrying IPv4 only, a route whose next hop is bgpd's own link-local address
+//! was held (RFC 4271 §5.1.3: not usable), because the RIB knew only the session's next hops
+//! in use (`bgp::rib::PeerInfo::local_link_local`).
 //!
 //! Prints one line per case (name, input, expected, got) and the summary
 //! `hostile BGP input: N cases, N passed, D deliberate differences`. Needs root and BIRD 2.
 
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::{Duration, Instant};
 
 use interop_tests::lab::bgp_peer::{BgpPeer, Bgpd, PEER_PREFIX, wait_until};
 use interop_tests::lab::bird::{Bird, BirdVersion};
+use interop_tests::lab::link6::{bird_next_hops, link_local};
 use interop_tests::lab::segment::{Member, Segment};
 use interop_tests::lab::tester::{
-    AS_TRANS, KEEPALIVE, Notified, OPEN, ROUTE_REFRESH, Tester, as_path, attr, caps_param, hex,
-    keepalive, msg, next_hop, nlri24, notification, open_with, origin_igp, std_caps, std_open,
-    update,
+    AS_TRANS, IPV4_OVER_IPV6, KEEPALIVE, Notified, OPEN, ROUTE_REFRESH, Tester, as_path, attr,
+    caps_param, ext_next_hop_cap, hex, keepalive, mp_reach_value, msg, next_hop, nlri24,
+    notification, open_with, origin_igp, std_caps, std_open, update,
 };
 
 const BGPD: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 1);
 const BIRD_ADDR: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 2);
+/// The tester's first IPv4 address: the classic NEXT_HOP of the IPv6 peers' valid routes.
+const TESTER: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 9);
+/// The segment's IPv6 prefix (a /64): bgpd, BIRD 2 and the IPv6 test peers.
+const NET6: [u16; 4] = [0xfd99, 0x99, 0, 0];
+const BGPD6: Ipv6Addr = addr6(1);
+const BIRD_ADDR6: Ipv6Addr = addr6(2);
+/// A global address on the segment that is nobody's session address (a third router on the
+/// link): the IPv6 next hop of the RFC 8950 cases, on-link as BIRD 2 wants it.
+const OTHER6: Ipv6Addr = addr6(0x77);
+/// A link-local address beside it.
+const OTHER_LL: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0x77);
+/// The same in IPv4 (in no pool): a next hop that differs from the valid route's.
+const OTHER4: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 150);
+
+/// `fd99:99::<host>`.
+const fn addr6(host: u16) -> Ipv6Addr {
+    Ipv6Addr::new(NET6[0], NET6[1], NET6[2], NET6[3], 0, 0, 0, host)
+}
 const LOCAL_AS: u32 = 64512;
 const EBGP_AS: u32 = 65000;
 /// A peer AS that needs 4 octets, announced with AS_TRANS and the capability.
@@ -64,15 +106,27 @@ enum Pool {
     Ibgp,
     As4,
     As4NoCap,
+    /// eBGP over IPv6 carrying IPv4 unicast: bgpd offers the extended next hop capability
+    /// (RFC 8950) there. Host numbers are those of `fd99:99::<host>`.
+    Ext,
+    /// The same over iBGP.
+    ExtIbgp,
 }
 
 impl Pool {
-    const ALL: [Pool; 4] = [Pool::Ebgp, Pool::Ibgp, Pool::As4, Pool::As4NoCap];
+    const ALL: [Pool; 6] = [
+        Pool::Ebgp,
+        Pool::Ibgp,
+        Pool::As4,
+        Pool::As4NoCap,
+        Pool::Ext,
+        Pool::ExtIbgp,
+    ];
 
     fn asn(self) -> u32 {
         match self {
-            Pool::Ebgp => EBGP_AS,
-            Pool::Ibgp => LOCAL_AS,
+            Pool::Ebgp | Pool::Ext => EBGP_AS,
+            Pool::Ibgp | Pool::ExtIbgp => LOCAL_AS,
             Pool::As4 => AS4,
             Pool::As4NoCap => AS4_NOCAP,
         }
@@ -85,6 +139,8 @@ impl Pool {
             Pool::Ibgp => (100, 139),
             Pool::As4 => (160, 164),
             Pool::As4NoCap => (170, 174),
+            Pool::Ext => (0x10, 0x2f),
+            Pool::ExtIbgp => (0x30, 0x37),
         }
     }
 
@@ -94,6 +150,16 @@ impl Pool {
             Pool::Ibgp => 1,
             Pool::As4 => 2,
             Pool::As4NoCap => 3,
+            Pool::Ext => 4,
+            Pool::ExtIbgp => 5,
+        }
+    }
+
+    /// A peer address of the pool, as bgpd's configuration names it.
+    fn address(self, host: u8) -> IpAddr {
+        match self {
+            Pool::Ext | Pool::ExtIbgp => addr6(u16::from(host)).into(),
+            _ => Ipv4Addr::new(10, 99, 0, host).into(),
         }
     }
 }
@@ -101,7 +167,11 @@ impl Pool {
 /// The peer a case plays: its address, AS and the prefixes it uses.
 #[derive(Debug, Clone, Copy)]
 struct Peer {
+    /// Its IPv4 address (session and NEXT_HOP) and BGP identifier; on an IPv6 session only
+    /// the identifier.
     addr: Ipv4Addr,
+    /// Its IPv6 session address, for a session over IPv6.
+    addr6: Option<Ipv6Addr>,
     asn: u32,
     /// The case's number: its prefixes are 10.40.n.0/24 (the one under test) and
     /// 10.41.n.0/24 (a sentinel sent after the hostile message).
@@ -125,9 +195,29 @@ impl Peer {
     fn open(&self, extra_caps: &[u8]) -> Vec<u8> {
         std_open(self.asn, self.addr, extra_caps)
     }
+    /// The session's own address.
+    fn transport(&self) -> IpAddr {
+        self.addr6.map_or(self.addr.into(), IpAddr::from)
+    }
+    /// bgpd's address in the session's family.
+    fn bgpd(&self) -> IpAddr {
+        if self.addr6.is_some() {
+            BGPD6.into()
+        } else {
+            BGPD.into()
+        }
+    }
+    /// Our IPv4 next hop: the session address, or on an IPv6 session the tester's IPv4 one.
+    fn nh4(&self) -> Ipv4Addr {
+        if self.addr6.is_some() {
+            TESTER
+        } else {
+            self.addr
+        }
+    }
     /// ORIGIN, AS_PATH ([our AS] on eBGP, empty on iBGP) and NEXT_HOP (our address).
     fn base(&self) -> Vec<u8> {
-        [origin_igp(), self.path(), next_hop(self.addr)].concat()
+        [origin_igp(), self.path(), next_hop(self.nh4())].concat()
     }
     fn path(&self) -> Vec<u8> {
         if self.external() {
@@ -153,17 +243,33 @@ struct Record {
     expected: String,
     got: String,
     passed: bool,
-    deliberate: bool,
+    mark: Mark,
     /// What BIRD 2 did with the same input, where it was asked.
     bird: Option<String>,
 }
 
+/// How a case's outcome counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mark {
+    /// bgpd must give the expected outcome.
+    Plain,
+    /// As `Plain`; the outcome differs from BIRD 2's on purpose (see the module text).
+    Deliberate,
+}
+
 /// BIRD 2 protocols the tester can play the peer of, for the reference cases: `t1`...
-const BIRD_REFS: u8 = 4;
+/// over IPv4, then `t<BIRD_REFS + 1>`... over IPv6 with `extended next hop on`.
+const BIRD_REFS: u8 = 5;
+const BIRD_REFS6: u8 = 8;
 
 /// The tester's address as BIRD 2's reference peer `t<k>` (AS 65000).
 fn bird_ref_addr(k: u8) -> Ipv4Addr {
     Ipv4Addr::new(10, 99, 0, 200 + k)
+}
+
+/// The tester's IPv6 address as BIRD 2's reference peer `t<BIRD_REFS + k>`.
+fn bird_ref_addr6(k: u8) -> Ipv6Addr {
+    addr6(0xf0 + u16::from(k))
 }
 
 struct Lab {
@@ -171,14 +277,17 @@ struct Lab {
     bird: Bird,
     /// BIRD's session as bgpd saw it before the first case: (since, state).
     bird_before: (Option<u64>, serde_json::Value),
-    next: [u8; 4],
+    next: [u8; 6],
     cases: u8,
     group: &'static str,
     records: Vec<Record>,
-    /// Reference protocols of BIRD's used so far.
+    /// Reference protocols of BIRD's used so far (IPv4, IPv6).
     bird_refs: u8,
+    bird_refs6: u8,
     /// BIRD 2's outcome for the running case, if it asked.
     reference: Option<String>,
+    /// bgpd's link-local address on the segment.
+    bgpd_ll: Ipv6Addr,
 }
 
 /// RFC 7606 counters and state of one peer, as `show protocols` has them.
@@ -255,14 +364,19 @@ impl Lab {
         assert!(host <= last, "pool {pool:?} exhausted");
         self.next[i] += 1;
         self.cases += 1;
+        let (addr, addr6) = match pool.address(host) {
+            IpAddr::V4(a) => (a, None),
+            IpAddr::V6(a) => (Ipv4Addr::new(10, 99, 1, host), Some(a)),
+        };
         Peer {
-            addr: Ipv4Addr::new(10, 99, 0, host),
+            addr,
+            addr6,
             asn: pool.asn(),
             n: self.cases,
         }
     }
 
-    fn peer_json(&self, addr: Ipv4Addr) -> serde_json::Value {
+    fn peer_json(&self, addr: IpAddr) -> serde_json::Value {
         self.b
             .ctl_json(&["show", "protocols", "--json"])
             .as_array()
@@ -270,7 +384,7 @@ impl Lab {
             .unwrap_or_default()
     }
 
-    fn counters(&self, addr: Ipv4Addr) -> Counters {
+    fn counters(&self, addr: IpAddr) -> Counters {
         let p = self.peer_json(addr);
         let m = &p["malformed"];
         Counters {
@@ -299,7 +413,7 @@ impl Lab {
     }
 
     fn bird_since(&self) -> (Option<u64>, serde_json::Value) {
-        let p = self.peer_json(Ipv4Addr::new(10, 99, 0, 2));
+        let p = self.peer_json(BIRD_ADDR.into());
         (p["since_unix_ms"].as_u64(), p["state"].clone())
     }
 
@@ -325,10 +439,28 @@ impl Lab {
         deliberate: bool,
         f: impl FnOnce(&mut Lab, Peer) -> String,
     ) {
+        let mark = if deliberate {
+            Mark::Deliberate
+        } else {
+            Mark::Plain
+        };
+        self.case_marked(name, input, pool, expected, mark, f);
+    }
+
+    fn case_marked(
+        &mut self,
+        name: &'static str,
+        input: impl Into<String>,
+        pool: Pool,
+        expected: String,
+        mark: Mark,
+        f: impl FnOnce(&mut Lab, Peer) -> String,
+    ) {
         let p = self.peer(pool);
         self.reference = None;
         let mut got = f(self, p);
-        let mut passed = matches(&expected, &got);
+        let met = matches(&expected, &got);
+        let mut passed = met;
         if let Err(e) = self.bird_intact() {
             got = format!("{got}; {e}");
             passed = false;
@@ -338,10 +470,9 @@ impl Lab {
         println!(
             "[{}] {name}: {input}\n    expected: {expected}\n    got:      {got}{}{}",
             if passed { "ok" } else { "FAIL" },
-            if deliberate {
-                " (deliberate difference)"
-            } else {
-                ""
+            match mark {
+                Mark::Deliberate => " (deliberate difference)",
+                Mark::Plain => "",
             },
             bird.as_ref()
                 .map(|b| format!("\n    BIRD 2:   {b}"))
@@ -354,7 +485,7 @@ impl Lab {
             expected,
             got,
             passed,
-            deliberate,
+            mark,
             bird,
         });
     }
@@ -366,7 +497,8 @@ impl Lab {
 
 /// Connects and brings the session up with `open`; the error text if it did not come up.
 fn established(p: &Peer, open: &[u8]) -> Result<Tester, String> {
-    let mut t = Tester::connect_from(p.addr, BGPD).map_err(|e| format!("connect: {e}"))?;
+    let mut t =
+        Tester::connect_from(p.transport(), p.bgpd()).map_err(|e| format!("connect: {e}"))?;
     match t.establish(open) {
         Ok(()) => Ok(t),
         Err(Some(n)) => Err(n.show(true)),
@@ -399,7 +531,7 @@ fn update_outcome(lab: &Lab, p: &Peer, extra_caps: &[u8], hostile: &[u8]) -> See
     if lab.wait_route(&p.sentinel(), true, Duration::from_secs(5)) {
         return Seen::Processed {
             route: lab.b.route(&p.prefix()),
-            c: lab.counters(p.addr),
+            c: lab.counters(p.transport()),
         };
     }
     match t.notification() {
@@ -415,33 +547,46 @@ fn update_case(lab: &mut Lab, p: Peer, hostile: impl FnOnce(&Peer) -> Vec<u8>) -
 }
 
 /// The same UPDATE-case pattern against BIRD 2 (the reference where the RFCs leave a
-/// choice), as its next reference peer `t<k>`: "route kept", "route gone" or the
-/// NOTIFICATION. Stored for the running case's record.
+/// choice), as its next reference peer `t<k>` of the case's session family: "route kept"
+/// (over IPv6 with the next hop BIRD holds), "route gone" or the NOTIFICATION. Stored for
+/// the running case's record.
 fn bird_reference(
     lab: &mut Lab,
     p: &Peer,
     extra_caps: &[u8],
     hostile: impl FnOnce(&Peer) -> Vec<u8>,
 ) {
-    lab.bird_refs += 1;
-    let k = lab.bird_refs;
-    assert!(k <= BIRD_REFS, "BIRD reference protocols exhausted");
-    let proto = format!("t{k}");
-    let me = Peer {
-        addr: bird_ref_addr(k),
-        asn: EBGP_AS,
-        n: p.n,
+    let (proto, me, bird) = if p.addr6.is_some() {
+        lab.bird_refs6 += 1;
+        let k = lab.bird_refs6;
+        assert!(k <= BIRD_REFS6, "BIRD IPv6 reference protocols exhausted");
+        let me = Peer {
+            addr: Ipv4Addr::new(10, 99, 1, 0xf0 + k),
+            addr6: Some(bird_ref_addr6(k)),
+            asn: EBGP_AS,
+            n: p.n,
+        };
+        (format!("t{}", BIRD_REFS + k), me, IpAddr::from(BIRD_ADDR6))
+    } else {
+        lab.bird_refs += 1;
+        let k = lab.bird_refs;
+        assert!(k <= BIRD_REFS, "BIRD reference protocols exhausted");
+        let me = Peer {
+            addr: bird_ref_addr(k),
+            addr6: None,
+            asn: EBGP_AS,
+            n: p.n,
+        };
+        (format!("t{k}"), me, IpAddr::from(BIRD_ADDR))
     };
-    let has = |prefix: &str| {
-        interop_tests::lab::bird::parse_route(
-            &lab.bird
-                .birdc(&["show", "route", "all", prefix, "protocol", &proto]),
-        )
-        .is_some()
+    let show = |prefix: &str| {
+        lab.bird
+            .birdc(&["show", "route", "all", prefix, "protocol", &proto])
     };
+    let has = |prefix: &str| interop_tests::lab::bird::parse_route(&show(prefix)).is_some();
     let outcome = (|| {
         let mut t =
-            Tester::connect_from(me.addr, BIRD_ADDR).map_err(|e| format!("connect: {e}"))?;
+            Tester::connect_from(me.transport(), bird).map_err(|e| format!("connect: {e}"))?;
         t.establish(&me.open(extra_caps))
             .map_err(|n| format!("not established: {n:?}"))?;
         t.send(&me.good());
@@ -451,10 +596,14 @@ fn bird_reference(
         t.send(&hostile(&me));
         t.send(&me.good_sentinel());
         if wait_until(Duration::from_secs(5), || has(&me.sentinel())) {
-            return Ok(format!(
-                "route {}",
-                if has(&me.prefix()) { "kept" } else { "gone" }
-            ));
+            let text = show(&me.prefix());
+            return Ok(if interop_tests::lab::bird::parse_route(&text).is_none() {
+                "route gone".into()
+            } else if me.addr6.is_some() {
+                format!("route kept, next hop {}", bird_next_hops(&text).join(" "))
+            } else {
+                "route kept".into()
+            });
         }
         Ok(t.notification()
             .map(|n| n.show(true))
@@ -1335,6 +1484,249 @@ fn ibgp_update_cases(lab: &mut Lab) {
     );
 }
 
+/// What an RFC 8950 case offers: the extended next hop capability for IPv4 unicast over
+/// IPv6 next hops.
+fn ext_caps() -> Vec<u8> {
+    ext_next_hop_cap(&[IPV4_OVER_IPV6])
+}
+
+/// An UPDATE announcing the case's prefix in MP_REACH_NLRI (IPv4 unicast) with `nh` as the
+/// next hop field, whatever its length.
+fn v4_reach(p: &Peer, nh: &[u8]) -> Vec<u8> {
+    let reach = mp_reach(&mp_reach_value(1, 1, nh, &p.nlri()));
+    update(&[], &[origin_igp(), p.path(), reach].concat(), &[])
+}
+
+/// `a` then `b`, as one next hop field (global and link-local).
+fn nh32(a: Ipv6Addr, b: Ipv6Addr) -> Vec<u8> {
+    [a.octets(), b.octets()].concat()
+}
+
+/// As [`Seen::show`], plus for a route held its next hop as bgpd shows it (the global or
+/// IPv4 address, then the link-local one when there is one).
+fn ext_outcome(lab: &Lab, p: &Peer, caps: &[u8], hostile: &[u8]) -> String {
+    let seen = update_outcome(lab, p, caps, hostile);
+    match &seen {
+        Seen::Processed { route: Some(r), .. } => {
+            let ll = r["next_hop_link_local"].as_str().unwrap_or_default();
+            format!(
+                "{}, next hop {}{}{ll}",
+                seen.show(),
+                r["next_hop"].as_str().unwrap_or("none"),
+                if ll.is_empty() { "" } else { " " }
+            )
+        }
+        _ => seen.show(),
+    }
+}
+
+/// The route is held (nothing counted as malformed) with this next hop.
+fn held(nh: &str) -> String {
+    format!("{}, next hop {nh}", kept(0))
+}
+
+/// One RFC 8950 case: `build` makes the hostile UPDATE for a peer, sent after the OPEN
+/// with `caps`; with `reference`, replayed to BIRD 2 (over IPv6 when the pool's sessions
+/// are) with the same capabilities.
+fn ext_case(
+    lab: &mut Lab,
+    p: Peer,
+    caps: &[u8],
+    reference: bool,
+    build: impl Fn(&Peer) -> Vec<u8>,
+) -> String {
+    let got = ext_outcome(lab, &p, caps, &build(&p));
+    if reference {
+        bird_reference(lab, &p, caps, &build);
+    }
+    got
+}
+
+fn ext_next_hop_cases(lab: &mut Lab) {
+    lab.group = "update RFC 8950";
+    let x = Pool::Ext;
+    // The capability both ways (bgpd offers it on IPv6 sessions carrying IPv4, the tester
+    // as a peer would). Each case's prefix is first announced with a classic IPv4
+    // NEXT_HOP; the hostile UPDATE announces it again in MP_REACH_NLRI.
+    lab.case(
+        "IPv4 route with a global IPv6 next hop",
+        "MP_REACH_NLRI IPv4 unicast, next hop length 16: fd99:99::77",
+        x,
+        held("fd99:99::77"),
+        |lab, p| ext_case(lab, p, &ext_caps(), true, |p| v4_reach(p, &OTHER6.octets())),
+    );
+    lab.case(
+        "IPv4 route with a global and a link-local IPv6 next hop",
+        "next hop length 32: fd99:99::77 fe80::77",
+        x,
+        held("fd99:99::77 fe80::77"),
+        |lab, p| {
+            ext_case(lab, p, &ext_caps(), true, |p| {
+                v4_reach(p, &nh32(OTHER6, OTHER_LL))
+            })
+        },
+    );
+    lab.case(
+        "IPv4 next hop in MP_REACH_NLRI is still taken (RFC 4760)",
+        "next hop length 4: 10.99.0.150",
+        x,
+        held("10.99.0.150"),
+        |lab, p| {
+            ext_case(lab, p, &ext_caps(), false, |p| {
+                v4_reach(p, &OTHER4.octets())
+            })
+        },
+    );
+    // RFC 7606 §7.11: a next hop length the family does not have: the NLRI after it cannot
+    // be located reliably, so the session is reset (3/9 with the attribute, RFC 4271
+    // §6.3). The prefix is fixed so the expected data is known beforehand.
+    for (len, nh) in [
+        (8usize, OTHER6.octets()[..8].to_vec()),
+        (20, [&OTHER6.octets()[..], &TESTER.octets()].concat()),
+        (33, [nh32(OTHER6, OTHER_LL), vec![0]].concat()),
+    ] {
+        let a = mp_reach(&mp_reach_value(1, 1, &nh, &nlri24(10, 42, 0)));
+        let d = a.clone();
+        lab.case_as(
+            "next hop length neither 4, 16 nor 32 (RFC 7606 §7.11)",
+            format!("MP_REACH_NLRI IPv4 unicast, next hop length {len}"),
+            x,
+            notified(3, 9, Some(&d)),
+            // BIRD 2 sends 3/9 without data (replayed for length 20).
+            true,
+            move |lab, p| {
+                ext_case(lab, p, &ext_caps(), len == 20, |p| {
+                    update(&[], &[origin_igp(), p.path(), a.clone()].concat(), &[])
+                })
+            },
+        );
+    }
+    // Next hops no router has: treat-as-withdraw (RFC 7606 §7.3 read for MP_REACH_NLRI's
+    // next hop, RFC 4271 §6.3), as for the classic NEXT_HOP.
+    for (name, nh, reference) in [
+        ("unspecified IPv6 next hop ::", Ipv6Addr::UNSPECIFIED, true),
+        (
+            "multicast IPv6 next hop ff02::1",
+            Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1),
+            false,
+        ),
+    ] {
+        lab.case(
+            name,
+            format!("next hop length 16: {nh}"),
+            x,
+            withdrawn(),
+            move |lab, p| {
+                ext_case(lab, p, &ext_caps(), reference, |p| {
+                    v4_reach(p, &nh.octets())
+                })
+            },
+        );
+    }
+    lab.case(
+        "link-local address alone as the next hop",
+        "next hop length 16: fe80::77 (an unnumbered peer's form)",
+        x,
+        held("fe80::77"),
+        |lab, p| {
+            ext_case(lab, p, &ext_caps(), true, |p| {
+                v4_reach(p, &OTHER_LL.octets())
+            })
+        },
+    );
+    lab.case(
+        "IPv4-mapped IPv6 next hop is the IPv4 address it maps",
+        "next hop length 16: ::ffff:10.99.0.150",
+        x,
+        held("10.99.0.150"),
+        |lab, p| {
+            ext_case(lab, p, &ext_caps(), true, |p| {
+                v4_reach(p, &OTHER4.to_ipv6_mapped().octets())
+            })
+        },
+    );
+    lab.case(
+        "IPv6 next hop that is bgpd's own address",
+        "next hop length 16: fd99:99::1",
+        x,
+        not_used(),
+        |lab, p| ext_case(lab, p, &ext_caps(), false, |p| v4_reach(p, &BGPD6.octets())),
+    );
+    lab.case(
+        "IPv6 next hop that is bgpd's own link-local address (RFC 4271 §5.1.3)",
+        "next hop length 16: bgpd's fe80:: address on the segment",
+        x,
+        not_used(),
+        |lab, p| {
+            let ll = lab.bgpd_ll;
+            ext_case(lab, p, &ext_caps(), false, move |p| {
+                v4_reach(p, &ll.octets())
+            })
+        },
+    );
+    lab.case(
+        "MP_UNREACH_NLRI withdraws a route learned with an IPv6 next hop",
+        "the route via fd99:99::77, then MP_UNREACH_NLRI IPv4 unicast with the prefix",
+        x,
+        not_used(),
+        |lab, p| {
+            ext_case(lab, p, &ext_caps(), false, |p| {
+                let unreach = attr(0x80, 15, &[&[0, 1, 1][..], &p.nlri()].concat());
+                [v4_reach(p, &OTHER6.octets()), update(&[], &unreach, &[])].concat()
+            })
+        },
+    );
+    // Capability on one side only. bgpd takes IPv6 next hops for IPv4 wherever it offered
+    // the capability (RFC 8950 §4: it tells the peer what this speaker can receive); BIRD
+    // 2 (and FRR) also want the peer's own for the family.
+    for (name, input, caps) in [
+        (
+            "IPv6 next hop from a peer that did not offer the capability",
+            "OPEN without extended next hop; next hop fd99:99::77",
+            Vec::new(),
+        ),
+        (
+            "IPv6 next hop from a peer that offered it for another family only",
+            "OPEN extended next hop for VPN-IPv4 (1/128/2) only; next hop fd99:99::77",
+            ext_next_hop_cap(&[(1, 128, 2)]),
+        ),
+    ] {
+        lab.case_as(name, input, x, held("fd99:99::77"), true, move |lab, p| {
+            ext_case(lab, p, &caps, true, |p| v4_reach(p, &OTHER6.octets()))
+        });
+    }
+    // iBGP: the same rules; the next hop is kept as sent (no next-hop-self on the way in).
+    lab.case(
+        "IPv4 route with a global IPv6 next hop on iBGP",
+        "iBGP over IPv6, next hop length 32: fd99:99::77 fe80::77",
+        Pool::ExtIbgp,
+        held("fd99:99::77 fe80::77"),
+        |lab, p| {
+            ext_case(lab, p, &ext_caps(), false, |p| {
+                v4_reach(p, &nh32(OTHER6, OTHER_LL))
+            })
+        },
+    );
+    lab.case(
+        "unspecified IPv6 next hop on iBGP",
+        "iBGP over IPv6, next hop length 16: ::",
+        Pool::ExtIbgp,
+        withdrawn(),
+        |lab, p| {
+            ext_case(lab, p, &ext_caps(), false, |p| {
+                v4_reach(p, &Ipv6Addr::UNSPECIFIED.octets())
+            })
+        },
+    );
+    lab.case(
+        "IPv6 next hop when only the peer offered the capability",
+        "IPv4 session (bgpd offers none there), OPEN with extended next hop; next hop fd99:99::77",
+        Pool::Ebgp,
+        withdrawn(),
+        |lab, p| ext_case(lab, p, &ext_caps(), true, |p| v4_reach(p, &OTHER6.octets())),
+    );
+}
+
 /// Capabilities: route refresh and enhanced route refresh.
 const REFRESH_CAPS: [u8; 4] = [2, 0, 70, 0];
 
@@ -1488,16 +1880,52 @@ fn hostile_bgp_input_catalog() {
     let seg = Segment::new("hst").unwrap();
     let a = seg.attach("hsta", "10.99.0.1/24").unwrap();
     let bird_ns = seg.attach("hstb", "10.99.0.2/24").unwrap();
-    let tester: Member = seg.attach("hstc", "10.99.0.9/24").unwrap();
+    let tester: Member = seg.attach("hstc", &format!("{TESTER}/24")).unwrap();
+    // IPv6 beside IPv4 (nodad: duplicate address detection would keep the addresses
+    // unusable for a second or more; nothing else is on this segment).
+    for (m, a) in [(&a, BGPD6), (&bird_ns, BIRD_ADDR6)] {
+        m.ns.ip(&[
+            "-6",
+            "addr",
+            "add",
+            &format!("{a}/64"),
+            "dev",
+            "eth0",
+            "nodad",
+        ])
+        .unwrap_or_else(|e| panic!("{e}"));
+    }
+    // The kernel's own link-local address goes through duplicate address detection first.
+    let mut bgpd_ll = None;
+    assert!(
+        wait_until(Duration::from_secs(10), || {
+            bgpd_ll = link_local(&a.ns, "eth0").and_then(|s| s.parse().ok());
+            bgpd_ll.is_some()
+                && !a
+                    .ns
+                    .ip(&["-6", "addr", "show", "dev", "eth0"])
+                    .unwrap_or_default()
+                    .contains("tentative")
+        }),
+        "bgpd's link-local address did not come up"
+    );
+    let bgpd_ll: Ipv6Addr = bgpd_ll.unwrap_or(Ipv6Addr::UNSPECIFIED);
     let mut peers = String::new();
     let mut addrs = Vec::new();
     for pool in Pool::ALL {
         let (first, last) = pool.range();
         for host in first..=last {
-            let addr = format!("10.99.0.{host}");
+            let addr = pool.address(host);
+            // IPv4 unicast only: on an IPv6 session that makes bgpd offer the extended
+            // next hop capability.
+            let families = if addr.is_ipv6() {
+                "families = [\"ipv4\"]\n"
+            } else {
+                ""
+            };
             peers.push_str(&format!(
                 "[[bgp.peers]]\naddress = \"{addr}\"\nas = {}\npassive = true\n\
-                 graceful_restart = false\n",
+                 graceful_restart = false\n{families}",
                 pool.asn()
             ));
             addrs.push(addr);
@@ -1505,18 +1933,25 @@ fn hostile_bgp_input_catalog() {
     }
     // BIRD 2 as in `Bird::start`, plus passive protocols t1... for the tester: the
     // reference for the cases where the RFCs leave a choice (routes from them go nowhere).
+    // Over IPv6 they take IPv4 routes with IPv6 next hops (RFC 8950), as bgpd does there.
     let refs: String = (1..=BIRD_REFS)
-        .map(|k| {
+        .map(|k| (k, IpAddr::from(bird_ref_addr(k)), ""))
+        .chain((1..=BIRD_REFS6).map(|k| {
+            (
+                BIRD_REFS + k,
+                IpAddr::from(bird_ref_addr6(k)),
+                " extended next hop on;",
+            )
+        }))
+        .map(|(k, addr, ext)| {
             format!(
-                "protocol bgp t{k} {{\n  local as 65001;\n  neighbor {} as {EBGP_AS};\n  passive on;\n\
-                   ipv4 {{ import all; export none; }};\n  error wait time 1,10;\n}}\n",
-                bird_ref_addr(k)
+                "protocol bgp t{k} {{\n  local as 65001;\n  neighbor {addr} as {EBGP_AS};\n  passive on;\n\
+                   ipv4 {{ import all; export none;{ext} }};\n  error wait time 1,10;\n}}\n"
             )
         })
         .collect();
-    for k in 1..=BIRD_REFS {
-        addrs.push(bird_ref_addr(k).to_string());
-    }
+    addrs.extend((1..=BIRD_REFS).map(|k| IpAddr::from(bird_ref_addr(k))));
+    addrs.extend((1..=BIRD_REFS6).map(|k| IpAddr::from(bird_ref_addr6(k))));
     let bird = Bird::start_config(
         BirdVersion::V2,
         &bird_ns.ns,
@@ -1533,7 +1968,10 @@ fn hostile_bgp_input_catalog() {
     .unwrap_or_else(|e| panic!("{e}"));
     let script: String = addrs
         .iter()
-        .map(|a| format!("ip addr add {a}/24 dev eth0\n"))
+        .map(|a| match a {
+            IpAddr::V4(a) => format!("ip addr add {a}/24 dev eth0\n"),
+            IpAddr::V6(a) => format!("ip -6 addr add {a}/64 dev eth0 nodad\n"),
+        })
         .collect();
     tester.ns.sh(&script).unwrap();
     let b = Bgpd::start_with(
@@ -1553,12 +1991,14 @@ fn hostile_bgp_input_catalog() {
         b,
         bird,
         bird_before: (None, serde_json::Value::Null),
-        next: [0; 4],
+        next: [0; 6],
         cases: 0,
         group: "",
         records: Vec::new(),
         bird_refs: 0,
+        bird_refs6: 0,
         reference: None,
+        bgpd_ll,
     };
     lab.bird_before = lab.bird_since();
     assert_eq!(lab.bird_before.1, "Established");
@@ -1572,6 +2012,7 @@ fn hostile_bgp_input_catalog() {
             fsm_cases(&mut lab);
             ebgp_update_cases(&mut lab);
             ibgp_update_cases(&mut lab);
+            ext_next_hop_cases(&mut lab);
             refresh_cases(&mut lab);
             notification_cases(&mut lab);
             lab
@@ -1587,7 +2028,11 @@ fn hostile_bgp_input_catalog() {
     );
     let n = lab.records.len();
     let passed = lab.records.iter().filter(|r| r.passed).count();
-    let deliberate = lab.records.iter().filter(|r| r.deliberate).count();
+    let deliberate = lab
+        .records
+        .iter()
+        .filter(|r| r.mark == Mark::Deliberate)
+        .count();
     let failed: Vec<String> = lab
         .records
         .iter()

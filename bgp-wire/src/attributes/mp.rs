@@ -1,5 +1,6 @@
 //! MP_REACH_NLRI (type 14) and MP_UNREACH_NLRI (type 15), RFC 4760, with IPv6 next hops
 //! (RFC 2545: global, or global + link-local) and IPv4 NLRI over an IPv6 next hop (RFC 8950).
+//! An IPv4-mapped next hop of IPv4 NLRI is read as the IPv4 address it maps.
 
 use std::net::{Ipv4Addr, Ipv6Addr};
 
@@ -223,6 +224,7 @@ pub(crate) fn decode_reach(
     let next_hop = NextHop::read(nh_bytes).ok_or_else(|| {
         optional_error("MP_REACH_NLRI next hop length does not fit the family", raw)
     })?;
+    let next_hop = ipv4_if_mapped(family.afi, next_hop);
     let mut problem = None;
     match (family.afi, next_hop) {
         (Afi::IPV4, NextHop::V4(_)) | (Afi::IPV6, NextHop::V6 { .. }) => {}
@@ -269,6 +271,21 @@ pub(crate) fn decode_unreach(
     }
     let withdrawn = MpNlri::decode(family.afi, r.rest())?;
     Ok(MpOutcome::Decoded(MpUnreach { withdrawn }, None))
+}
+
+/// For IPv4 routes, an IPv4-mapped IPv6 next hop (`::ffff:a.b.c.d`, RFC 4291 §2.5.5.2) is
+/// the IPv4 next hop it maps, as BIRD 2 reads it: the way a 16-octet field carries an IPv4
+/// address (RFC 4798 does so for IPv6 routes). Kept as IPv6 it was a next hop no packet
+/// can be sent to, and an IPv4 route via IPv6 never reaches the kernel, so the route
+/// could win the decision process and still forward nothing. A link-local address beside
+/// it is dropped (BIRD 2 likewise).
+fn ipv4_if_mapped(afi: Afi, nh: NextHop) -> NextHop {
+    match nh {
+        NextHop::V6 { global, .. } if afi == Afi::IPV4 => {
+            global.to_ipv4_mapped().map_or(nh, NextHop::V4)
+        }
+        _ => nh,
+    }
 }
 
 /// Unspecified, multicast or broadcast next hops are not host addresses (RFC 4271 §6.3).
@@ -360,6 +377,55 @@ mod tests {
         let (got, problem) = decoded(decode_reach(&v, &v, &ext));
         assert_eq!(got, reach);
         assert!(problem.is_none());
+    }
+
+    #[test]
+    fn ipv4_mapped_next_hop_of_ipv4_routes_is_ipv4() {
+        let nlri = MpNlri::Ipv4(vec!["10.0.0.0/24".parse().unwrap()]);
+        let mapped: Ipv6Addr = "::ffff:10.0.0.9".parse().unwrap();
+        for (link_local, ext) in [(None, false), (None, true), (Some("fe80::9"), true)] {
+            let reach = MpReach {
+                next_hop: NextHop::V6 {
+                    global: mapped,
+                    link_local: link_local.map(|a| a.parse().unwrap()),
+                },
+                nlri: nlri.clone(),
+            };
+            let mut v = Vec::new();
+            reach.write(&mut v);
+            let s = SessionParams {
+                ipv4_ext_next_hop: ext,
+                ..session()
+            };
+            // With or without RFC 8950: it is an IPv4 next hop, not an IPv6 one.
+            let (got, problem) = decoded(decode_reach(&v, &v, &s));
+            assert_eq!(got.next_hop, NextHop::V4(Ipv4Addr::new(10, 0, 0, 9)));
+            assert_eq!(got.nlri, nlri);
+            assert!(problem.is_none());
+        }
+        // A mapped 0.0.0.0 is as unusable as 0.0.0.0.
+        let v = [
+            &[0u8, 1, 1, 16][..],
+            &[0; 10],
+            &[0xff, 0xff, 0, 0, 0, 0],
+            &[0, 24, 10, 0, 0],
+        ]
+        .concat();
+        let (got, problem) = decoded(decode_reach(&v, &v, &session()));
+        assert_eq!(got.next_hop, NextHop::V4(Ipv4Addr::UNSPECIFIED));
+        assert_eq!(problem.unwrap().kind, ErrorKind::InvalidNextHop);
+        // For IPv6 routes it stays what it is (RFC 4798's own encoding).
+        let reach = MpReach {
+            next_hop: NextHop::V6 {
+                global: mapped,
+                link_local: None,
+            },
+            nlri: MpNlri::Ipv6(vec!["2001:db8::/32".parse().unwrap()]),
+        };
+        let mut v = Vec::new();
+        reach.write(&mut v);
+        let (got, _) = decoded(decode_reach(&v, &v, &session()));
+        assert_eq!(got, reach);
     }
 
     #[test]

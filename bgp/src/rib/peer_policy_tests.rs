@@ -36,6 +36,7 @@ fn peer(n: u8, asn: u32) -> PeerInfo {
         router_id: Ipv4Addr::new(10, 0, 0, n),
         next_hop_v4: Some(NextHop::V4(OURS)),
         next_hop_v6: None,
+        local_link_local: None,
         class: PeerClass::External,
         rr_client: false,
         options: Default::default(),

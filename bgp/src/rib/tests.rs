@@ -23,6 +23,7 @@ fn peer(n: u8, asn: u32) -> PeerInfo {
         router_id: Ipv4Addr::new(10, 0, 0, n),
         next_hop_v4: Some(NextHop::V4(Ipv4Addr::new(10, 0, 0, 1))),
         next_hop_v6: None,
+        local_link_local: None,
         class: PeerClass::External,
         rr_client: false,
         options: Default::default(),
@@ -256,6 +257,39 @@ fn a_route_with_our_own_address_as_next_hop_is_treated_as_withdrawn() {
     // Another peer's address as next hop is fine.
     r.update(PeerId(2), Some(attrs(&[], Some(100))), &[p], &[]);
     assert_eq!(r.loc_len(), 1);
+}
+
+/// The same on an IPv6 session that carries only IPv4 (RFC 8950): no IPv6 next hop of ours
+/// is in use there, but our link-local address on the link is still ours.
+#[test]
+fn our_link_local_address_is_ours_on_an_ipv6_session_carrying_only_ipv4() {
+    let mut r = rib();
+    r.peer_up(PeerInfo {
+        next_hop_v4: Some(NextHop::V6 {
+            global: v6("fd99::1"),
+            link_local: None,
+        }),
+        next_hop_v6: None,
+        ..peer6(2, 65000)
+    });
+    let via = |nh: &str| PathAttributes {
+        origin: Some(Origin::Igp),
+        as_path: Some(AsPath::from_sequence([Asn(65000)])),
+        mp_next_hop: Some(NextHop::V6 {
+            global: v6(nh),
+            link_local: None,
+        }),
+        ..PathAttributes::default()
+    };
+    let p = pfx("10.30.0.0/24");
+    r.update(PeerId(2), Some(via("fd99::2")), &[p], &[]);
+    assert_eq!(r.loc_len(), 1);
+    for own in ["fe80::1", "fd99::1"] {
+        r.update(PeerId(2), Some(via(own)), &[p], &[]);
+        assert_eq!(r.loc_len(), 0, "next hop {own} is ours: not usable");
+        r.update(PeerId(2), Some(via("fd99::2")), &[p], &[]);
+        assert_eq!(r.loc_len(), 1);
+    }
 }
 
 #[test]
@@ -858,6 +892,7 @@ fn peer6(n: u8, asn: u32) -> PeerInfo {
         address: IpAddr::V6(v6(&format!("fd99::{n}"))),
         next_hop_v4: None,
         next_hop_v6: Some(own),
+        local_link_local: Some(v6("fe80::1")),
         ..peer(n, asn)
     }
 }

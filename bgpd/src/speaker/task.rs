@@ -1475,6 +1475,12 @@ impl Speaker {
                     router_id: remote_id,
                     next_hop_v4: next_hop_v4.filter(|_| ipv4),
                     next_hop_v6: next_hop_v6.filter(|_| ipv6),
+                    // Kept before the family filter: an IPv6 session carrying only IPv4
+                    // still has our link-local address on its link.
+                    local_link_local: match next_hop_v6 {
+                        Some(NextHop::V6 { link_local, .. }) => link_local,
+                        _ => None,
+                    },
                     class: p.spec.class,
                     rr_client: p.spec.rr_client,
                     options: PeerOptions {

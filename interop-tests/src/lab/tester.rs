@@ -1,6 +1,7 @@
 //! A raw BGP test peer of ours ("Tester"): the only speaker in the lab that sends broken
-//! messages on purpose. It is a blocking TCP connection from a chosen local address (so one
-//! namespace can play many configured peers) plus builders for raw messages; it checks
+//! messages on purpose. It is a blocking TCP connection, over IPv4 or IPv6, from a chosen
+//! local address (so one namespace can play many configured peers) plus builders for raw
+//! messages and capabilities (the extended next hop one of RFC 8950 included); it checks
 //! nothing itself: the tests decide what bgpd's answer should be.
 //!
 //! Boundaries: no BGP state machine here (the tests send OPEN and KEEPALIVE themselves, or
@@ -8,7 +9,7 @@
 //! NOTIFICATIONs, into code, subcode and data, without the codec under test.
 
 use std::io::{self, Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpStream};
 use std::time::Duration;
 
 /// Message type codes.
@@ -58,15 +59,21 @@ pub struct Tester {
 }
 
 impl Tester {
-    /// Connects from `local` (an address of the calling thread's namespace) to `remote`:179.
-    pub fn connect_from(local: Ipv4Addr, remote: Ipv4Addr) -> io::Result<Tester> {
+    /// Connects from `local` (an address of the calling thread's namespace) to `remote`:179,
+    /// over IPv4 or IPv6 (both addresses of one family).
+    pub fn connect_from(local: impl Into<IpAddr>, remote: impl Into<IpAddr>) -> io::Result<Tester> {
+        let (local, remote) = (local.into(), remote.into());
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_io()
             .build()?;
         let s = rt.block_on(async {
-            let sock = tokio::net::TcpSocket::new_v4()?;
-            sock.bind(SocketAddr::new(local.into(), 0))?;
-            let s = sock.connect(SocketAddr::new(remote.into(), 179)).await?;
+            let sock = if local.is_ipv6() {
+                tokio::net::TcpSocket::new_v6()?
+            } else {
+                tokio::net::TcpSocket::new_v4()?
+            };
+            sock.bind(SocketAddr::new(local, 0))?;
+            let s = sock.connect(SocketAddr::new(remote, 179)).await?;
             s.into_std()
         })?;
         s.set_nonblocking(false)?;
@@ -195,6 +202,33 @@ pub fn std_caps(asn: u32) -> Vec<u8> {
     let mut c = vec![1, 4, 0, 1, 0, 1, 65, 4];
     c.extend_from_slice(&asn.to_be_bytes());
     c
+}
+
+/// The extended next hop capability (RFC 8950 §3) with these (NLRI AFI, NLRI SAFI, next hop
+/// AFI) tuples; the SAFI takes two octets here.
+pub fn ext_next_hop_cap(tuples: &[(u16, u16, u16)]) -> Vec<u8> {
+    let mut c = vec![5, (tuples.len() * 6) as u8];
+    for (afi, safi, nh_afi) in tuples {
+        for v in [afi, safi, nh_afi] {
+            c.extend_from_slice(&v.to_be_bytes());
+        }
+    }
+    c
+}
+
+/// The tuple a speaker offers to take IPv4 unicast routes with IPv6 next hops.
+pub const IPV4_OVER_IPV6: (u16, u16, u16) = (1, 1, 2);
+
+/// An MP_REACH_NLRI value (RFC 4760 §3): AFI, SAFI, next hop length and `next_hop` as given
+/// (any length, for malformed ones), the reserved octet, `nlri`.
+pub fn mp_reach_value(afi: u16, safi: u8, next_hop: &[u8], nlri: &[u8]) -> Vec<u8> {
+    let mut v = afi.to_be_bytes().to_vec();
+    v.push(safi);
+    v.push(next_hop.len() as u8);
+    v.extend_from_slice(next_hop);
+    v.push(0);
+    v.extend_from_slice(nlri);
+    v
 }
 
 /// A well-formed OPEN for `asn` (AS_TRANS in My AS when it needs 4 octets), hold time 90.
