@@ -332,11 +332,23 @@ fn the_local_cluster_end_to_end() {
         std::thread::sleep(Duration::from_millis(200));
     }
 
+    // The SQLite file lives on a small file system of its own (the soak fills it).
+    let store = format!("/run/margay-lab-{}/store", lab.name);
+    let mounted = || {
+        std::fs::read_to_string("/proc/self/mounts")
+            .unwrap()
+            .lines()
+            .any(|l| l.split_whitespace().nth(1) == Some(store.as_str()))
+    };
+    assert!(mounted(), "no file system of its own at {store}");
+    assert!(std::path::Path::new(&format!("{store}/store.db")).exists());
+
     // Twice up is safe; check passes; down leaves nothing.
     let again = lab.ok(&["up"]);
     assert!(again.contains("already up"), "{again}");
     lab.ok(&["check"]);
     lab.ok(&["down"]);
+    assert!(!mounted(), "{store} is still mounted after down");
     let left = Command::new("ip").args(["netns", "list"]).output().unwrap();
     let left = String::from_utf8_lossy(&left.stdout);
     assert!(
@@ -346,9 +358,9 @@ fn the_local_cluster_end_to_end() {
     assert!(!std::path::Path::new(&format!("/run/margay-lab-{}", lab.name)).exists());
 }
 
-/// `up --etcd`: the same cluster with its state in a real etcd inside the lab (the router
-/// namespace); every bgpd uses it, `status` says so, `up` twice is safe, and `down` stops etcd
-/// by PID and removes its data.
+/// `up --etcd`: the same cluster with its state in a real etcd cluster of three members inside
+/// the lab (a namespace each); every bgpd uses it, `status` says so, `up` twice is safe, and
+/// `down` stops every member by PID and removes their data.
 /// The ToR of the no-encapsulation test: FRR with zebra in the lab's router namespace,
 /// taking every node of both segments as a dynamic eBGP neighbour, over IPv4 for IPv4 and
 /// over IPv6 for IPv6.
@@ -487,25 +499,29 @@ fn the_local_cluster_on_etcd() {
     let text = lab.ok(&["up", "--etcd"]);
     println!("{text}");
     assert_both_matrices_pass(&text);
+    let endpoints = "http://10.99.1.21:2379,http://10.99.1.22:2379,http://10.99.1.23:2379";
     assert!(
-        text.contains("etcd:http://10.99.1.1:2379 (connected)"),
+        text.contains(&format!("etcd:{endpoints} (connected)")),
         "{text}"
     );
     assert!(text.contains("== bgpctl show protocols (node-1)"), "{text}");
     let status = lab.ok(&["status"]);
     assert!(
-        status.contains("datastore: etcd http://10.99.1.1:2379"),
+        status.contains(&format!("datastore: etcd {endpoints} (3 members")),
         "{status}"
     );
-    let etcd_pid: i32 = status
+    let etcd_pids: Vec<i32> = status
         .lines()
-        .find_map(|l| {
+        .filter_map(|l| {
             let w: Vec<&str> = l.split_whitespace().collect();
-            (w.first() == Some(&"router-etcd") && w.get(3) == Some(&"running"))
-                .then(|| w[2].parse().ok())
-                .flatten()
+            (w.first()
+                .is_some_and(|k| k.starts_with("etcd-") && k.ends_with("-etcd"))
+                && w.get(3) == Some(&"running"))
+            .then(|| w[2].parse().ok())
+            .flatten()
         })
-        .unwrap_or_else(|| panic!("no running etcd in:\n{status}"));
+        .collect();
+    assert_eq!(etcd_pids.len(), 3, "three running members in:\n{status}");
     // Every node's bgpd is on etcd, not on a SQLite file.
     for node in ["node-1", "node-4"] {
         let sock = format!("/run/margay-lab-{}/{node}/bgpd.sock", lab.name);
@@ -514,18 +530,22 @@ fn the_local_cluster_on_etcd() {
             .output()
             .unwrap();
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-        assert_eq!(v["datastore"], "etcd:http://10.99.1.1:2379", "{node}: {v}");
+        assert_eq!(v["datastore"], format!("etcd:{endpoints}"), "{node}: {v}");
         assert_eq!(v["datastore_state"], "connected", "{node}: {v}");
     }
-    assert!(!std::path::Path::new(&format!("/run/margay-lab-{}/store.db", lab.name)).exists());
+    assert!(
+        !std::path::Path::new(&format!("/run/margay-lab-{}/store/store.db", lab.name)).exists()
+    );
 
     let again = lab.ok(&["up", "--etcd"]);
     assert!(again.contains("already up"), "{again}");
     lab.ok(&["down"]);
-    assert!(
-        !std::path::Path::new(&format!("/proc/{etcd_pid}")).exists(),
-        "etcd (pid {etcd_pid}) still runs after down"
-    );
+    for pid in etcd_pids {
+        assert!(
+            !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+            "etcd (pid {pid}) still runs after down"
+        );
+    }
     assert!(!std::path::Path::new(&format!("/run/margay-lab-{}", lab.name)).exists());
     let left = Command::new("ip").args(["netns", "list"]).output().unwrap();
     let left = String::from_utf8_lossy(&left.stdout);

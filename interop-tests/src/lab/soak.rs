@@ -4,6 +4,9 @@
 //!
 //! Nothing here touches a process, a namespace or the clock: the lab tool injects the faults,
 //! measures their real windows and feeds them back, so all of it is unit-tested.
+//!
+//! Why this file is long: the schedule, the attribution, the datastore probes' verdicts and the
+//! table belong together (each feeds the table), and their unit tests sit beside them.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write;
@@ -44,6 +47,23 @@ impl Rng {
     }
 }
 
+/// Where the soaked cluster keeps its state: each has faults of its own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Store {
+    /// The shared SQLite file, on a small file system of its own (so it can be filled).
+    #[default]
+    Sqlite,
+    /// A three-member etcd cluster.
+    Etcd,
+}
+
+/// The lab node the kill faults never hit, so that one node's daemons live through the whole
+/// run and their memory growth between the baseline and the end means something.
+pub const SPARED_NODE: usize = 0;
+
+/// Members of the soaked etcd cluster (a member index is drawn below this).
+pub const ETCD_MEMBERS: usize = 3;
+
 /// What the driver does to the cluster.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum FaultKind {
@@ -55,10 +75,18 @@ pub enum FaultKind {
     PodChurn,
     UplinkDown,
     RouterLoss,
+    /// The SQLite file's file system full, then freed.
+    DiskFull,
+    /// kill -9 of an etcd member (any, the leader included by chance), restarted later.
+    EtcdKillMember,
+    /// kill -9 of the member that is the leader when the fault starts.
+    EtcdKillLeader,
+    /// One member cut from the other members by nftables (its clients still reach it).
+    EtcdPartition,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 8] = [
+    pub const ALL: [FaultKind; 12] = [
         FaultKind::KillBgpd,
         FaultKind::KillRoutewriter,
         FaultKind::KillBoth,
@@ -67,18 +95,51 @@ impl FaultKind {
         FaultKind::PodChurn,
         FaultKind::UplinkDown,
         FaultKind::RouterLoss,
+        FaultKind::DiskFull,
+        FaultKind::EtcdKillMember,
+        FaultKind::EtcdKillLeader,
+        FaultKind::EtcdPartition,
     ];
 
-    /// The kinds the schedule draws at random; pod churn comes at a steady rate instead.
-    const RANDOM: [FaultKind; 7] = [
-        FaultKind::KillBgpd,
-        FaultKind::KillRoutewriter,
-        FaultKind::KillBoth,
-        FaultKind::ReloadBgpd,
-        FaultKind::PoolMode,
-        FaultKind::UplinkDown,
-        FaultKind::RouterLoss,
-    ];
+    /// Whether the fault exists for a cluster on `store`.
+    pub fn applies_to(self, store: Store) -> bool {
+        match self {
+            FaultKind::DiskFull => store == Store::Sqlite,
+            FaultKind::EtcdKillMember | FaultKind::EtcdKillLeader | FaultKind::EtcdPartition => {
+                store == Store::Etcd
+            }
+            _ => true,
+        }
+    }
+
+    /// The kinds the schedule draws at random on `store`; pod churn comes at a steady rate
+    /// instead.
+    fn random(store: Store) -> Vec<FaultKind> {
+        FaultKind::ALL
+            .into_iter()
+            .filter(|k| *k != FaultKind::PodChurn && k.applies_to(store))
+            .collect()
+    }
+
+    /// Faults of the datastore: during each, the driver writes through CNI (a pod created and
+    /// deleted) to see what the cluster's users see.
+    pub fn is_datastore(self) -> bool {
+        matches!(
+            self,
+            FaultKind::DiskFull
+                | FaultKind::EtcdKillMember
+                | FaultKind::EtcdKillLeader
+                | FaultKind::EtcdPartition
+        )
+    }
+
+    /// The kills of a node's daemons (they spare [`SPARED_NODE`]).
+    pub fn is_daemon_kill(self) -> bool {
+        matches!(
+            self,
+            FaultKind::KillBgpd | FaultKind::KillRoutewriter | FaultKind::KillBoth
+        )
+    }
 
     pub fn name(self) -> &'static str {
         match self {
@@ -90,6 +151,10 @@ impl FaultKind {
             FaultKind::PodChurn => "pod create+delete",
             FaultKind::UplinkDown => "node uplink down",
             FaultKind::RouterLoss => "router 20% loss",
+            FaultKind::DiskFull => "sqlite disk full",
+            FaultKind::EtcdKillMember => "kill -9 etcd member",
+            FaultKind::EtcdKillLeader => "kill -9 etcd leader",
+            FaultKind::EtcdPartition => "etcd member partitioned",
         }
     }
 
@@ -104,7 +169,8 @@ impl FaultKind {
         )
     }
 
-    /// Whether the fault acts on one node (the others act on the cluster or the router).
+    /// Whether the fault acts on one node (the others act on the cluster, the router or the
+    /// datastore; a datastore fault still writes through the node it names).
     pub fn has_node(self) -> bool {
         !matches!(self, FaultKind::PoolMode | FaultKind::RouterLoss)
     }
@@ -114,7 +180,9 @@ impl FaultKind {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Fault {
     pub kind: FaultKind,
-    /// Index into the lab's nodes (meaningful when [`FaultKind::has_node`]).
+    /// Index into the lab's nodes (meaningful when [`FaultKind::has_node`]). For an etcd
+    /// fault, `node % ETCD_MEMBERS` is also the member it hits (the leader's fault finds its
+    /// member when it starts).
     pub node: usize,
     /// Quiet time before it, counted from the previous fault's recovery.
     pub gap: Duration,
@@ -130,11 +198,13 @@ pub const CHURN_EVERY: Duration = Duration::from_secs(20);
 /// planning only: the driver measures the real windows.
 const OVERHEAD: Duration = Duration::from_secs(4);
 
-/// The faults of a soak of `total` over `nodes` nodes, drawn from `seed`: the same list for
-/// the same arguments. Random kinds at random gaps (3-10 s), and a pod churn whenever
-/// [`CHURN_EVERY`] of planned time has passed since the last one. The list covers at least
-/// `total` of planned time; the driver stops when its real clock runs out.
-pub fn schedule(seed: u64, nodes: usize, total: Duration) -> Vec<Fault> {
+/// The faults of a soak of `total` over `nodes` nodes on `store`, drawn from `seed`: the same
+/// list for the same arguments. Random kinds at random gaps (3-10 s), and a pod churn whenever
+/// [`CHURN_EVERY`] of planned time has passed since the last one. Daemon kills hit any node
+/// but [`SPARED_NODE`] (when there are others). The list covers at least `total` of planned
+/// time; the driver stops when its real clock runs out.
+pub fn schedule(seed: u64, nodes: usize, total: Duration, store: Store) -> Vec<Fault> {
+    let random = FaultKind::random(store);
     let mut rng = Rng::new(seed);
     let mut out = Vec::new();
     let mut t = Duration::ZERO;
@@ -145,9 +215,14 @@ pub fn schedule(seed: u64, nodes: usize, total: Duration) -> Vec<Fault> {
         let kind = if churn {
             FaultKind::PodChurn
         } else {
-            FaultKind::RANDOM[rng.below(FaultKind::RANDOM.len() as u64) as usize]
+            random[rng.below(random.len() as u64) as usize]
         };
-        let node = rng.below(nodes as u64) as usize;
+        let node = if kind.is_daemon_kill() && nodes > 1 {
+            // Any node but the spared one.
+            (SPARED_NODE + 1 + rng.below(nodes as u64 - 1) as usize) % nodes
+        } else {
+            rng.below(nodes as u64) as usize
+        };
         let hold = match kind {
             FaultKind::KillBgpd | FaultKind::KillRoutewriter | FaultKind::KillBoth => {
                 rng.millis(0, 5_000)
@@ -156,6 +231,8 @@ pub fn schedule(seed: u64, nodes: usize, total: Duration) -> Vec<Fault> {
             FaultKind::PoolMode => rng.millis(5_000, 15_000),
             FaultKind::UplinkDown => rng.millis(1_000, 10_000),
             FaultKind::RouterLoss => Duration::from_secs(30),
+            FaultKind::DiskFull | FaultKind::EtcdPartition => rng.millis(5_000, 15_000),
+            FaultKind::EtcdKillMember | FaultKind::EtcdKillLeader => rng.millis(1_000, 10_000),
         };
         t += gap + hold + OVERHEAD;
         if churn {
@@ -183,12 +260,119 @@ pub struct Window {
 /// The fault a ping sent at `t` was lost to: the latest-started window with
 /// `start <= t < end + grace`; `None` when no fault was in force (or just over).
 pub fn attribute(t: f64, windows: &[Window], grace: Duration) -> Option<FaultKind> {
+    attribute_window(t, windows, grace).map(|i| windows[i].kind)
+}
+
+/// As [`attribute`], the window's index.
+fn attribute_window(t: f64, windows: &[Window], grace: Duration) -> Option<usize> {
     windows
         .iter()
-        .filter(|w| w.start <= t && t < w.end + grace.as_secs_f64())
-        .max_by(|a, b| a.start.total_cmp(&b.start))
-        .map(|w| w.kind)
+        .enumerate()
+        .filter(|(_, w)| w.start <= t && t < w.end + grace.as_secs_f64())
+        .max_by(|(_, a), (_, b)| a.start.total_cmp(&b.start))
+        .map(|(i, _)| i)
 }
+
+/// When the driver wrote through CNI around a datastore fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProbePhase {
+    /// While the fault is in force.
+    During,
+    /// Once it is over (the datastore must take writes again).
+    After,
+}
+
+/// What a pod's CNI ADD (and DEL) came to.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ProbeOutcome {
+    /// ADD and DEL succeeded; the ADD took `secs`.
+    Written { secs: f64 },
+    /// ADD failed with `error`; `clean` when it was a CNI error object and the runtime's
+    /// cleanup (DEL, retried after the fault) left nothing allocated.
+    Refused { error: String, clean: bool },
+}
+
+/// A write through CNI around a datastore fault: what the cluster's users see.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Probe {
+    pub kind: FaultKind,
+    pub phase: ProbePhase,
+    pub outcome: ProbeOutcome,
+}
+
+impl Probe {
+    /// Whether the outcome is what the datastore promises. An etcd cluster of three takes
+    /// writes with one member down or cut off; a full disk may refuse a write (a clean CNI
+    /// error, nothing half-written) or take it (SQLite reuses its journal's pages); after any
+    /// fault, writes work.
+    pub fn as_expected(&self) -> bool {
+        match (&self.outcome, self.phase, self.kind) {
+            (ProbeOutcome::Written { .. }, _, _) => true,
+            (ProbeOutcome::Refused { clean, .. }, ProbePhase::During, FaultKind::DiskFull) => {
+                *clean
+            }
+            (ProbeOutcome::Refused { .. }, _, _) => false,
+        }
+    }
+}
+
+/// The check over every probe of a run.
+pub fn probe_check(probes: &[Probe]) -> Check {
+    let name = "writes through datastore faults as the datastore promises".to_owned();
+    if probes.is_empty() {
+        return Check {
+            name,
+            passed: true,
+            detail: "no datastore fault injected".into(),
+        };
+    }
+    let bad: Vec<String> = probes
+        .iter()
+        .filter(|p| !p.as_expected())
+        .map(|p| {
+            let phase = match p.phase {
+                ProbePhase::During => "during",
+                ProbePhase::After => "after",
+            };
+            match &p.outcome {
+                ProbeOutcome::Refused { error, clean } => format!(
+                    "{phase} {}: refused{}: {error}",
+                    p.kind.name(),
+                    if *clean { "" } else { " and NOT clean" }
+                ),
+                ProbeOutcome::Written { .. } => format!("{phase} {}", p.kind.name()),
+            }
+        })
+        .collect();
+    let written: Vec<f64> = probes
+        .iter()
+        .filter_map(|p| match p.outcome {
+            ProbeOutcome::Written { secs } => Some(secs),
+            ProbeOutcome::Refused { .. } => None,
+        })
+        .collect();
+    let refused = probes.len() - written.len();
+    let slowest = written.iter().copied().fold(0.0, f64::max);
+    let summary = format!(
+        "{} writes: {} taken (slowest ADD {slowest:.1} s), {refused} refused cleanly",
+        probes.len(),
+        written.len()
+    );
+    Check {
+        name,
+        passed: bad.is_empty(),
+        detail: if bad.is_empty() {
+            summary
+        } else {
+            format!("{summary}; unexpected: {}", bad.join("; "))
+        },
+    }
+}
+
+/// How long after a link comes back its loss may go on: a ping's 1 s wait and the neighbour
+/// entries' re-resolution. Longer means something re-converged (a session reset, routes
+/// withdrawn), which a cut shorter than the hold time must not cause.
+pub const LINK_BACK_BOUND: Duration = Duration::from_secs(2);
 
 /// What one pinger's output says: how many it sent, and the send times of those lost.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -274,6 +458,7 @@ pub const RSS_TARGET_PERCENT: f64 = 5.0;
 pub struct Report {
     pub seed: u64,
     pub minutes: f64,
+    pub store: Store,
     pub injected: BTreeMap<FaultKind, u64>,
     /// Kinds that could not be injected here, with why (e.g. no netem in the kernel).
     pub unavailable: BTreeMap<FaultKind, String>,
@@ -284,6 +469,10 @@ pub struct Report {
     pub rss: Vec<Rss>,
     /// The RSS baseline's time, seconds after the start.
     pub rss_baseline_at: f64,
+    /// By kind, the longest time between a fault's end and the last ping lost to it
+    /// (seconds; absent when no ping was lost after a fault of the kind ended).
+    pub tail: BTreeMap<FaultKind, f64>,
+    pub probes: Vec<Probe>,
 }
 
 impl Report {
@@ -291,10 +480,54 @@ impl Report {
     pub fn add_pings(&mut self, log: &PingLog, windows: &[Window]) {
         self.sent += log.sent;
         for &t in &log.lost {
+            let window = attribute_window(t, windows, RECOVERY);
             *self
                 .lost
-                .entry(attribute(t, windows, RECOVERY))
+                .entry(window.map(|i| windows[i].kind))
                 .or_default() += 1;
+            if let Some(w) = window.map(|i| &windows[i])
+                && t >= w.end
+            {
+                let tail = self.tail.entry(w.kind).or_default();
+                *tail = tail.max(t - w.end);
+            }
+        }
+    }
+
+    /// Whether a link cut's loss stayed within the cut: every ping lost to a cut was sent
+    /// before the link came back or within [`LINK_BACK_BOUND`] of it. `longest_cut` and
+    /// `hold_time` say why that is the bound: a cut shorter than the hold time goes unnoticed
+    /// by BGP, so nothing has to re-converge when the link is back.
+    pub fn link_cut_check(&self, longest_cut: Duration, hold_time: Duration) -> Check {
+        let name = "link-cut loss bounded by the cut (no re-convergence after it)".to_owned();
+        let cuts = self
+            .injected
+            .get(&FaultKind::UplinkDown)
+            .copied()
+            .unwrap_or(0);
+        if cuts == 0 {
+            return Check {
+                name,
+                passed: true,
+                detail: "no link cut injected".into(),
+            };
+        }
+        let tail = self
+            .tail
+            .get(&FaultKind::UplinkDown)
+            .copied()
+            .unwrap_or(0.0);
+        let undetected = longest_cut < hold_time;
+        Check {
+            name,
+            passed: tail <= LINK_BACK_BOUND.as_secs_f64() && undetected,
+            detail: format!(
+                "{cuts} cuts, the longest {:.1} s {} the hold time ({} s); loss went on {tail:.1} s after the link came back (bound {} s)",
+                longest_cut.as_secs_f64(),
+                if undetected { "below" } else { "NOT below" },
+                hold_time.as_secs(),
+                LINK_BACK_BOUND.as_secs()
+            ),
         }
     }
 
@@ -308,23 +541,32 @@ impl Report {
         let mut o = String::new();
         let _ = writeln!(
             o,
-            "== soak: seed {}, {:.1} min, {} pings sent",
-            self.seed, self.minutes, self.sent
+            "== soak: seed {}, {:.1} min on {}, {} pings sent",
+            self.seed,
+            self.minutes,
+            match self.store {
+                Store::Sqlite => "sqlite",
+                Store::Etcd => "etcd (3 members)",
+            },
+            self.sent
         );
-        let _ = writeln!(o, "{:<22} {:>8} {:>11}", "fault", "injected", "pings lost");
-        for kind in FaultKind::ALL {
+        let _ = writeln!(o, "{:<24} {:>8} {:>11}", "fault", "injected", "pings lost");
+        for kind in FaultKind::ALL
+            .into_iter()
+            .filter(|k| k.applies_to(self.store))
+        {
             let injected = match self.unavailable.get(&kind) {
                 Some(_) => "n/a".to_owned(),
                 None => self.injected.get(&kind).copied().unwrap_or(0).to_string(),
             };
             let lost = self.lost.get(&Some(kind)).copied().unwrap_or(0);
-            let _ = writeln!(o, "{:<22} {injected:>8} {lost:>11}", kind.name());
+            let _ = writeln!(o, "{:<24} {injected:>8} {lost:>11}", kind.name());
         }
         let none = self.lost.get(&None).copied().unwrap_or(0);
-        let _ = writeln!(o, "{:<22} {:>8} {none:>11}", "none (no fault)", "-");
+        let _ = writeln!(o, "{:<24} {:>8} {none:>11}", "none (no fault)", "-");
         let total_injected: u64 = self.injected.values().sum();
         let total_lost: u64 = self.lost.values().sum();
-        let _ = writeln!(o, "{:<22} {total_injected:>8} {total_lost:>11}", "total");
+        let _ = writeln!(o, "{:<24} {total_injected:>8} {total_lost:>11}", "total");
         for (kind, why) in &self.unavailable {
             let _ = writeln!(o, "not injected: {}: {why}", kind.name());
         }
@@ -394,53 +636,77 @@ mod tests {
 
     #[test]
     fn a_seed_gives_one_schedule_and_another_seed_another() {
-        let a = schedule(42, 4, Duration::from_secs(600));
-        assert_eq!(a, schedule(42, 4, Duration::from_secs(600)));
-        assert_ne!(a, schedule(43, 4, Duration::from_secs(600)));
+        let ten = Duration::from_secs(600);
+        let a = schedule(42, 4, ten, Store::Sqlite);
+        assert_eq!(a, schedule(42, 4, ten, Store::Sqlite));
+        assert_ne!(a, schedule(43, 4, ten, Store::Sqlite));
+        assert_ne!(a, schedule(42, 4, ten, Store::Etcd));
         // Pinned: a change to the PRNG or the drawing changes what a published seed means.
         let first: Vec<(FaultKind, usize)> = a.iter().take(3).map(|f| (f.kind, f.node)).collect();
-        assert_eq!(
-            first,
-            [
-                (FaultKind::KillBgpd, 3),
-                (FaultKind::PodChurn, 3),
-                (FaultKind::KillBoth, 2)
-            ]
-        );
+        assert_eq!(first, PINNED_42);
     }
+
+    const PINNED_42: [(FaultKind, usize); 3] = [
+        (FaultKind::KillBgpd, 2),
+        (FaultKind::PodChurn, 3),
+        (FaultKind::KillRoutewriter, 1),
+    ];
 
     #[test]
     fn the_schedule_keeps_its_bounds_and_churns_steadily() {
         let total = Duration::from_secs(1800);
-        let plan = schedule(7, 4, total);
-        let mut planned = Duration::ZERO;
-        let mut since_churn = Duration::ZERO;
-        for f in &plan {
-            assert!(f.node < 4, "{f:?}");
-            assert!(f.gap >= Duration::from_secs(3) && f.gap <= Duration::from_secs(10));
-            match f.kind {
-                FaultKind::KillBgpd | FaultKind::KillRoutewriter | FaultKind::KillBoth => {
-                    assert!(f.hold <= Duration::from_secs(5), "{f:?}")
+        for store in [Store::Sqlite, Store::Etcd] {
+            let plan = schedule(7, 4, total, store);
+            let mut planned = Duration::ZERO;
+            let mut since_churn = Duration::ZERO;
+            for f in &plan {
+                assert!(f.node < 4, "{f:?}");
+                assert!(f.kind.applies_to(store), "{f:?} on {store:?}");
+                assert!(f.gap >= Duration::from_secs(3) && f.gap <= Duration::from_secs(10));
+                let within = |lo: u64, hi: u64| {
+                    f.hold >= Duration::from_secs(lo) && f.hold <= Duration::from_secs(hi)
+                };
+                match f.kind {
+                    FaultKind::KillBgpd | FaultKind::KillRoutewriter | FaultKind::KillBoth => {
+                        assert!(within(0, 5), "{f:?}");
+                        assert_ne!(f.node, SPARED_NODE, "{f:?}");
+                    }
+                    FaultKind::UplinkDown
+                    | FaultKind::EtcdKillMember
+                    | FaultKind::EtcdKillLeader => {
+                        assert!(within(1, 10), "{f:?}")
+                    }
+                    FaultKind::DiskFull | FaultKind::EtcdPartition => {
+                        assert!(within(5, 15), "{f:?}")
+                    }
+                    FaultKind::RouterLoss => assert_eq!(f.hold, Duration::from_secs(30)),
+                    _ => {}
                 }
-                FaultKind::UplinkDown => {
-                    assert!(f.hold >= Duration::from_secs(1) && f.hold <= Duration::from_secs(10))
+                let step = f.gap + f.hold + OVERHEAD;
+                if f.kind == FaultKind::PodChurn {
+                    since_churn = Duration::ZERO;
+                } else {
+                    since_churn += step;
+                    // A churn is due once 20 s have passed; the longest step is 44 s.
+                    assert!(since_churn < CHURN_EVERY + Duration::from_secs(45));
                 }
-                FaultKind::RouterLoss => assert_eq!(f.hold, Duration::from_secs(30)),
-                _ => {}
+                planned += step;
             }
-            let step = f.gap + f.hold + OVERHEAD;
-            if f.kind == FaultKind::PodChurn {
-                since_churn = Duration::ZERO;
-            } else {
-                since_churn += step;
-                // A churn is due once 20 s have passed; the longest step is 44 s.
-                assert!(since_churn < CHURN_EVERY + Duration::from_secs(45));
-            }
-            planned += step;
+            assert!(planned >= total);
+            let kinds: BTreeSet<FaultKind> = plan.iter().map(|f| f.kind).collect();
+            let expected = FaultKind::ALL
+                .iter()
+                .filter(|k| k.applies_to(store))
+                .count();
+            assert_eq!(kinds.len(), expected, "every kind of {store:?} in 30 min");
+            // The kills still reach every other node.
+            let killed: BTreeSet<usize> = plan
+                .iter()
+                .filter(|f| f.kind.is_daemon_kill())
+                .map(|f| f.node)
+                .collect();
+            assert_eq!(killed, BTreeSet::from([1, 2, 3]), "{store:?}");
         }
-        assert!(planned >= total);
-        let kinds: BTreeSet<FaultKind> = plan.iter().map(|f| f.kind).collect();
-        assert_eq!(kinds.len(), FaultKind::ALL.len(), "every kind in 30 min");
     }
 
     fn w(kind: FaultKind, start: f64, end: f64) -> Window {
@@ -526,19 +792,19 @@ mod tests {
         });
         let t = r.render();
         assert!(
-            t.contains("kill -9 routewriter           1           1\n"),
+            t.contains("kill -9 routewriter             1           1\n"),
             "{t}"
         );
         assert!(
-            t.contains("router 20% loss             n/a           0\n"),
+            t.contains("router 20% loss               n/a           0\n"),
             "{t}"
         );
         assert!(
-            t.contains("none (no fault)               -           2\n"),
+            t.contains("none (no fault)                 -           2\n"),
             "{t}"
         );
         assert!(
-            t.contains("total                         1           3\n"),
+            t.contains("total                           1           3\n"),
             "{t}"
         );
         assert!(
@@ -557,8 +823,86 @@ mod tests {
         assert!(t.contains("restarts and reloads: missed (1 lost)"), "{t}");
         assert!(t.contains("RSS growth <= 5%: missed (worst +10.0%"), "{t}");
         assert!(t.contains("result: every check passed"), "{t}");
+        // SQLite's run shows the full disk, not etcd's faults.
+        assert!(t.contains("sqlite disk full"), "{t}");
+        assert!(!t.contains("etcd"), "{t}");
+        r.store = Store::Etcd;
+        let t = r.render();
+        assert!(
+            t.contains("kill -9 etcd leader") && !t.contains("disk full"),
+            "{t}"
+        );
         r.checks[0].passed = false;
         assert!(!r.passed());
         assert!(r.render().contains("result: some checks FAILED"));
+    }
+
+    #[test]
+    fn a_loss_after_a_link_is_back_is_measured_against_the_bound() {
+        let windows = [w(FaultKind::UplinkDown, 100.0, 105.0)];
+        let mut r = Report::default();
+        r.injected.insert(FaultKind::UplinkDown, 1);
+        let cut = Duration::from_secs(5);
+        let hold = Duration::from_secs(240);
+        r.add_pings(
+            &PingLog {
+                sent: 60,
+                lost: vec![100.1, 103.0, 104.9, 105.5],
+            },
+            &windows,
+        );
+        assert_eq!(r.lost[&Some(FaultKind::UplinkDown)], 4);
+        assert!((r.tail[&FaultKind::UplinkDown] - 0.5).abs() < 1e-9);
+        let c = r.link_cut_check(cut, hold);
+        assert!(c.passed, "{c:?}");
+        assert!(c.detail.contains("0.5 s after the link came back"), "{c:?}");
+        // Loss 3 s after the link is back: something re-converged.
+        r.add_pings(
+            &PingLog {
+                sent: 10,
+                lost: vec![108.0],
+            },
+            &windows,
+        );
+        assert!(!r.link_cut_check(cut, hold).passed);
+        // A cut as long as the hold time is no longer "unnoticed".
+        let mut quiet = Report::default();
+        quiet.injected.insert(FaultKind::UplinkDown, 1);
+        assert!(quiet.link_cut_check(cut, hold).passed);
+        assert!(!quiet.link_cut_check(hold, hold).passed);
+        assert!(Report::default().link_cut_check(cut, hold).passed);
+    }
+
+    #[test]
+    fn probes_pass_as_the_datastore_promises() {
+        let p = |kind, phase, outcome| Probe {
+            kind,
+            phase,
+            outcome,
+        };
+        let written = ProbeOutcome::Written { secs: 0.4 };
+        let refused = |clean| ProbeOutcome::Refused {
+            error: "code 11: disk full".into(),
+            clean,
+        };
+        use ProbePhase::{After, During};
+        let good = [
+            p(FaultKind::EtcdKillLeader, During, written.clone()),
+            p(FaultKind::DiskFull, During, refused(true)),
+            p(FaultKind::DiskFull, After, written.clone()),
+        ];
+        let c = probe_check(&good);
+        assert!(c.passed, "{c:?}");
+        assert!(c.detail.contains("3 writes: 2 taken"), "{c:?}");
+        for bad in [
+            p(FaultKind::EtcdPartition, During, refused(true)),
+            p(FaultKind::DiskFull, During, refused(false)),
+            p(FaultKind::DiskFull, After, refused(true)),
+        ] {
+            let c = probe_check(&[good[0].clone(), bad.clone()]);
+            assert!(!c.passed, "{bad:?} passed: {c:?}");
+            assert!(c.detail.contains("unexpected"), "{c:?}");
+        }
+        assert!(probe_check(&[]).passed);
     }
 }

@@ -65,10 +65,30 @@ fn map_err(e: etcd_client::Error) -> StoreError {
             tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled => {
                 StoreError::Unavailable(s.message().to_owned())
             }
+            // A member that has lost its leader (cut off from the others, or in an election)
+            // answers some requests with Go's bare context error or etcd's own timeout text
+            // under code Unknown. They clear up (another member, a new leader): the caller
+            // may try again, as etcd's own client does for these.
+            tonic::Code::Unknown if is_transient_message(s.message()) => {
+                StoreError::Unavailable(s.message().to_owned())
+            }
             _ => StoreError::Backend(s.message().to_owned()),
         },
         other => StoreError::Backend(other.to_string()),
     }
+}
+
+/// The texts etcd sends, under code Unknown, for conditions that pass by themselves.
+fn is_transient_message(message: &str) -> bool {
+    [
+        "context deadline exceeded",
+        "etcdserver: request timed out",
+        "etcdserver: leader changed",
+        "etcdserver: no leader",
+        "etcdserver: too many requests",
+    ]
+    .iter()
+    .any(|m| message.contains(m))
 }
 
 fn rev(r: i64) -> Revision {
@@ -87,13 +107,57 @@ fn to_kv(kv: &etcd_client::KeyValue) -> Result<KeyValue> {
     })
 }
 
+/// Whether a request failed before any member took it: the member the balanced channel
+/// picked is down (no connection), or has lost its leader and refused at once (require-leader).
+/// Either way nothing was done, so another try is safe, for a write too.
+fn not_taken(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::GRpcStatus(s) => {
+            s.code() == tonic::Code::Unavailable
+                && (s.message().contains("tcp connect error")
+                    || s.message().contains("etcdserver: no leader"))
+        }
+        _ => false,
+    }
+}
+
+/// The pause between tries of a request no member took.
+const RETRY_PAUSE: Duration = Duration::from_millis(20);
+
 impl EtcdStore {
+    /// Runs `call` on the client, again while no member takes it ([`not_taken`]). The
+    /// balanced channel sends each request to one member and does not steer around a dead
+    /// or leaderless one, so with one member of three down a third of the requests would fail
+    /// for as long as it is down; a new try picks again. A request a member took is never
+    /// repeated here (a write's outcome may be unknown): that is for the caller.
+    async fn reach<T, F, Fut>(&self, mut call: F) -> std::result::Result<T, etcd_client::Error>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        let tries = 2 * self.endpoints.len() + 1;
+        let mut n = 1;
+        loop {
+            match call((*self.client).clone()).await {
+                Err(e) if n < tries && not_taken(&e) => {
+                    n += 1;
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                }
+                other => return other,
+            }
+        }
+    }
+
     /// Connects to the endpoints; fails with `Unavailable` when none answers.
     pub async fn connect(endpoints: &[String], options: EtcdOptions) -> Result<Self> {
         let mut connect = ConnectOptions::new()
             .with_connect_timeout(options.connect_timeout)
             .with_timeout(options.request_timeout)
-            .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5));
+            .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5))
+            // A member cut off from the others refuses at once ("no leader") instead of
+            // holding a request until its deadline, and cancels its watches instead of
+            // keeping them open and silent: the client goes on with another member.
+            .with_require_leader(true);
         if let Some(tls) = &options.tls {
             connect = connect.with_tls(tls_options(tls).await?);
         }
@@ -148,9 +212,7 @@ impl Datastore for EtcdStore {
     async fn get(&self, key: &str) -> Result<Option<KeyValue>> {
         validate_key(key)?;
         let resp = self
-            .client
-            .kv_client()
-            .get(key, None)
+            .reach(|c| async move { c.kv_client().get(key, None).await })
             .await
             .map_err(map_err)?;
         resp.kvs().first().map(to_kv).transpose()
@@ -158,7 +220,6 @@ impl Datastore for EtcdStore {
 
     async fn list(&self, prefix: &str) -> Result<Listing> {
         let end = prefix_end(prefix).unwrap_or_else(|| "\u{7f}".to_owned());
-        let mut kv = self.client.kv_client();
         let mut items = Vec::new();
         let mut start = if prefix.is_empty() {
             " ".to_owned()
@@ -174,8 +235,11 @@ impl Datastore for EtcdStore {
             if let Some(r) = pinned {
                 options = options.with_revision(r);
             }
-            let resp = kv
-                .get(start.clone(), Some(options))
+            let resp = self
+                .reach(|c| {
+                    let (start, options) = (start.clone(), options.clone());
+                    async move { c.kv_client().get(start, Some(options)).await }
+                })
                 .await
                 .map_err(map_err)?;
             let header_rev = resp.header().map(|h| h.revision()).unwrap_or(0);
@@ -217,10 +281,12 @@ impl Datastore for EtcdStore {
                 }
             });
         }
+        let txn = Txn::new().and_then(ops);
         let resp = self
-            .client
-            .kv_client()
-            .txn(Txn::new().and_then(ops))
+            .reach(|c| {
+                let txn = txn.clone();
+                async move { c.kv_client().txn(txn).await }
+            })
             .await
             .map_err(map_err)?;
         let revision = rev(resp.header().map(|h| h.revision()).unwrap_or(0));
@@ -256,7 +322,13 @@ impl Datastore for EtcdStore {
             .collect();
         let reads: Vec<TxnOp> = ops.iter().map(|op| TxnOp::get(op.key(), None)).collect();
         let txn = Txn::new().when(compares).and_then(writes).or_else(reads);
-        let resp = self.client.kv_client().txn(txn).await.map_err(map_err)?;
+        let resp = self
+            .reach(|c| {
+                let txn = txn.clone();
+                async move { c.kv_client().txn(txn).await }
+            })
+            .await
+            .map_err(map_err)?;
         let revision = rev(resp.header().map(|h| h.revision()).unwrap_or(0));
         if resp.succeeded() {
             return Ok(revision);
@@ -290,9 +362,10 @@ impl Datastore for EtcdStore {
             .with_range(end)
             .with_start_revision(after.0 as i64 + 1);
         let mut stream = self
-            .client
-            .watch_client()
-            .watch(start, Some(options))
+            .reach(|c| {
+                let (start, options) = (start.clone(), options.clone());
+                async move { c.watch_client().watch(start, Some(options)).await }
+            })
             .await
             .map_err(map_err)?;
         // The first answer says whether the watch was created or refused (compacted start).
@@ -367,9 +440,11 @@ impl Datastore for EtcdStore {
 
     async fn revision(&self) -> Result<Revision> {
         let resp = self
-            .client
-            .kv_client()
-            .get("\u{7f}", Some(GetOptions::new().with_count_only()))
+            .reach(|c| async move {
+                c.kv_client()
+                    .get("\u{7f}", Some(GetOptions::new().with_count_only()))
+                    .await
+            })
             .await
             .map_err(map_err)?;
         Ok(rev(resp.header().map(|h| h.revision()).unwrap_or(0)))
@@ -382,7 +457,10 @@ impl Datastore for EtcdStore {
         if target == 0 {
             return Ok(());
         }
-        match self.client.kv_client().compact(target as i64, None).await {
+        match self
+            .reach(|c| async move { c.kv_client().compact(target as i64, None).await })
+            .await
+        {
             Ok(_) => Ok(()),
             // Already compacted at or past it: nothing to do.
             Err(etcd_client::Error::GRpcStatus(s)) if s.message().contains("compacted") => Ok(()),
@@ -392,5 +470,73 @@ impl Datastore for EtcdStore {
 
     fn describe(&self) -> String {
         format!("etcd:{}", self.endpoints.join(","))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_leaderless_members_answers_are_for_now_not_for_good() {
+        let status = |code, msg: &str| {
+            map_err(etcd_client::Error::GRpcStatus(tonic::Status::new(
+                code, msg,
+            )))
+        };
+        for msg in [
+            "context deadline exceeded",
+            "etcdserver: request timed out",
+            "etcdserver: leader changed",
+            "etcdserver: no leader",
+        ] {
+            let e = status(tonic::Code::Unknown, msg);
+            assert!(
+                matches!(&e, StoreError::Unavailable(m) if m == msg),
+                "{msg}: {e:?}"
+            );
+        }
+        assert!(matches!(
+            status(tonic::Code::DeadlineExceeded, "x"),
+            StoreError::Unavailable(_)
+        ));
+        // Anything else under Unknown, or a refusal, is the backend's answer.
+        assert!(matches!(
+            status(
+                tonic::Code::Unknown,
+                "etcdserver: mvcc: database space exceeded"
+            ),
+            StoreError::Backend(_)
+        ));
+        assert!(matches!(
+            status(
+                tonic::Code::InvalidArgument,
+                "etcdserver: key is not provided"
+            ),
+            StoreError::Backend(_)
+        ));
+    }
+
+    #[test]
+    fn only_requests_no_member_took_are_tried_again() {
+        let e = |code, msg: &str| etcd_client::Error::GRpcStatus(tonic::Status::new(code, msg));
+        assert!(not_taken(&e(tonic::Code::Unavailable, "tcp connect error")));
+        assert!(not_taken(&e(
+            tonic::Code::Unavailable,
+            "etcdserver: no leader"
+        )));
+        // Taken by a member, outcome unknown (a write may have committed): the caller's call.
+        assert!(!not_taken(&e(
+            tonic::Code::Unavailable,
+            "etcdserver: request timed out"
+        )));
+        assert!(!not_taken(&e(
+            tonic::Code::Unknown,
+            "context deadline exceeded"
+        )));
+        assert!(!not_taken(&e(
+            tonic::Code::Unavailable,
+            "error reading a body from connection"
+        )));
     }
 }

@@ -232,6 +232,11 @@ fn backend(e: rusqlite::Error) -> StoreError {
         Some(ErrorCode::DatabaseBusy | ErrorCode::DatabaseLocked) => {
             StoreError::Unavailable(format!("the SQLite file is locked by another process: {e}"))
         }
+        // A full file system clears up when someone frees space: callers may try again (the
+        // transaction was rolled back, nothing of it is stored).
+        Some(ErrorCode::DiskFull) => StoreError::Unavailable(format!(
+            "the SQLite file's file system is full; free space on it: {e}"
+        )),
         _ => StoreError::Backend(e.to_string()),
     }
 }
@@ -797,6 +802,32 @@ impl Datastore for SqliteStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_full_disk_is_unavailable_for_now_not_a_broken_backend() {
+        let sqlite = |code, extended| {
+            rusqlite::Error::SqliteFailure(
+                rusqlite::ffi::Error {
+                    code,
+                    extended_code: extended,
+                },
+                None,
+            )
+        };
+        let full = backend(sqlite(
+            rusqlite::ErrorCode::DiskFull,
+            rusqlite::ffi::SQLITE_FULL,
+        ));
+        assert!(
+            matches!(&full, StoreError::Unavailable(m) if m.contains("file system is full")),
+            "{full:?}"
+        );
+        let corrupt = backend(sqlite(
+            rusqlite::ErrorCode::DatabaseCorrupt,
+            rusqlite::ffi::SQLITE_CORRUPT,
+        ));
+        assert!(matches!(corrupt, StoreError::Backend(_)), "{corrupt:?}");
+    }
 
     #[test]
     fn every_report_is_looked_at_again_after_each_settle_delay() {

@@ -1,37 +1,32 @@
 //! `margay-lab`: a local margay cluster in network namespaces, on one machine, as root.
 //!
-//! Why this file is long: the lab's whole life (up, check, status, down, soak) over one
-//! topology; its steps share the topology's names.
-//!
-//! `soak --minutes N [--seed S]` (SQLite lab; brings it up if needed, leaves it up): one
-//! `ping -D -O -i 0.1 -W 1` per ordered pair of pods and family, in the source pod's namespace,
-//! while faults drawn from the seed (`interop_tests::lab::soak`) hit the cluster one at a
-//! time: kill -9 of bgpd / routewriter / both with a restart, SIGHUP of bgpd, the pools'
-//! vxlanMode flipped, a pod created and deleted, a node's eth0 down, 20% loss on the router
-//! (netem; reported unavailable when the kernel lacks it). After each fault the ping matrix
-//! must be green within 10 s; at the end `bgpctl ipam check`, a leak check (`ipam gc
-//! --dry-run` against the live pods), each node's proto-80 routes against its Dataplane
-//! snapshot, and RSS growth; one table, non-zero exit when a check fails.
+//! Why this file is long: the lab's whole life (up, check, status, down) over one topology;
+//! its steps share the topology's names. The soak (`soak.rs`) and the etcd cluster
+//! (`etcd.rs`) are modules of their own.
 //!
 //! `up` builds nothing itself (scripts/up builds first) and brings up: three nodes on one L2
 //! segment and a fourth in another subnet behind a router namespace, dual stack (every node
 //! and router leg has an IPv4 and an IPv6 address); on each node bgpd and routewriter, all
-//! sharing one embedded SQLite datastore; the default pools 172.20.0.0/16 (/26 blocks) and
-//! fd00:20::/48 (/122 blocks), both vxlanMode CrossSubnet and natOutgoing; two pods per node
-//! created through the real CNI protocol (the `margay` plugin run with the CNI environment and
-//! stdin), each with one address of each family. It prints a node's status, blocks and
-//! kernel routes of both families, and two ping matrices of every pod to every pod (`ping`
-//! and `ping -6`), and exits non-zero unless every pair answers in both. `check` re-runs the matrix; `status` shows what
-//! is up; `down` removes every namespace and process it created. `up` twice is safe.
+//! sharing one embedded SQLite datastore (on a 64 MiB tmpfs of its own, as a node's
+//! /var/lib might be a small partition: the soak fills it); the default pools 172.20.0.0/16
+//! (/26 blocks) and fd00:20::/48 (/122 blocks), both vxlanMode CrossSubnet and natOutgoing;
+//! two pods per node created through the real CNI protocol (the `margay` plugin run with the
+//! CNI environment and stdin), each with one address of each family. It prints a node's
+//! status, blocks and kernel routes of both families, and two ping matrices of every pod to
+//! every pod (`ping` and `ping -6`), and exits non-zero unless every pair answers in both.
+//! `check` re-runs the matrix; `status` shows what is up; `down` removes every namespace,
+//! process and mount it created. `up` twice is safe.
 //!
-//! `up --etcd` puts the cluster's state in a real etcd (Debian's etcd-server) instead of the
-//! SQLite file: one member in the router namespace, listening on the router's leg in the first
-//! segment (10.99.1.1:2379, which every node reaches directly or through its gateway), with
-//! its data under the lab's state directory. It is recorded like the daemons, so `down` stops
-//! it by PID and removes its data with the rest; `status` names the datastore in use.
+//! `up --etcd` puts the cluster's state in a real etcd cluster of three members instead
+//! (`etcd.rs`), each in a namespace of its own on the first segment, recorded like the
+//! daemons, so `down` stops them by PID and removes their data with the rest; `status` names
+//! the datastore in use.
+//!
+//! `soak --minutes N [--seed S] [--etcd]`: the lab under faults (`soak.rs`), then taken down
+//! and checked that nothing is left.
 //!
 //! Everything it makes is named `mlab-*` (namespaces) or lives in /run/margay-lab (configs,
-//! pid files, logs, the datastore file). `MARGAY_LAB_NAME=x` makes that `x-*` and
+//! pid files, logs, the datastore's mount). `MARGAY_LAB_NAME=x` makes that `x-*` and
 //! /run/margay-lab-x, so tests run a lab of their own beside a user's.
 
 use std::collections::BTreeMap;
@@ -40,14 +35,11 @@ use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
-use interop_tests::lab::soak;
+
+mod etcd;
+mod soak;
 
 const NETWORK: &str = "k8s-pod-network";
-
-/// Where the lab's etcd listens for clients: the router's address on the first segment, so
-/// nodes of both segments reach it without leaving the lab's namespaces.
-const ETCD_HOST: &str = "10.99.1.1";
-const ETCD_PORT: u16 = 2379;
 
 /// The lab's name: the prefix of its namespaces and the suffix of its state directory.
 fn lab_name() -> &'static str {
@@ -77,8 +69,8 @@ struct Args {
 enum Cmd {
     /// Bring the cluster up (or show it, when it is up already).
     Up {
-        /// Keep the cluster's state in a real etcd (in the router namespace) instead of the
-        /// shared SQLite file.
+        /// Keep the cluster's state in a real etcd cluster (three members, a namespace each)
+        /// instead of the shared SQLite file.
         #[arg(long)]
         etcd: bool,
     },
@@ -97,7 +89,8 @@ enum Cmd {
     /// Stop a node's daemons and remove it from the cluster (Nodes.DeleteNode).
     NodeDel { node: String },
     /// Ping every pod from every pod at 10/s while injecting faults drawn from a seed; then
-    /// check IPAM, kernel routes, recovery and memory, and print the table (SQLite lab).
+    /// check IPAM, kernel routes, recovery and memory, print the table, take the lab down
+    /// and check that nothing is left.
     Soak {
         /// How long to inject faults.
         #[arg(long, default_value_t = 2.0)]
@@ -105,6 +98,13 @@ enum Cmd {
         /// The schedule's seed [default: from the clock; printed either way].
         #[arg(long)]
         seed: Option<u64>,
+        /// Soak the lab on a three-member etcd cluster (with etcd's faults) instead of SQLite
+        /// (with the full disk).
+        #[arg(long)]
+        etcd: bool,
+        /// Print the seed's planned faults and stop.
+        #[arg(long)]
+        plan: bool,
     },
 }
 
@@ -233,15 +233,23 @@ fn down() -> Result<(), String> {
         // SAFETY: plain kill(2) of a pid this lab recorded.
         unsafe { libc::kill(*pid, libc::SIGTERM) };
     }
+    // `gone` reaps what this process started (the soak's restarts, or `up` from the same
+    // command): a zombie would still count as alive.
     let deadline = Instant::now() + Duration::from_secs(5);
-    while procs.iter().any(|(_, p)| alive(*p)) && Instant::now() < deadline {
+    while procs.iter().any(|(_, p)| !gone(*p)) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(50));
     }
     for (_, pid) in &procs {
-        if alive(*pid) {
+        if !gone(*pid) {
             // SAFETY: as above.
             unsafe { libc::kill(*pid, libc::SIGKILL) };
         }
+    }
+    // SIGKILL is not instant: wait until they are gone (reaped), so that nothing of the lab
+    // runs once `down` returns.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while procs.iter().any(|(_, p)| !gone(*p)) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
     }
     for n in lab_namespaces() {
         // Processes someone started inside by hand would keep the namespace busy.
@@ -253,8 +261,40 @@ fn down() -> Result<(), String> {
         }
         ip(&["netns", "del", &n])?;
     }
+    if is_mounted(&store_dir()) {
+        run(Command::new("umount").arg(store_dir()))?;
+    }
     let _ = std::fs::remove_dir_all(state());
     println!("margay-lab: down");
+    Ok(())
+}
+
+/// The SQLite datastore's own file system.
+fn store_dir() -> PathBuf {
+    state().join("store")
+}
+
+/// The size of that file system: the lab's file takes well under 1 MiB, and a full disk must
+/// be quick to make.
+const STORE_FS_SIZE: &str = "64m";
+
+fn is_mounted(dir: &Path) -> bool {
+    let dir = dir.display().to_string();
+    std::fs::read_to_string("/proc/self/mounts")
+        .unwrap_or_default()
+        .lines()
+        .any(|l| l.split_whitespace().nth(1) == Some(dir.as_str()))
+}
+
+/// Mounts the datastore's file system (a tmpfs of [`STORE_FS_SIZE`], root only).
+fn mount_store() -> Result<(), String> {
+    let dir = store_dir();
+    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+    run(Command::new("mount")
+        .args(["-t", "tmpfs", "-o"])
+        .arg(format!("size={STORE_FS_SIZE},mode=0700"))
+        .arg(format!("margay-lab-{}", lab_name()))
+        .arg(&dir))?;
     Ok(())
 }
 
@@ -382,11 +422,15 @@ impl Datastore {
         match self {
             Datastore::Sqlite => format!(
                 "[datastore]\nkind = \"sqlite\"\npath = \"{}\"\n",
-                state().join("store.db").display()
+                store_file().display()
             ),
             Datastore::Etcd => format!(
-                "[datastore]\nkind = \"etcd\"\nendpoints = [\"{}\"]\n",
-                etcd_url()
+                "[datastore]\nkind = \"etcd\"\nendpoints = [{}]\n",
+                etcd::client_urls()
+                    .iter()
+                    .map(|u| format!("\"{u}\""))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
         }
     }
@@ -394,12 +438,19 @@ impl Datastore {
     /// One line for `status` and `up`.
     fn describe(self) -> String {
         match self {
-            Datastore::Sqlite => format!("sqlite {}", state().join("store.db").display()),
+            Datastore::Sqlite => format!(
+                "sqlite {} (a {STORE_FS_SIZE} tmpfs)",
+                store_file().display()
+            ),
             Datastore::Etcd => format!(
-                "etcd {} (in {}, data in {})",
-                etcd_url(),
-                ns("router"),
-                etcd_dir().display()
+                "etcd {} ({} members in {}, data in {})",
+                etcd::client_urls().join(","),
+                etcd::MEMBERS,
+                (0..etcd::MEMBERS)
+                    .map(|i| ns(&etcd::member(i)))
+                    .collect::<Vec<_>>()
+                    .join(" "),
+                etcd::dir().display()
             ),
         }
     }
@@ -425,41 +476,9 @@ impl Datastore {
     }
 }
 
-fn etcd_url() -> String {
-    format!("http://{ETCD_HOST}:{ETCD_PORT}")
-}
-
-fn etcd_dir() -> PathBuf {
-    state().join("etcd")
-}
-
-/// Starts the lab's etcd in the router namespace and waits until it accepts connections.
-fn start_etcd() -> Result<(), String> {
-    let etcd = Path::new(interop_tests::lab::etcd::ETCD);
-    if !etcd.exists() {
-        return Err(format!(
-            "{} is missing: apt-get install etcd-server (scripts/up installs it)",
-            etcd.display()
-        ));
-    }
-    // Connections to the router's own address (etcd's to itself, our probe's) go through lo.
-    in_ns(&ns("router"), &["ip", "link", "set", "lo", "up"])?;
-    let data = etcd_dir().join("data");
-    std::fs::create_dir_all(&data).map_err(|e| e.to_string())?;
-    let mut cmd = detached("router", etcd);
-    // A lone member talks to no peer, but etcd wants a peer URL; it stays beside the client one.
-    let peer = format!("http://{ETCD_HOST}:2380");
-    interop_tests::lab::etcd::member_args(&mut cmd, "lab", &data, &etcd_url(), &peer);
-    cmd.args(["--initial-cluster", &format!("lab={peer}")]);
-    launch(cmd, &etcd_dir().join("etcd.log"), "router-etcd")?;
-    let probe = format!("exec 3<>/dev/tcp/{ETCD_HOST}/{ETCD_PORT}");
-    wait_for("etcd to listen", Duration::from_secs(20), || {
-        in_ns(&ns("router"), &["timeout", "1", "bash", "-c", &probe]).is_ok()
-    })
-    .map_err(|e| {
-        let log = std::fs::read_to_string(etcd_dir().join("etcd.log")).unwrap_or_default();
-        format!("{e}\netcd's log:\n{log}")
-    })
+/// The shared SQLite file.
+fn store_file() -> PathBuf {
+    store_dir().join("store.db")
 }
 
 fn write_config(n: &NodeSpec, datastore: Datastore) -> Result<PathBuf, String> {
@@ -507,9 +526,14 @@ fn detached(short: &str, program: &Path) -> Command {
     cmd
 }
 
-/// Spawns `cmd` with its output in `log` and records its PID as `key`, for `down`.
+/// Spawns `cmd` with its output appended to `log` (a restarted daemon's follows its earlier
+/// lives) and records its PID as `key`, for `down`.
 fn launch(mut cmd: Command, log: &Path, key: &str) -> Result<i32, String> {
-    let out = std::fs::File::create(log).map_err(|e| format!("{}: {e}", log.display()))?;
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .map_err(|e| format!("{}: {e}", log.display()))?;
     let err = out.try_clone().map_err(|e| e.to_string())?;
     let child = cmd
         .stdin(Stdio::null())
@@ -672,11 +696,7 @@ fn pod_del(node: &str, pod: &str) -> Result<bool, String> {
 
 fn stop(node: &str, daemon: &str) -> Result<(), String> {
     let file = state().join("pids").join(format!("{node}-{daemon}"));
-    let pid: i32 = std::fs::read_to_string(&file)
-        .map_err(|_| format!("no {daemon} recorded on {node}"))?
-        .trim()
-        .parse()
-        .map_err(|e| format!("{}: {e}", file.display()))?;
+    let pid = recorded_pid(node, daemon)?;
     // SAFETY: kill(2) of a pid this lab recorded.
     unsafe { libc::kill(pid, libc::SIGTERM) };
     wait_for(
@@ -685,6 +705,39 @@ fn stop(node: &str, daemon: &str) -> Result<(), String> {
         || !alive(pid),
     )?;
     let _ = std::fs::remove_file(file);
+    Ok(())
+}
+
+/// Gone, and reaped when it was our child (a daemon the soak restarted is; a zombie would
+/// still answer kill(pid, 0)).
+fn gone(pid: i32) -> bool {
+    let mut status = 0;
+    // SAFETY: waitpid(2) without blocking; for a pid that is not our child it fails (ECHILD).
+    unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
+    !alive(pid)
+}
+
+fn recorded_pid(node: &str, daemon: &str) -> Result<i32, String> {
+    let file = state().join("pids").join(format!("{node}-{daemon}"));
+    std::fs::read_to_string(&file)
+        .map_err(|_| format!("no {daemon} recorded on {node}"))?
+        .trim()
+        .parse()
+        .map_err(|e| format!("{}: {e}", file.display()))
+}
+
+/// kill -9 of what the lab recorded as `daemon` of `node` (a node, or an etcd member); reaped
+/// and its record removed.
+fn kill9(node: &str, daemon: &str) -> Result<(), String> {
+    let pid = recorded_pid(node, daemon)?;
+    // SAFETY: kill(2) of a pid this lab recorded.
+    unsafe { libc::kill(pid, libc::SIGKILL) };
+    wait_for(
+        &format!("{daemon} on {node} to die"),
+        Duration::from_secs(5),
+        || gone(pid),
+    )?;
+    let _ = std::fs::remove_file(state().join("pids").join(format!("{node}-{daemon}")));
     Ok(())
 }
 
@@ -868,9 +921,16 @@ fn up(datastore: Datastore) -> Result<bool, String> {
     );
     topology()?;
     datastore.record()?;
-    if datastore == Datastore::Etcd {
-        println!("margay-lab: etcd at {}", etcd_url());
-        start_etcd()?;
+    match datastore {
+        Datastore::Etcd => {
+            println!(
+                "margay-lab: etcd cluster of {} members at {}",
+                etcd::MEMBERS,
+                etcd::client_urls().join(",")
+            );
+            etcd::start_cluster()?;
+        }
+        Datastore::Sqlite => mount_store()?,
     }
     for n in &NODES {
         let config = write_config(n, datastore)?;
@@ -1004,619 +1064,6 @@ fn status() -> Result<(), String> {
     Ok(())
 }
 
-/// The soak's options (see `margay-lab soak --help`).
-struct SoakArgs {
-    minutes: f64,
-    seed: u64,
-}
-
-/// The pingers of a soak: one `ping -D -O -i 0.1 -W 1` per ordered pair of pods and family,
-/// each in its source pod's namespace, its output in a file. Stopped by PID (SIGINT, so ping
-/// prints its last lines; SIGKILL after 2 s) when dropped: on success, on error, on a panic.
-struct Pingers {
-    children: Vec<std::process::Child>,
-    logs: Vec<PathBuf>,
-}
-
-/// The pingers' interval: 10 pings per second per pair.
-const PING_INTERVAL: Duration = Duration::from_millis(100);
-
-impl Pingers {
-    fn start(pods: &[Pod], dir: &Path) -> Result<Pingers, String> {
-        let mut me = Pingers {
-            children: Vec::new(),
-            logs: Vec::new(),
-        };
-        for from in pods {
-            for to in pods.iter().filter(|t| t.name != from.name) {
-                for (flag, dest) in [("-4", &to.address), ("-6", &to.address6)] {
-                    let log = dir.join(format!("ping{flag}-{}-{}.log", from.name, to.name));
-                    let out = std::fs::File::create(&log)
-                        .map_err(|e| format!("{}: {e}", log.display()))?;
-                    let child = Command::new("ip")
-                        .args(["netns", "exec", &from.ns, "ping", flag, "-D", "-O"])
-                        .args(["-i", "0.1", "-W", "1", dest])
-                        .stdin(Stdio::null())
-                        .stdout(out)
-                        .stderr(Stdio::null())
-                        .spawn()
-                        .map_err(|e| format!("starting ping in {}: {e}", from.ns))?;
-                    me.children.push(child);
-                    me.logs.push(log);
-                }
-            }
-        }
-        let pids: Vec<String> = me.children.iter().map(|c| c.id().to_string()).collect();
-        let _ = std::fs::write(dir.join("pingers.pids"), pids.join("\n"));
-        Ok(me)
-    }
-
-    /// Stops every pinger (once) and returns the logs to read.
-    fn stop(&mut self) -> Vec<PathBuf> {
-        let mut children = std::mem::take(&mut self.children);
-        for c in &children {
-            // SAFETY: kill(2) of a child this process spawned and has not reaped.
-            unsafe { libc::kill(c.id() as i32, libc::SIGINT) };
-        }
-        let deadline = Instant::now() + Duration::from_secs(2);
-        for c in &mut children {
-            while matches!(c.try_wait(), Ok(None)) && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(20));
-            }
-            if matches!(c.try_wait(), Ok(None)) {
-                let _ = c.kill();
-                let _ = c.wait();
-            }
-        }
-        std::mem::take(&mut self.logs)
-    }
-}
-
-impl Drop for Pingers {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-fn unix_now() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs_f64())
-        .unwrap_or(0.0)
-}
-
-/// Gone, and reaped when it was our child (a daemon the soak restarted is; a zombie would
-/// still answer kill(pid, 0)).
-fn gone(pid: i32) -> bool {
-    let mut status = 0;
-    // SAFETY: waitpid(2) without blocking; for a pid that is not our child it fails (ECHILD).
-    unsafe { libc::waitpid(pid, &mut status, libc::WNOHANG) };
-    !alive(pid)
-}
-
-fn recorded_pid(node: &str, daemon: &str) -> Result<i32, String> {
-    let file = state().join("pids").join(format!("{node}-{daemon}"));
-    std::fs::read_to_string(&file)
-        .map_err(|_| format!("no {daemon} recorded on {node}"))?
-        .trim()
-        .parse()
-        .map_err(|e| format!("{}: {e}", file.display()))
-}
-
-fn kill9(node: &str, daemon: &str) -> Result<(), String> {
-    let pid = recorded_pid(node, daemon)?;
-    // SAFETY: kill(2) of a pid this lab recorded.
-    unsafe { libc::kill(pid, libc::SIGKILL) };
-    wait_for(
-        &format!("{daemon} on {node} to die"),
-        Duration::from_secs(5),
-        || gone(pid),
-    )?;
-    let _ = std::fs::remove_file(state().join("pids").join(format!("{node}-{daemon}")));
-    Ok(())
-}
-
-/// Starts a daemon again as `up` does; bgpd counts as started when its API answers.
-fn start_again(node: &str, daemon: &str) -> Result<(), String> {
-    let config = node_dir(node).join("node.toml");
-    start(node, daemon, &["--config", &config.display().to_string()])?;
-    if daemon == "bgpd" {
-        wait_for(&format!("bgpd on {node}"), Duration::from_secs(30), || {
-            bgpctl(node, &["status"]).is_ok()
-        })?;
-    }
-    Ok(())
-}
-
-/// What injecting a fault came to.
-enum Injected {
-    Done(String),
-    Unavailable(String),
-}
-
-/// Does one fault, from its first action to its last; what it did, for the log.
-fn inject(f: &soak::Fault, node: &NodeSpec) -> Result<Injected, String> {
-    use soak::FaultKind as K;
-    let n = node.name;
-    let hold = f.hold;
-    match f.kind {
-        K::KillBgpd | K::KillRoutewriter | K::KillBoth => {
-            let daemons: &[&str] = match f.kind {
-                K::KillBgpd => &["bgpd"],
-                K::KillRoutewriter => &["routewriter"],
-                _ => &["bgpd", "routewriter"],
-            };
-            for d in daemons {
-                kill9(n, d)?;
-            }
-            std::thread::sleep(hold);
-            for d in daemons {
-                start_again(n, d)?;
-            }
-            Ok(Injected::Done(format!(
-                "on {n}, restarted after {:.1} s",
-                hold.as_secs_f64()
-            )))
-        }
-        K::ReloadBgpd => {
-            // A `[bgp]` option outside `[[bgp.peers]]` that the lab's mesh does not use:
-            // error_wait_time applies to configured peers (there are none) at once and to
-            // cluster peers at the next start. Changed, reloaded, then restored and reloaded.
-            let config = node_dir(n).join("node.toml");
-            let original = std::fs::read_to_string(&config).map_err(|e| e.to_string())?;
-            let pid = recorded_pid(n, "bgpd")?;
-            let changed = format!("{original}[bgp]\nerror_wait_time = [5, 30]\n");
-            for text in [&changed, &original] {
-                std::fs::write(&config, text).map_err(|e| e.to_string())?;
-                // SAFETY: kill(2) of a pid this lab recorded.
-                unsafe { libc::kill(pid, libc::SIGHUP) };
-                std::thread::sleep(Duration::from_secs(1));
-                if !alive(pid) {
-                    return Err(format!("bgpd on {n} died on SIGHUP"));
-                }
-            }
-            bgpctl(n, &["status"]).map_err(|e| format!("bgpd on {n} after SIGHUP: {e}"))?;
-            Ok(Injected::Done(format!(
-                "on {n}, error_wait_time changed and back"
-            )))
-        }
-        K::PoolMode => {
-            let set = |mode: &str| -> Result<(), String> {
-                for pool in ["default-ipv4-ippool", "default-ipv6-ippool"] {
-                    bgpctl(n, &["pool", "set", pool, "--vxlan-mode", mode])?;
-                }
-                Ok(())
-            };
-            set("Always")?;
-            std::thread::sleep(hold);
-            set("CrossSubnet")?;
-            Ok(Injected::Done(format!(
-                "both pools Always for {:.1} s (via {n})",
-                hold.as_secs_f64()
-            )))
-        }
-        K::PodChurn => {
-            let p = cni_add(n, "churn")?;
-            cni_del(n, "churn")?;
-            Ok(Injected::Done(format!(
-                "{} created ({}, {}) and deleted",
-                p.name, p.address, p.address6
-            )))
-        }
-        K::UplinkDown => {
-            let node_ns = ns(n);
-            in_ns(&node_ns, &["ip", "link", "set", "eth0", "down"])?;
-            std::thread::sleep(hold);
-            in_ns(&node_ns, &["ip", "link", "set", "eth0", "up"])?;
-            // Admin down takes the routes through eth0 with it: the lab's own default routes
-            // come back as a node's network manager would bring them (margay's are
-            // routewriter's to repair).
-            in_ns(
-                &node_ns,
-                &["ip", "route", "replace", "default", "via", node.gateway],
-            )?;
-            in_ns(
-                &node_ns,
-                &[
-                    "ip",
-                    "-6",
-                    "route",
-                    "replace",
-                    "default",
-                    "via",
-                    node.gateway6,
-                ],
-            )?;
-            Ok(Injected::Done(format!(
-                "{n} eth0 down for {:.1} s",
-                hold.as_secs_f64()
-            )))
-        }
-        K::RouterLoss => {
-            let router = ns("router");
-            let legs = ["r-seg1", "r-seg2"];
-            for (i, dev) in legs.iter().enumerate() {
-                let add = in_ns(
-                    &router,
-                    &[
-                        "tc", "qdisc", "add", "dev", dev, "root", "netem", "loss", "20%",
-                    ],
-                );
-                if let Err(e) = add {
-                    for done in &legs[..i] {
-                        let _ = in_ns(&router, &["tc", "qdisc", "del", "dev", done, "root"]);
-                    }
-                    // Only tc's own words: the kernel may lack sch_netem, or tc be missing.
-                    let why = e.rsplit_once("failed: ").map_or(e.as_str(), |(_, w)| w);
-                    return Ok(Injected::Unavailable(format!(
-                        "`tc qdisc add dev {dev} root netem loss 20%` in {router}: {why}"
-                    )));
-                }
-            }
-            std::thread::sleep(hold);
-            for dev in legs {
-                in_ns(&router, &["tc", "qdisc", "del", "dev", dev, "root"])?;
-            }
-            Ok(Injected::Done(format!(
-                "20% loss on both router legs for {:.0} s",
-                hold.as_secs_f64()
-            )))
-        }
-    }
-}
-
-/// How long after `since` the whole ping matrix (both families) answers again; `None` if not
-/// within `limit`.
-fn recovery(pods: &[Pod], limit: Duration) -> Option<Duration> {
-    let since = Instant::now();
-    loop {
-        if matrix(pods, false).1 && matrix(pods, true).1 {
-            return Some(since.elapsed());
-        }
-        if since.elapsed() > limit {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
-/// bgpd and routewriter of every node: key (`node-1-bgpd`), PID, VmRSS in KiB.
-fn daemon_rss() -> Vec<(String, i32, u64)> {
-    pids()
-        .into_iter()
-        .filter(|(k, _)| k.ends_with("-bgpd") || k.ends_with("-routewriter"))
-        .filter(|(_, p)| alive(*p))
-        .map(|(k, p)| {
-            let kib = (interop_tests::lab::procstat::rss_mib(p) * 1024.0).round() as u64;
-            (k, p, kib)
-        })
-        .collect()
-}
-
-/// The routes bgpd wants on `node`'s kernel: the Dataplane stream's snapshot, read as
-/// routewriter reads it.
-fn desired_routes(node: &str) -> Result<std::collections::BTreeSet<String>, String> {
-    use routewriter::desired::{Defaults, DesiredState};
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())?;
-    rt.block_on(async {
-        let ch = proto::client::connect_unix(&socket(node))
-            .await
-            .map_err(|e| format!("bgpd on {node}: {e}"))?;
-        let mut stream = proto::v1::dataplane_client::DataplaneClient::new(ch)
-            .watch(proto::v1::WatchRequest { from_revision: 0 })
-            .await
-            .map_err(|e| format!("Dataplane.Watch on {node}: {e}"))?
-            .into_inner();
-        let mut desired = DesiredState::new(Defaults::default());
-        while !desired.is_complete() {
-            let update = tokio::time::timeout(Duration::from_secs(5), stream.message())
-                .await
-                .map_err(|_| format!("no snapshot from bgpd on {node} within 5 s"))?
-                .map_err(|e| format!("Dataplane.Watch on {node}: {e}"))?
-                .ok_or_else(|| format!("bgpd on {node} ended the stream"))?;
-            desired.apply(&update);
-        }
-        Ok(desired
-            .routes()
-            .iter()
-            .map(|(p, _)| normal_prefix(&p.to_string()))
-            .collect())
-    })
-}
-
-/// A prefix as `ip -j route` or the desired state spells it, in one spelling.
-fn normal_prefix(dst: &str) -> String {
-    let full = match dst {
-        "default" => return "default".into(),
-        d if d.contains('/') => d.to_owned(),
-        d if d.contains(':') => format!("{d}/128"),
-        d => format!("{d}/32"),
-    };
-    full.parse::<ipnet::IpNet>()
-        .map(|n| n.to_string())
-        .unwrap_or(full)
-}
-
-/// routewriter's routes (protocol 80) in `node`'s kernel, both families, every table.
-fn kernel_routes(node: &str) -> Result<std::collections::BTreeSet<String>, String> {
-    let mut out = std::collections::BTreeSet::new();
-    for family in ["-4", "-6"] {
-        let text = in_ns(
-            &ns(node),
-            &[
-                "ip", "-j", family, "route", "show", "table", "all", "proto", "80",
-            ],
-        )?;
-        let routes: Vec<serde_json::Value> = serde_json::from_str(text.trim())
-            .map_err(|e| format!("ip -j route on {node}: {e}: {text}"))?;
-        for r in routes {
-            if let Some(dst) = r["dst"].as_str() {
-                out.insert(normal_prefix(dst));
-            }
-        }
-    }
-    Ok(out)
-}
-
-/// Desired against kernel on one node: `Ok` when equal, else what differs (a few of each).
-fn kernel_matches_desired(node: &str) -> Result<usize, String> {
-    let desired = desired_routes(node)?;
-    let kernel = kernel_routes(node)?;
-    if desired == kernel {
-        return Ok(desired.len());
-    }
-    let few = |s: Vec<&String>| {
-        s.iter()
-            .take(4)
-            .map(|p| p.as_str())
-            .collect::<Vec<_>>()
-            .join(" ")
-    };
-    Err(format!(
-        "{node}: missing from the kernel [{}], not desired [{}]",
-        few(desired.difference(&kernel).collect()),
-        few(kernel.difference(&desired).collect())
-    ))
-}
-
-/// CNI's handle for a lab pod (`<network>.<container id>`, the container id as `cni` sets it).
-fn pod_handle(pod: &Pod) -> String {
-    format!("{NETWORK}.lab{}", pod.name.replace('-', ""))
-}
-
-/// `margay-lab soak`: pingers, the fault schedule, the checks, the table.
-fn run_soak(args: SoakArgs) -> Result<bool, String> {
-    if !is_up() {
-        println!("margay-lab: the lab is not up; bringing it up");
-        if !up(Datastore::Sqlite)? {
-            return Err("the lab came up without a full ping matrix: not soaking".into());
-        }
-    }
-    if Datastore::recorded() == Some(Datastore::Etcd) {
-        println!("margay-lab: note: this lab runs on etcd; the soak's faults are the SQLite set");
-    }
-    let pods = load_pods();
-    let total = Duration::from_secs_f64(args.minutes * 60.0);
-    println!(
-        "margay-lab soak: seed {} ({:.1} min, {} pods, {} pingers at 10/s)",
-        args.seed,
-        args.minutes,
-        pods.len(),
-        pods.len() * (pods.len() - 1) * 2
-    );
-    let dir = state().join("soak");
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
-    // IPv6 addresses would go with an admin-down eth0 (and not come back: they are static).
-    for n in &NODES {
-        in_ns(
-            &ns(n.name),
-            &["sysctl", "-qw", "net.ipv6.conf.eth0.keep_addr_on_down=1"],
-        )?;
-    }
-    // Planned times are estimates (a restart or a recovery takes what it takes): the list
-    // covers three times the run so the driver, which stops by the clock, never runs dry.
-    let plan = soak::schedule(args.seed, NODES.len(), total * 3);
-    let mut report = soak::Report {
-        seed: args.seed,
-        minutes: args.minutes,
-        ..Default::default()
-    };
-    let baseline_at = Duration::from_secs(60).min(total / 2);
-    report.rss_baseline_at = baseline_at.as_secs_f64();
-    let mut baseline: Option<Vec<(String, i32, u64)>> = None;
-    let mut windows = Vec::new();
-    let mut recoveries: Vec<(String, Option<Duration>)> = Vec::new();
-    let mut pingers = Pingers::start(&pods, &dir)?;
-    let start = Instant::now();
-    // Waits, taking the RSS baseline when its time comes (between faults: daemons are up).
-    let idle = |d: Duration, baseline: &mut Option<Vec<(String, i32, u64)>>| {
-        let until = Instant::now() + d;
-        while Instant::now() < until {
-            if baseline.is_none() && start.elapsed() >= baseline_at {
-                *baseline = Some(daemon_rss());
-            }
-            std::thread::sleep(Duration::from_millis(100).min(until - Instant::now()));
-        }
-    };
-    for f in &plan {
-        let node = &NODES[f.node];
-        // The fault, its recovery check and a margin must fit in what is left.
-        // A known-unavailable kind takes no time; a shorter fault further on may still fit.
-        let need = f.gap + f.hold + soak::RECOVERY + Duration::from_secs(5);
-        if report.unavailable.contains_key(&f.kind) || start.elapsed() + need > total {
-            continue;
-        }
-        idle(f.gap, &mut baseline);
-        let at = start.elapsed().as_secs_f64();
-        let t0 = unix_now();
-        match inject(f, node)? {
-            Injected::Unavailable(why) => {
-                println!("[{at:6.1} s] {}: unavailable: {why}", f.kind.name());
-                report.unavailable.insert(f.kind, why);
-            }
-            Injected::Done(what) => {
-                let t1 = unix_now();
-                windows.push(soak::Window {
-                    kind: f.kind,
-                    start: t0,
-                    end: t1,
-                });
-                *report.injected.entry(f.kind).or_default() += 1;
-                // Waits past the limit (30 s) so a late recovery is measured, and the next
-                // fault does not land on a broken cluster.
-                let rec = recovery(&pods, Duration::from_secs(30));
-                println!(
-                    "[{at:6.1} s] {} {what} ({:.1} s): {}",
-                    f.kind.name(),
-                    t1 - t0,
-                    match rec {
-                        Some(d) => format!("matrix green {:.1} s after its end", d.as_secs_f64()),
-                        None => "matrix NOT green 30 s after its end".into(),
-                    }
-                );
-                recoveries.push((f.kind.name().to_owned(), rec));
-            }
-        }
-    }
-    idle(total.saturating_sub(start.elapsed()), &mut baseline);
-    let baseline = baseline.unwrap_or_else(daemon_rss);
-    let end_rss = daemon_rss();
-    let logs = pingers.stop();
-    for log in &logs {
-        let text = std::fs::read_to_string(log).unwrap_or_default();
-        report.add_pings(&soak::parse_ping(&text, PING_INTERVAL), &windows);
-    }
-    let mut baseline = baseline;
-    baseline.sort();
-    for (key, pid, kib) in baseline {
-        report.rss.push(soak::Rss {
-            end_kib: end_rss
-                .iter()
-                .find(|(k, p, _)| *k == key && *p == pid)
-                .map(|(_, _, kib)| *kib),
-            process: key,
-            baseline_kib: kib,
-        });
-    }
-    // Checks.
-    let mut ipam_problems = Vec::new();
-    for n in &NODES {
-        if let Err(e) = bgpctl(n.name, &["ipam", "check"]) {
-            ipam_problems.push(format!("{}: {e}", n.name));
-        }
-    }
-    report.checks.push(soak::Check {
-        name: "bgpctl ipam check clean on every node".into(),
-        passed: ipam_problems.is_empty(),
-        detail: if ipam_problems.is_empty() {
-            format!("{} nodes", NODES.len())
-        } else {
-            ipam_problems.join("; ")
-        },
-    });
-    // Leaks: every handle of the lab's network on a node must be one of its live pods.
-    let mut leaked = Vec::new();
-    for n in &NODES {
-        let live: Vec<String> = pods
-            .iter()
-            .filter(|p| p.node == n.name)
-            .map(pod_handle)
-            .collect();
-        let out = bgpctl(
-            n.name,
-            &[
-                "ipam",
-                "gc",
-                "--node",
-                n.name,
-                "--live",
-                &live.join(","),
-                "--prefix",
-                &format!("{NETWORK}."),
-                "--dry-run",
-                "--json",
-            ],
-        )?;
-        let v: serde_json::Value =
-            serde_json::from_str(&out).map_err(|e| format!("ipam gc --json: {e}: {out}"))?;
-        for h in v["released"].as_array().into_iter().flatten() {
-            leaked.push(format!("{}: {}", n.name, h["handle"]));
-        }
-    }
-    report.checks.push(soak::Check {
-        name: "no leaked address (every handle a live pod's)".into(),
-        passed: leaked.is_empty(),
-        detail: if leaked.is_empty() {
-            format!("{} live pods", pods.len())
-        } else {
-            leaked.join("; ")
-        },
-    });
-    // Desired against kernel, given a few seconds to settle after the last fault.
-    let mut drift = Vec::new();
-    let mut compared = 0;
-    for n in &NODES {
-        let mut last = Ok(0);
-        for _ in 0..10 {
-            last = kernel_matches_desired(n.name);
-            if last.is_ok() {
-                break;
-            }
-            std::thread::sleep(Duration::from_secs(1));
-        }
-        match last {
-            Ok(routes) => compared += routes,
-            Err(e) => drift.push(e),
-        }
-    }
-    report.checks.push(soak::Check {
-        name: "kernel routes (proto 80) = desired on every node".into(),
-        passed: drift.is_empty(),
-        detail: if drift.is_empty() {
-            format!("{} nodes, {compared} routes by prefix", NODES.len())
-        } else {
-            drift.join("; ")
-        },
-    });
-    let late: Vec<String> = recoveries
-        .iter()
-        .filter(|(_, r)| !r.is_some_and(|d| d <= soak::RECOVERY))
-        .map(|(k, r)| match r {
-            Some(d) => format!("{k} {:.1} s", d.as_secs_f64()),
-            None => format!("{k} never"),
-        })
-        .collect();
-    let worst = recoveries
-        .iter()
-        .filter_map(|(_, r)| *r)
-        .max()
-        .unwrap_or_default();
-    report.checks.push(soak::Check {
-        name: "matrix green within 10 s of every fault".into(),
-        passed: late.is_empty(),
-        detail: if late.is_empty() {
-            format!(
-                "{} faults, slowest {:.1} s",
-                recoveries.len(),
-                worst.as_secs_f64()
-            )
-        } else {
-            format!("late: {}", late.join(", "))
-        },
-    });
-    println!(
-        "margay-lab soak: pinger logs in {} (wall time {:.0} s)",
-        dir.display(),
-        start.elapsed().as_secs_f64()
-    );
-    print!("{}", report.render());
-    Ok(report.passed())
-}
-
 fn main() -> ExitCode {
     if unsafe { libc::geteuid() } != 0 {
         eprintln!("margay-lab: run as root (it creates network namespaces)");
@@ -1635,9 +1082,20 @@ fn main() -> ExitCode {
         Cmd::PodDel { node, pod } => pod_del(&node, &pod),
         Cmd::Restart { node, daemon } => restart(&node, &daemon),
         Cmd::NodeDel { node } => node_del(&node),
-        Cmd::Soak { minutes, seed } => run_soak(SoakArgs {
+        Cmd::Soak {
             minutes,
-            seed: seed.unwrap_or_else(|| unix_now() as u64),
+            seed,
+            etcd,
+            plan,
+        } => soak::run(soak::SoakArgs {
+            plan,
+            minutes,
+            seed: seed.unwrap_or_else(|| soak::unix_now() as u64),
+            datastore: if etcd {
+                Datastore::Etcd
+            } else {
+                Datastore::Sqlite
+            },
         }),
     };
     match result {
