@@ -148,6 +148,16 @@ impl EtcdStore {
         }
     }
 
+    /// One transaction, to whichever member takes it.
+    async fn send_txn(&self, txn: Txn) -> Result<etcd_client::TxnResponse> {
+        self.reach(|c| {
+            let txn = txn.clone();
+            async move { c.kv_client().txn(txn).await }
+        })
+        .await
+        .map_err(map_err)
+    }
+
     /// Connects to the endpoints; fails with `Unavailable` when none answers.
     pub async fn connect(endpoints: &[String], options: EtcdOptions) -> Result<Self> {
         let mut connect = ConnectOptions::new()
@@ -281,14 +291,7 @@ impl Datastore for EtcdStore {
                 }
             });
         }
-        let txn = Txn::new().and_then(ops);
-        let resp = self
-            .reach(|c| {
-                let txn = txn.clone();
-                async move { c.kv_client().txn(txn).await }
-            })
-            .await
-            .map_err(map_err)?;
+        let resp = self.send_txn(Txn::new().and_then(ops)).await?;
         let revision = rev(resp.header().map(|h| h.revision()).unwrap_or(0));
         let mut out = Vec::with_capacity(reads.len());
         for (r, answer) in reads.iter().zip(resp.op_responses()) {
@@ -322,13 +325,7 @@ impl Datastore for EtcdStore {
             .collect();
         let reads: Vec<TxnOp> = ops.iter().map(|op| TxnOp::get(op.key(), None)).collect();
         let txn = Txn::new().when(compares).and_then(writes).or_else(reads);
-        let resp = self
-            .reach(|c| {
-                let txn = txn.clone();
-                async move { c.kv_client().txn(txn).await }
-            })
-            .await
-            .map_err(map_err)?;
+        let resp = self.send_txn(txn).await?;
         let revision = rev(resp.header().map(|h| h.revision()).unwrap_or(0));
         if resp.succeeded() {
             return Ok(revision);

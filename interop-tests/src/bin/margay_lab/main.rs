@@ -783,12 +783,17 @@ fn node_del(node: &str) -> Result<bool, String> {
     Ok(true)
 }
 
-fn grpc_delete_node(via: &str, node: &str) -> Result<(), String> {
-    let rt = tokio::runtime::Builder::new_current_thread()
+/// Runs one async exchange with the lab's daemons (this tool is synchronous otherwise).
+fn block_on<T>(f: impl std::future::Future<Output = Result<T, String>>) -> Result<T, String> {
+    tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| e.to_string())?;
-    rt.block_on(async {
+        .map_err(|e| e.to_string())?
+        .block_on(f)
+}
+
+fn grpc_delete_node(via: &str, node: &str) -> Result<(), String> {
+    block_on(async {
         let ch = proto::client::connect_unix(&socket(via))
             .await
             .map_err(|e| e.to_string())?;

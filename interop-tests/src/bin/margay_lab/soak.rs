@@ -27,8 +27,8 @@ use std::time::{Duration, Instant};
 use interop_tests::lab::soak;
 
 use super::{
-    Datastore, NETWORK, NODES, NodeSpec, Pod, alive, bgpctl, cni, cni_add, cni_del, down, etcd,
-    gone, in_ns, ip, is_mounted, is_up, kill9, lab_name, lab_namespaces, load_pods, matrix,
+    Datastore, NETWORK, NODES, NodeSpec, Pod, alive, bgpctl, block_on, cni, cni_add, cni_del, down,
+    etcd, gone, in_ns, ip, is_mounted, is_up, kill9, lab_name, lab_namespaces, load_pods, matrix,
     node_dir, ns, pids, pod_ns, recorded_pid, socket, start, state, store_dir, up, wait_for,
 };
 
@@ -190,25 +190,46 @@ fn inject(
             )))
         }
         K::ReloadBgpd => {
-            // A `[bgp]` option outside `[[bgp.peers]]` that the lab's mesh does not use:
-            // error_wait_time applies to configured peers (there are none) at once and to
-            // cluster peers at the next start. Changed, reloaded, then restored and reloaded.
+            // Peer options changed in node.toml and reloaded, as an operator does: a configured
+            // peer is added, its options changed, and it is removed, each by SIGHUP, with
+            // `[bgp] error_wait_time` changed on the way. The peer is passive, at an address
+            // no one has in the lab: no session, no packet. Only its session may be touched;
+            // the mesh must lose nothing.
             let config = node_dir(n).join("node.toml");
             let original = std::fs::read_to_string(&config).map_err(|e| e.to_string())?;
             let pid = recorded_pid(n, "bgpd")?;
-            let changed = format!("{original}[bgp]\nerror_wait_time = [5, 30]\n");
-            for text in [&changed, &original] {
-                std::fs::write(&config, text).map_err(|e| e.to_string())?;
+            let with_peer = |hold: u16| {
+                format!(
+                    "{original}[bgp]\nerror_wait_time = [5, 30]\n[[bgp.peers]]\naddress = \"{RELOAD_PEER}\"\nas = 65099\npassive = true\nhold_time = {hold}\n"
+                )
+            };
+            for (text, present) in [
+                (with_peer(30), true),
+                (with_peer(90), true),
+                (original.clone(), false),
+            ] {
+                std::fs::write(&config, &text).map_err(|e| e.to_string())?;
                 // SAFETY: kill(2) of a pid this lab recorded.
                 unsafe { libc::kill(pid, libc::SIGHUP) };
-                std::thread::sleep(Duration::from_secs(1));
+                let mut seen = String::new();
+                wait_for(
+                    &format!(
+                        "bgpd on {n} to reload (peer {RELOAD_PEER} {})",
+                        if present { "configured" } else { "gone" }
+                    ),
+                    Duration::from_secs(5),
+                    || {
+                        seen = bgpctl(n, &["show", "protocols", "--json"]).unwrap_or_default();
+                        seen.contains(RELOAD_PEER) == present
+                    },
+                )
+                .map_err(|e| format!("{e}: {seen}"))?;
                 if !alive(pid) {
                     return Err(format!("bgpd on {n} died on SIGHUP"));
                 }
             }
-            bgpctl(n, &["status"]).map_err(|e| format!("bgpd on {n} after SIGHUP: {e}"))?;
             Ok(Injected::Done(format!(
-                "on {n}, error_wait_time changed and back"
+                "on {n}, a peer added (hold 30 s), changed (hold 90 s) and removed, error_wait_time changed and back"
             )))
         }
         K::PoolMode => {
@@ -350,6 +371,9 @@ fn inject(
         }
     }
 }
+
+/// The configured peer the reload fault adds and removes: an address no one has in the lab.
+const RELOAD_PEER: &str = "10.99.1.99";
 
 /// The router's loss table (in its namespace).
 const LOSS_TABLE: &str = "margay_soak_loss";
@@ -538,11 +562,7 @@ fn daemon_rss() -> Vec<(String, i32, u64)> {
 /// routewriter reads it.
 fn desired_routes(node: &str) -> Result<std::collections::BTreeSet<String>, String> {
     use routewriter::desired::{Defaults, DesiredState};
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .map_err(|e| e.to_string())?;
-    rt.block_on(async {
+    block_on(async {
         let ch = proto::client::connect_unix(&socket(node))
             .await
             .map_err(|e| format!("bgpd on {node}: {e}"))?;
