@@ -77,6 +77,12 @@ fn peer_spec(p: &BgpPeerConfig, bgp: &BgpConfig) -> PeerSpec {
         };
     }
     spec.bfd = p.bfd.and_then(|b| b.session().ok());
+    spec.options = bgp::rib::PeerOptions {
+        local_as: p.local_as.map(bgp_wire::Asn),
+        allow_local_as: p.allow_local_as,
+        next_hop: crate::cluster::peers::rib_next_hop(p.next_hop),
+        interface: None,
+    };
     spec.transport = sockopt::Transport {
         password: sockopt::Password::new(&p.password).ok().flatten(),
         ttl_security_hops: p.ttl_security,
@@ -193,4 +199,29 @@ pub async fn reload(
         }
     }
     Ok(r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_configured_peer_takes_the_session_options_a_bgppeer_has() {
+        let f = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(
+            f.path(),
+            "[bgp]\nas = 64512\nerror_wait_time = [2, 20]\n[[bgp.peers]]\naddress = \"10.0.0.3\"\n\
+             as = 65000\nlocal_as = 65010\nallow_local_as = 2\nnext_hop = \"Keep\"\n",
+        )
+        .unwrap();
+        let env = [("MARGAY_NODE__NAME".to_owned(), "n".to_owned())];
+        let c =
+            crate::config::Config::load_with_env(Some(f.path()), Some(env.into_iter().collect()))
+                .unwrap();
+        let spec = peer_spec(&c.bgp.peers[0], &c.bgp);
+        assert_eq!(spec.options.local_as, Some(bgp_wire::Asn(65010)));
+        assert_eq!(spec.options.allow_local_as, 2);
+        assert_eq!(spec.options.next_hop, bgp::rib::NextHopMode::Keep);
+        assert_eq!(spec.error_wait, [2, 20]);
+    }
 }

@@ -346,12 +346,9 @@ fn peer_message(spec: &PeerSpec) -> BgpPeer {
         bfd_min_rx_ms: spec.bfd.map_or(0, |b| b.required_min_rx.as_millis() as u32),
         bfd_min_tx_ms: spec.bfd.map_or(0, |b| b.desired_min_tx.as_millis() as u32),
         bfd_multiplier: spec.bfd.map_or(0, |b| u32::from(b.detect_mult)),
-        next_hop_mode: match spec.options.next_hop {
-            bgp::rib::NextHopMode::Auto => proto::v1::NextHopMode::Auto,
-            bgp::rib::NextHopMode::SelfNextHop => proto::v1::NextHopMode::Self_,
-            bgp::rib::NextHopMode::Keep => proto::v1::NextHopMode::Keep,
-        }
-        .into(),
+        next_hop_mode: convert::next_hop_mode_to(crate::cluster::peers::model_next_hop(
+            spec.options.next_hop,
+        )),
         local_as_number: spec.options.local_as.map_or(0, |a| a.0),
         num_allowed_local_as_numbers: u32::from(spec.options.allow_local_as),
         ..BgpPeer::default()
@@ -527,6 +524,20 @@ impl Bgp for BgpService {
         }
         convert::asn("peer.as_number", p.as_number)?;
         convert::asn("peer.local_as_number", p.local_as_number)?;
+        // The session's options, read once for a resource and for a node's own peer alike.
+        let next_hop_mode = convert::next_hop_mode_from("peer.next_hop_mode", p.next_hop_mode)?;
+        let local_as = match p.local_as_number {
+            0 => None,
+            23456 => {
+                return Err(Status::invalid_argument(
+                    "peer.local_as_number: AS_TRANS 23456 cannot be our AS",
+                ));
+            }
+            a => Some(a),
+        };
+        let allow_local_as = u8::try_from(p.num_allowed_local_as_numbers).map_err(|_| {
+            Status::invalid_argument("peer.num_allowed_local_as_numbers: at most 255")
+        })?;
         if PeerOrigin::try_from(p.origin).is_err() {
             return Err(Status::invalid_argument(format!(
                 "peer.origin: {} is not an origin",
@@ -571,12 +582,9 @@ impl Bgp for BgpService {
                     multiplier: p.bfd_multiplier,
                 }),
                 filters: p.filters.iter().map(|f| f.trim().to_owned()).collect(),
-                next_hop_mode: convert::next_hop_mode_from("peer.next_hop_mode", p.next_hop_mode)?,
-                local_as_number: (p.local_as_number != 0).then_some(p.local_as_number),
-                num_allowed_local_as_numbers: u8::try_from(p.num_allowed_local_as_numbers)
-                    .map_err(|_| {
-                        Status::invalid_argument("peer.num_allowed_local_as_numbers: at most 255")
-                    })?,
+                next_hop_mode,
+                local_as_number: local_as,
+                num_allowed_local_as_numbers: allow_local_as,
                 max_restart_time_s: match p.max_restart_time_s {
                     0 => None,
                     t => Some(u16::try_from(t).map_err(|_| {
@@ -614,29 +622,9 @@ impl Bgp for BgpService {
         }
         let mut spec = PeerSpec::new(address, bgp_wire::Asn(p.as_number));
         spec.options = bgp::rib::PeerOptions {
-            local_as: match p.local_as_number {
-                0 => None,
-                23456 => {
-                    return Err(Status::invalid_argument(
-                        "peer.local_as_number: AS_TRANS 23456 cannot be our AS",
-                    ));
-                }
-                a => Some(bgp_wire::Asn(a)),
-            },
-            allow_local_as: u8::try_from(p.num_allowed_local_as_numbers).map_err(|_| {
-                Status::invalid_argument("peer.num_allowed_local_as_numbers: at most 255")
-            })?,
-            next_hop: match proto::v1::NextHopMode::try_from(p.next_hop_mode) {
-                Ok(proto::v1::NextHopMode::Auto) => bgp::rib::NextHopMode::Auto,
-                Ok(proto::v1::NextHopMode::Self_) => bgp::rib::NextHopMode::SelfNextHop,
-                Ok(proto::v1::NextHopMode::Keep) => bgp::rib::NextHopMode::Keep,
-                Err(_) => {
-                    return Err(Status::invalid_argument(format!(
-                        "peer.next_hop_mode: {} is not a mode (AUTO, SELF, KEEP)",
-                        p.next_hop_mode
-                    )));
-                }
-            },
+            local_as: local_as.map(bgp_wire::Asn),
+            allow_local_as,
+            next_hop: crate::cluster::peers::rib_next_hop(next_hop_mode),
             interface: None,
         };
         spec.bfd = bfd;

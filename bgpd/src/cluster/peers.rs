@@ -141,11 +141,7 @@ pub fn desired_peers(
         spec.options = PeerOptions {
             local_as: p.local_as_number.map(Asn),
             allow_local_as: p.num_allowed_local_as_numbers,
-            next_hop: match p.next_hop_mode {
-                NextHopMode::Auto => bgp::rib::NextHopMode::Auto,
-                NextHopMode::SelfNextHop => bgp::rib::NextHopMode::SelfNextHop,
-                NextHopMode::Keep => bgp::rib::NextHopMode::Keep,
-            },
+            next_hop: rib_next_hop(p.next_hop_mode),
             interface: None,
         };
         if let (Some(t), Some(gr)) = (p.max_restart_time_s, spec.graceful_restart.as_mut()) {
@@ -195,6 +191,25 @@ pub fn effective_resources<'a>(
     // Global first, then by name: the last one collected for an address is left.
     explicit.sort_by_key(|p| (!p.node.is_empty(), p.name.clone()));
     explicit.into_iter().map(|p| (p.peer_address, p)).collect()
+}
+
+/// The speaker's next-hop mode for a `BGPPeer`'s (the one mapping between the resource's
+/// enum and the RIB's; the API's goes through the resource's).
+pub fn rib_next_hop(m: NextHopMode) -> bgp::rib::NextHopMode {
+    match m {
+        NextHopMode::Auto => bgp::rib::NextHopMode::Auto,
+        NextHopMode::SelfNextHop => bgp::rib::NextHopMode::SelfNextHop,
+        NextHopMode::Keep => bgp::rib::NextHopMode::Keep,
+    }
+}
+
+/// The reverse of [`rib_next_hop`], for showing a session's mode.
+pub fn model_next_hop(m: bgp::rib::NextHopMode) -> NextHopMode {
+    match m {
+        bgp::rib::NextHopMode::Auto => NextHopMode::Auto,
+        bgp::rib::NextHopMode::SelfNextHop => NextHopMode::SelfNextHop,
+        bgp::rib::NextHopMode::Keep => NextHopMode::Keep,
+    }
 }
 
 #[cfg(test)]
@@ -393,5 +408,20 @@ mod tests {
         assert_eq!((p.hold_time, p.keepalive), (30, Some(10)));
         let d = desired_peers("a", &BgpConfiguration::default(), &three(), &[]);
         assert_eq!(d[&ip("10.0.0.2")].hold_time, DEFAULT_HOLD);
+    }
+
+    #[test]
+    fn next_hop_modes_map_both_ways() {
+        for m in [
+            NextHopMode::Auto,
+            NextHopMode::SelfNextHop,
+            NextHopMode::Keep,
+        ] {
+            assert_eq!(model_next_hop(rib_next_hop(m)), m);
+        }
+        assert_eq!(
+            rib_next_hop(NextHopMode::SelfNextHop),
+            bgp::rib::NextHopMode::SelfNextHop
+        );
     }
 }

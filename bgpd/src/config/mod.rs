@@ -1,6 +1,9 @@
 //! bgpd's configuration: a TOML file read with the `config` crate, every key overridable by an
 //! environment variable `MARGAY_<SECTION>__<KEY>` (e.g. `MARGAY_NODE__ADDRESS=10.0.0.5/24`).
 //! Loading validates everything, so the rest of the daemon works with typed, checked values.
+//!
+//! Why this file is long: every section's typed keys, defaults and load-time checks in one
+//! place, so an operator's key and its check are found together.
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -313,6 +316,17 @@ pub struct BgpPeerConfig {
     /// `[first, longest]` wait after a session error, seconds; `bgp.error_wait_time` when
     /// unset.
     pub error_wait_time: Option<[u16; 2]>,
+    /// The AS we speak on this session instead of `bgp.as` (BIRD's `local as`, Calico's
+    /// `localASNumber`).
+    pub local_as: Option<u32>,
+    /// How often our AS may appear in a route's AS_PATH before it is a loop (BIRD's `allow
+    /// local as`, Calico's `numAllowedLocalASNumbers`).
+    #[serde(default)]
+    pub allow_local_as: u8,
+    /// `"Auto"` (ours to eBGP peers, the route's to iBGP), `"Self"` or `"Keep"` (Calico's
+    /// `nextHopMode`).
+    #[serde(default)]
+    pub next_hop: ipam::model::NextHopMode,
 }
 
 /// A peer's BFD parameters; FRR's defaults (300 ms × 3) where a key is left out.
@@ -482,6 +496,15 @@ impl Config {
                 return Err(field(
                     "bgp.peers",
                     format!("peer {}: AS 0 is reserved", p.address),
+                ));
+            }
+            if matches!(p.local_as, Some(0 | 23456 | 4294967295)) {
+                return Err(field(
+                    "bgp.peers",
+                    format!(
+                        "peer {}: local_as cannot be 0, AS_TRANS 23456 or 4294967295",
+                        p.address
+                    ),
                 ));
             }
             if matches!(p.hold_time, Some(1 | 2)) {

@@ -144,8 +144,31 @@ fn bgp_peers_and_announcements_load_and_are_checked() {
         (Some(1179), Some(9), None)
     );
     assert_eq!(c.bgp.announce[0].communities, vec!["65000:7".to_owned()]);
+    // Defaults of the session options a BGPPeer resource also has.
+    assert_eq!(
+        (p.local_as, p.allow_local_as, p.next_hop),
+        (None, 0, ipam::model::NextHopMode::Auto)
+    );
+    let f = write(
+        "[[bgp.peers]]\naddress = \"10.0.0.3\"\nas = 65000\nlocal_as = 65010\nallow_local_as = 2\n\
+         next_hop = \"Self\"\n",
+    );
+    let c = Config::load_with_env(Some(f.path()), env(&[("MARGAY_NODE__NAME", "n")])).unwrap();
+    let p = &c.bgp.peers[0];
+    assert_eq!(
+        (p.local_as, p.allow_local_as, p.next_hop),
+        (Some(65010), 2, ipam::model::NextHopMode::SelfNextHop)
+    );
     for (bad, needle) in [
         ("[[bgp.peers]]\naddress = \"10.0.0.2\"\nas = 0\n", "AS 0"),
+        (
+            "[[bgp.peers]]\naddress = \"10.0.0.2\"\nas = 1\nlocal_as = 23456\n",
+            "local_as",
+        ),
+        (
+            "[[bgp.peers]]\naddress = \"10.0.0.2\"\nas = 1\nnext_hop = \"sometimes\"\n",
+            "next_hop",
+        ),
         (
             "[[bgp.peers]]\naddress = \"10.0.0.2\"\nas = 1\nhold_time = 2\n",
             "hold_time",
