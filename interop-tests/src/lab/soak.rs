@@ -436,6 +436,21 @@ pub struct Check {
     pub detail: String,
 }
 
+impl Check {
+    /// Passed when `problems` is empty (its detail then `ok`), else failed listing them.
+    pub fn of(name: &str, problems: Vec<String>, ok: impl FnOnce() -> String) -> Check {
+        Check {
+            name: name.to_owned(),
+            passed: problems.is_empty(),
+            detail: if problems.is_empty() {
+                ok()
+            } else {
+                problems.join("; ")
+            },
+        }
+    }
+}
+
 /// One daemon's resident memory at the baseline and at the end, KiB.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Rss {
@@ -877,6 +892,14 @@ mod tests {
         assert!(quiet.link_cut_check(cut, hold).passed);
         assert!(!quiet.link_cut_check(hold, hold).passed);
         assert!(Report::default().link_cut_check(cut, hold).passed);
+    }
+
+    #[test]
+    fn a_check_lists_its_problems_or_says_what_was_fine() {
+        let ok = Check::of("c", vec![], || "4 nodes".into());
+        assert!(ok.passed && ok.detail == "4 nodes", "{ok:?}");
+        let bad = Check::of("c", vec!["a".into(), "b".into()], || unreachable!());
+        assert!(!bad.passed && bad.detail == "a; b", "{bad:?}");
     }
 
     #[test]

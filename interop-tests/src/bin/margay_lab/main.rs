@@ -746,6 +746,13 @@ fn restart(node: &str, daemon: &str) -> Result<bool, String> {
         return Err(format!("{daemon}: only bgpd and routewriter restart"));
     }
     stop(node, daemon)?;
+    start_again(node, daemon)?;
+    println!("{daemon} on {node} restarted");
+    Ok(true)
+}
+
+/// Starts a daemon again as `up` does; bgpd counts as started when its API answers.
+fn start_again(node: &str, daemon: &str) -> Result<(), String> {
     let config = node_dir(node).join("node.toml");
     start(node, daemon, &["--config", &config.display().to_string()])?;
     if daemon == "bgpd" {
@@ -753,8 +760,7 @@ fn restart(node: &str, daemon: &str) -> Result<bool, String> {
             bgpctl(node, &["status"]).is_ok()
         })?;
     }
-    println!("{daemon} on {node} restarted");
-    Ok(true)
+    Ok(())
 }
 
 /// Removes a node the way an operator would: its daemons stop, its pods go, and it is

@@ -29,7 +29,7 @@ use interop_tests::lab::soak;
 use super::{
     Datastore, NETWORK, NODES, NodeSpec, Pod, alive, bgpctl, block_on, cni, cni_add, cni_del, down,
     etcd, gone, in_ns, ip, is_mounted, is_up, kill9, lab_name, lab_namespaces, load_pods, matrix,
-    node_dir, ns, pids, pod_ns, recorded_pid, socket, start, state, store_dir, up, wait_for,
+    node_dir, ns, pids, pod_ns, recorded_pid, socket, start_again, state, store_dir, up, wait_for,
 };
 
 /// The soak's options (see `margay-lab soak --help`).
@@ -139,18 +139,6 @@ pub fn unix_now() -> f64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs_f64())
         .unwrap_or(0.0)
-}
-
-/// Starts a daemon again as `up` does; bgpd counts as started when its API answers.
-fn start_again(node: &str, daemon: &str) -> Result<(), String> {
-    let config = node_dir(node).join("node.toml");
-    start(node, daemon, &["--config", &config.display().to_string()])?;
-    if daemon == "bgpd" {
-        wait_for(&format!("bgpd on {node}"), Duration::from_secs(30), || {
-            bgpctl(node, &["status"]).is_ok()
-        })?;
-    }
-    Ok(())
 }
 
 /// What injecting a fault came to.
@@ -737,14 +725,14 @@ pub fn run(args: SoakArgs) -> Result<bool, String> {
         }
         idle(f.gap, &mut baseline);
         let at = start.elapsed().as_secs_f64();
-        let t0 = soak_now();
+        let t0 = unix_now();
         match inject(f, node, &pods, &mut report.probes)? {
             Injected::Unavailable(why) => {
                 println!("[{at:6.1} s] {}: unavailable: {why}", f.kind.name());
                 report.unavailable.insert(f.kind, why);
             }
             Injected::Done(what) => {
-                let t1 = soak_now();
+                let t1 = unix_now();
                 windows.push(soak::Window {
                     kind: f.kind,
                     start: t0,
@@ -802,11 +790,6 @@ pub fn run(args: SoakArgs) -> Result<bool, String> {
     Ok(report.passed())
 }
 
-/// The pingers stamp with the Unix clock (`ping -D`); so do the fault windows.
-fn soak_now() -> f64 {
-    unix_now()
-}
-
 /// The checks on the cluster as the run leaves it (before it goes down).
 fn end_checks(
     report: &mut soak::Report,
@@ -820,29 +803,21 @@ fn end_checks(
             ipam_problems.push(format!("{}: {e}", n.name));
         }
     }
-    report.checks.push(soak::Check {
-        name: "bgpctl ipam check clean on every node".into(),
-        passed: ipam_problems.is_empty(),
-        detail: if ipam_problems.is_empty() {
-            format!("{} nodes", NODES.len())
-        } else {
-            ipam_problems.join("; ")
-        },
-    });
+    report.checks.push(soak::Check::of(
+        "bgpctl ipam check clean on every node",
+        ipam_problems,
+        || format!("{} nodes", NODES.len()),
+    ));
     // Leaks: every handle of the lab's network on a node must be one of its live pods.
     let mut leaked = Vec::new();
     for n in &NODES {
         leaked.extend(leaked_handles(n.name, pods)?);
     }
-    report.checks.push(soak::Check {
-        name: "no leaked address (every handle a live pod's)".into(),
-        passed: leaked.is_empty(),
-        detail: if leaked.is_empty() {
-            format!("{} live pods", pods.len())
-        } else {
-            leaked.join("; ")
-        },
-    });
+    report.checks.push(soak::Check::of(
+        "no leaked address (every handle a live pod's)",
+        leaked,
+        || format!("{} live pods", pods.len()),
+    ));
     // Desired against kernel, given a few seconds to settle after the last fault.
     let mut drift = Vec::new();
     let mut compared = 0;
@@ -860,15 +835,11 @@ fn end_checks(
             Err(e) => drift.push(e),
         }
     }
-    report.checks.push(soak::Check {
-        name: "kernel routes (proto 80) = desired on every node".into(),
-        passed: drift.is_empty(),
-        detail: if drift.is_empty() {
-            format!("{} nodes, {compared} routes by prefix", NODES.len())
-        } else {
-            drift.join("; ")
-        },
-    });
+    report.checks.push(soak::Check::of(
+        "kernel routes (proto 80) = desired on every node",
+        drift,
+        || format!("{} nodes, {compared} routes by prefix", NODES.len()),
+    ));
     let late: Vec<String> = recoveries
         .iter()
         .filter(|(_, r)| !r.is_some_and(|d| d <= soak::RECOVERY))
@@ -882,42 +853,36 @@ fn end_checks(
         .filter_map(|(_, r)| *r)
         .max()
         .unwrap_or_default();
-    report.checks.push(soak::Check {
-        name: "matrix green within 10 s of every fault".into(),
-        passed: late.is_empty(),
-        detail: if late.is_empty() {
+    report.checks.push(soak::Check::of(
+        "matrix green within 10 s of every fault",
+        late,
+        || {
             format!(
                 "{} faults, slowest {:.1} s",
                 recoveries.len(),
                 worst.as_secs_f64()
             )
-        } else {
-            format!("late: {}", late.join(", "))
         },
-    });
+    ));
     report
         .checks
         .push(report.link_cut_check(longest_cut, MESH_HOLD_TIME));
     report.checks.push(soak::probe_check(&report.probes));
     // Every daemon the lab recorded still runs: none died on its own (the soak restarts
     // what it kills, and records the new PID).
-    let dead: Vec<String> = pids()
-        .into_iter()
+    let recorded = pids();
+    let dead: Vec<String> = recorded
+        .iter()
         .filter(|(_, p)| gone(*p))
         .map(|(k, p)| format!("{k} (pid {p})"))
         .collect();
-    report.checks.push(soak::Check {
-        name: "every daemon runs at the end (none died on its own)".into(),
-        passed: dead.is_empty(),
-        detail: if dead.is_empty() {
-            format!("{} processes", pids().len())
-        } else {
-            format!("dead: {}", dead.join(", "))
-        },
-    });
+    report.checks.push(soak::Check::of(
+        "every daemon runs at the end (none died on its own)",
+        dead,
+        || format!("{} processes", recorded.len()),
+    ));
     // Nothing runs in the lab's namespaces but what the lab started: no plugin, ping or
     // helper left from a fault.
-    let recorded: Vec<i32> = pids().into_iter().map(|(_, p)| p).collect();
     let mut strays = Vec::new();
     for n in lab_namespaces() {
         let inside = ip(&["netns", "pids", &n]).unwrap_or_default();
@@ -925,21 +890,17 @@ fn end_checks(
             .split_whitespace()
             .filter_map(|p| p.parse::<i32>().ok())
         {
-            if !recorded.contains(&pid) {
+            if !recorded.iter().any(|(_, p)| *p == pid) {
                 let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
                 strays.push(format!("{n}: {pid} {}", comm.trim()));
             }
         }
     }
-    report.checks.push(soak::Check {
-        name: "no stray process in the lab's namespaces".into(),
-        passed: strays.is_empty(),
-        detail: if strays.is_empty() {
-            format!("{} namespaces", lab_namespaces().len())
-        } else {
-            strays.join("; ")
-        },
-    });
+    report.checks.push(soak::Check::of(
+        "no stray process in the lab's namespaces",
+        strays,
+        || format!("{} namespaces", lab_namespaces().len()),
+    ));
     Ok(())
 }
 
@@ -992,17 +953,13 @@ fn teardown_checks(report: &mut soak::Report) -> Result<(), String> {
     if state().exists() {
         left.push(format!("directory {}", state().display()));
     }
-    report.checks.push(soak::Check {
-        name: "nothing left after down".into(),
-        passed: left.is_empty(),
-        detail: if left.is_empty() {
+    report
+        .checks
+        .push(soak::Check::of("nothing left after down", left, || {
             format!(
                 "{} processes stopped, namespaces, mount and state removed",
                 recorded.len()
             )
-        } else {
-            left.join("; ")
-        },
-    });
+        }));
     Ok(())
 }
