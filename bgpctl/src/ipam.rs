@@ -28,8 +28,11 @@ pub enum IpamCommand {
         #[arg(long)]
         show_blocks: bool,
         /// Only this pool (name or CIDR).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "ip")]
         pool: Option<String>,
+        /// The allocation holding this address: its handle and the workload it belongs to.
+        #[arg(long, conflicts_with = "show_blocks")]
+        ip: Option<String>,
         #[arg(long)]
         json: bool,
     },
@@ -92,7 +95,23 @@ fn allocation_json(a: &pb::Allocation) -> serde_json::Value {
         "borrowed": a.borrowed,
         "handle": a.handle,
         "sequence": a.sequence,
+        "attributes": a.attributes.iter().collect::<std::collections::BTreeMap<_, _>>(),
     })
+}
+
+/// One allocation as `ipam show --ip` prints it: the address, its handle and block, then the
+/// attributes the runtime's CNI call stored (namespace, pod, container), sorted.
+fn allocation_text(a: &pb::Allocation) -> String {
+    let borrowed = if a.borrowed { " (borrowed)" } else { "" };
+    let mut text = format!(
+        "{}\n  handle                 {}\n  block                  {}{borrowed}\n  pool                   {}\n",
+        a.address, a.handle, a.block, a.pool
+    );
+    let attrs: std::collections::BTreeMap<_, _> = a.attributes.iter().collect();
+    for (k, v) in attrs {
+        text.push_str(&format!("  {k:<22} {v}\n"));
+    }
+    text
 }
 
 /// The CIDR of a pool named by name or CIDR.
@@ -132,9 +151,25 @@ pub async fn run(channel: Channel, command: IpamCommand, out: &mut Output) -> Re
     let mut client = IpamClient::new(channel.clone());
     match command {
         IpamCommand::Show {
+            ip: Some(address),
+            json,
+            ..
+        } => {
+            let a = client
+                .get_address(pb::GetAddressRequest { address })
+                .await?
+                .into_inner();
+            if json {
+                out.json(&allocation_json(&a))
+            } else {
+                out.text(&allocation_text(&a))
+            }
+        }
+        IpamCommand::Show {
             show_blocks,
             pool,
             json,
+            ip: None,
         } => {
             let r = client
                 .show_blocks(pb::ShowBlocksRequest {

@@ -10,7 +10,9 @@ use serde_json::Value;
 
 use crate::spec::config::Encap;
 
-/// The conflist shipped with margay (margay + portmap), the template the command fills in.
+/// The conflist shipped with margay (margay, then portmap and bandwidth for the runtime's
+/// `portMappings` and `bandwidth` capabilities, as Calico's installer chains them), the
+/// template the command fills in.
 pub const CONFLIST_TEMPLATE: &str = include_str!("../../configs/10-margay.conflist");
 
 /// The plugin binaries installed.
@@ -27,6 +29,40 @@ pub enum InstallError {
     MissingBinary(PathBuf),
     #[error("the conflist template is broken: {0}")]
     Template(String),
+    #[error(
+        "{0} was not written by margay-cni-install; it is left as it is (remove it, pass --conf-name for another file, or --force to replace it)"
+    )]
+    NotOurs(PathBuf),
+}
+
+/// The top-level key by which a conflist says margay-cni-install wrote it (runtimes ignore
+/// keys they do not know); only such a file is ever replaced.
+pub const OWNER_KEY: &str = "margay";
+
+/// Whether the conflist text is one margay-cni-install wrote.
+pub fn written_by_us(text: &str) -> bool {
+    serde_json::from_str::<Value>(text)
+        .ok()
+        .and_then(|v| {
+            v.get(OWNER_KEY)?
+                .get("writtenBy")?
+                .as_str()
+                .map(|w| w == "margay-cni-install")
+        })
+        .unwrap_or(false)
+}
+
+/// Whether a conflist may be written at `target`: it is absent, or ours, or `force`.
+pub fn may_write(target: &Path, force: bool) -> Result<(), InstallError> {
+    match std::fs::read_to_string(target) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(InstallError::Io {
+            path: target.to_owned(),
+            source,
+        }),
+        Ok(text) if force || written_by_us(&text) => Ok(()),
+        Ok(_) => Err(InstallError::NotOurs(target.to_owned())),
+    }
 }
 
 /// What the conflist says beyond the template's defaults.
@@ -149,6 +185,10 @@ mod tests {
         let plugins = v["plugins"].as_array().unwrap();
         assert_eq!(plugins[0]["type"], "margay");
         assert_eq!(plugins[1]["type"], "portmap");
+        assert_eq!(plugins[1]["capabilities"]["portMappings"], true);
+        assert_eq!(plugins[2]["type"], "bandwidth");
+        assert_eq!(plugins[2]["capabilities"]["bandwidth"], true);
+        assert!(written_by_us(CONFLIST_TEMPLATE));
         // The margay entry, as a runtime passes it, is a valid configuration.
         let mut conf = plugins[0].clone();
         conf["name"] = v["name"].clone();
@@ -186,6 +226,26 @@ mod tests {
         assert_eq!(v["plugins"][1]["type"], "portmap");
         assert!(render_conflist("{}", &ConfOptions::default()).is_err());
         assert!(render_conflist("nope", &ConfOptions::default()).is_err());
+    }
+
+    #[test]
+    fn only_our_own_conflist_is_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let target = dir.path().join("10-margay.conflist");
+        may_write(&target, false).unwrap();
+        let ours = render_conflist(CONFLIST_TEMPLATE, &ConfOptions::default()).unwrap();
+        std::fs::write(&target, &ours).unwrap();
+        may_write(&target, false).unwrap();
+        // A conflist someone else wrote, even one that chains margay, is left alone.
+        let theirs = ours.replace("\"writtenBy\": \"margay-cni-install\"", "\"x\": 1");
+        assert_ne!(theirs, ours);
+        for text in [theirs.as_str(), "{\"name\": \"calico\"}", "not json"] {
+            std::fs::write(&target, text).unwrap();
+            let e = may_write(&target, false).unwrap_err();
+            assert!(matches!(e, InstallError::NotOurs(_)), "{e}");
+            assert!(e.to_string().contains("--force"), "{e}");
+            may_write(&target, true).unwrap();
+        }
     }
 
     #[test]

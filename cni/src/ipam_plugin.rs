@@ -6,10 +6,14 @@
 //! - ADD: the requested addresses (`runtimeConfig.ips`, `args.cni.ips`, else CNI_ARGS `IP=`),
 //!   or one IPv4 and/or one IPv6 address from the configured pools (`assign_ipv4`,
 //!   `assign_ipv6`); dual stack all or nothing: when one family fails, the other is released.
+//!   An ADD again for the same container gets what its handle already holds.
 //! - DEL: releases the handle; an unknown handle is success, so DEL is idempotent.
 //! - CHECK: the handle still holds the addresses of prevResult.
 //! - GC: releases this network's handles whose container is not among the valid attachments.
 //! - STATUS (`ipam_status`): bgpd answers, and some pool can serve each family asked for.
+//!
+//! Why this file is long: ADD's paths (retry, requested, automatic, withheld addresses
+//! skipped) share the handle and its all-or-nothing release, and are tested together.
 //!
 //! Gateways. Under `margay` the pod gets a host address and routes through 169.254.1.1 and
 //! fe80::ecee:eeff:feee:eeee. Under another main plugin each address carries its block's prefix
@@ -67,6 +71,12 @@ pub fn attributes(conf: &NetConf, env: &Env) -> HashMap<String, String> {
     }
     if let Some(pod) = &env.args.k8s_pod {
         a.insert("pod".into(), pod.clone());
+    }
+    if let Some(id) = &env.args.k8s_infra_container_id {
+        a.insert("pod_infra_container_id".into(), id.clone());
+    }
+    if let Some(uid) = &env.args.k8s_pod_uid {
+        a.insert("pod_uid".into(), uid.clone());
     }
     a.insert("node".into(), node_name(conf));
     a.insert("container_id".into(), env.container_id.clone());
@@ -128,6 +138,15 @@ pub async fn allocate(bgpd: &mut Bgpd, conf: &NetConf, env: &Env) -> Result<Vec<
     // margay's pods get host addresses: every address of a block suits them.
     let subnet = (conf.plugin_type != MAIN_TYPE).then(|| conf.ipam_gateway());
     let allocations = if wanted.is_empty() {
+        if let Some(held) = held_for_retry(bgpd, conf, &handle).await? {
+            // An ADD again for the same container (the runtime lost the first answer, or
+            // retries what it saw fail): the handle's addresses are the answer, as calico-ipam
+            // gives them, so a retry never takes a second address.
+            return held
+                .iter()
+                .map(|a| address_of(a).map_err(|e| CniError::new(code::IPAM_REFUSED, e)))
+                .collect();
+        }
         let r = bgpd
             .auto_assign(assign_request(
                 conf,
@@ -178,6 +197,32 @@ pub async fn allocate(bgpd: &mut Bgpd, conf: &NetConf, env: &Env) -> Result<Vec<
         ));
     }
     Ok(out)
+}
+
+/// What an earlier ADD of this container left under its handle, if it is what this ADD
+/// wants (one address of each family asked for). Anything else under the handle (a partial
+/// allocation, or one of other families) is given back first, so the ADD starts clean.
+async fn held_for_retry(
+    bgpd: &mut Bgpd,
+    conf: &NetConf,
+    handle: &str,
+) -> Result<Option<Vec<pb::Allocation>>, CniError> {
+    let held = bgpd
+        .get_handle(handle)
+        .await
+        .map_err(|e| ambiguous(e, handle))?;
+    if held.is_empty() {
+        return Ok(None);
+    }
+    let v6 = held.iter().filter(|a| a.address.contains(':')).count();
+    let v4 = held.len() - v6;
+    if v4 == usize::from(conf.ipam.assign_ipv4) && v6 == usize::from(conf.ipam.assign_ipv6) {
+        return Ok(Some(held));
+    }
+    bgpd.release_handle(handle)
+        .await
+        .map_err(|e| ambiguous(e, handle))?;
+    Ok(None)
 }
 
 /// Rounds of asking bgpd for replacements before giving up: a fresh block costs up to two (its
@@ -480,6 +525,16 @@ mod tests {
         assert_eq!(a["pod"], "web-0");
         assert_eq!(a["node"], "node-a");
         assert_eq!(a["container_id"], "c1");
+        assert!(!a.contains_key("pod_infra_container_id"));
+        // What a kubelet's runtime adds (containerd's CRI passes both).
+        let a = attributes(
+            &c,
+            &env(
+                "K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p;K8S_POD_INFRA_CONTAINER_ID=sb1;K8S_POD_UID=u-9",
+            ),
+        );
+        assert_eq!(a["pod_infra_container_id"], "sb1");
+        assert_eq!(a["pod_uid"], "u-9");
         let a = attributes(&c, &env(""));
         assert!(!a.contains_key("pod") && !a.contains_key("namespace"));
         // Without a configured name the host name is recorded.

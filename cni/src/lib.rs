@@ -71,7 +71,7 @@ pub enum Request {
     /// VERSION: answered from what is known, with the version to echo.
     Version(String),
     Run {
-        env: Env,
+        env: Box<Env>,
         conf: Box<NetConf>,
     },
 }
@@ -117,7 +117,7 @@ pub fn prepare(
         _ => {}
     }
     Ok(Request::Run {
-        env,
+        env: Box::new(env),
         conf: Box::new(conf),
     })
 }

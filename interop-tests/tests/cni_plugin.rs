@@ -756,19 +756,42 @@ fn the_install_command_puts_plugins_and_conflist_in_place() {
     assert_eq!(list["plugins"][0]["mtu"], 1400);
     assert_eq!(list["plugins"][0]["ipam"]["type"], "margay-ipam");
     assert_eq!(list["plugins"][1]["type"], "portmap");
-    // --keep-conf leaves an edited conflist alone.
+    assert_eq!(list["plugins"][2]["type"], "bandwidth");
+    assert_eq!(list["plugins"][2]["capabilities"]["bandwidth"], true);
+    let install = |extra: &[&str]| {
+        std::process::Command::new(interop_tests::lab::binary("margay-cni-install"))
+            .arg("--bin-dir")
+            .arg(&bin)
+            .arg("--conf-dir")
+            .arg(&conf)
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    // Its own conflist it replaces (a new MTU lands).
+    let out = install(&["--mtu", "1300"]);
+    assert!(out.status.success(), "{out:?}");
+    let text = std::fs::read_to_string(conf.join("10-margay.conflist")).unwrap();
+    assert_eq!(
+        serde_json::from_str::<Value>(&text).unwrap()["plugins"][0]["mtu"],
+        1300
+    );
+    // A conflist it did not write is never overwritten: refused with the reason, or kept.
     std::fs::write(conf.join("10-margay.conflist"), "{}").unwrap();
-    let out = std::process::Command::new(interop_tests::lab::binary("margay-cni-install"))
-        .arg("--bin-dir")
-        .arg(&bin)
-        .arg("--conf-dir")
-        .arg(&conf)
-        .arg("--keep-conf")
-        .output()
-        .unwrap();
+    let out = install(&[]);
+    assert!(!out.status.success(), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("not written by margay-cni-install"), "{err}");
+    let out = install(&["--keep-conf"]);
     assert!(out.status.success(), "{out:?}");
     assert_eq!(
         std::fs::read_to_string(conf.join("10-margay.conflist")).unwrap(),
         "{}"
     );
+    // --force replaces it.
+    let out = install(&["--force"]);
+    assert!(out.status.success(), "{out:?}");
+    let text = std::fs::read_to_string(conf.join("10-margay.conflist")).unwrap();
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["margay"]["writtenBy"], "margay-cni-install", "{text}");
 }

@@ -14,79 +14,16 @@ use std::time::{Duration, Instant};
 
 use interop_tests::lab;
 
-struct Lab {
-    name: String,
+use lab::local::LocalLab as Lab;
+
+/// What these tests ask of the lab beyond the shared driver.
+trait LabExt {
+    fn capture(&self, node: &str, filter: &str, count: u32, act: impl FnOnce()) -> String;
+    fn vxlan_tx(&self, node: &str) -> u64;
+    fn ping_train(&self, from: &str, to: &str, count: u32) -> (u32, u32);
 }
 
-impl Lab {
-    fn run(&self, args: &[&str]) -> (bool, String) {
-        let out = Command::new(lab::binary("margay-lab"))
-            .args(args)
-            .env("MARGAY_LAB_NAME", &self.name)
-            .output()
-            .unwrap();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        (out.status.success(), text)
-    }
-
-    fn ok(&self, args: &[&str]) -> String {
-        let (ok, text) = self.run(args);
-        if !ok {
-            let log =
-                std::fs::read_to_string(format!("/run/margay-lab-{}/node-1/bgpd.log", self.name))
-                    .unwrap_or_default();
-            panic!("margay-lab {args:?} failed:\n{text}\nnode-1's bgpd log:\n{log}");
-        }
-        text
-    }
-
-    fn ns(&self, short: &str) -> String {
-        format!("{}-{short}", self.name)
-    }
-
-    /// Runs a command inside one of the lab's namespaces.
-    fn exec(&self, short: &str, args: &[&str]) -> (bool, String) {
-        let out = Command::new("ip")
-            .args(["netns", "exec", &self.ns(short)])
-            .args(args)
-            .output()
-            .unwrap();
-        (
-            out.status.success(),
-            format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            ),
-        )
-    }
-
-    /// A pod's IPv4 address from `margay-lab status`.
-    fn pod_address(&self, pod: &str) -> String {
-        self.pod_column(pod, 0)
-    }
-
-    /// A pod's IPv6 address from `margay-lab status`.
-    fn pod_address6(&self, pod: &str) -> String {
-        self.pod_column(pod, 1)
-    }
-
-    fn pod_column(&self, pod: &str, column: usize) -> String {
-        let status = self.ok(&["status"]);
-        status
-            .lines()
-            .find_map(|l| {
-                let mut w = l.split_whitespace();
-                (w.next() == Some("pod") && w.next() == Some(pod))
-                    .then(|| w.nth(column).unwrap().to_owned())
-            })
-            .unwrap_or_else(|| panic!("no pod {pod} in:\n{status}"))
-    }
-
+impl LabExt for Lab {
     /// What tcpdump sees on a node's uplink (`-n`, `-c count`) matching `filter` while `act`
     /// runs.
     fn capture(&self, node: &str, filter: &str, count: u32, act: impl FnOnce()) -> String {
@@ -128,12 +65,6 @@ impl Lab {
             .filter_map(|t| t.parse().ok())
             .collect();
         (nums[0], nums[1])
-    }
-}
-
-impl Drop for Lab {
-    fn drop(&mut self) {
-        let _ = self.run(&["down"]);
     }
 }
 
@@ -185,9 +116,7 @@ fn assert_both_matrices_pass(text: &str) {
 
 #[test]
 fn the_local_cluster_end_to_end() {
-    let lab = Lab {
-        name: format!("mlt{}", std::process::id()),
-    };
+    let lab = Lab::new(&format!("mlt{}", std::process::id()));
     let text = lab.ok(&["up"]);
     println!("{text}");
     assert_both_matrices_pass(&text);
@@ -294,15 +223,9 @@ fn the_local_cluster_end_to_end() {
     // then bgpd.
     let (_, routes_before) = lab.exec("node-2", &["ip", "route", "show", "proto", "80"]);
     for (node, daemon) in [("node-2", "routewriter"), ("node-1", "bgpd")] {
-        let lab2 = Lab {
-            name: lab.name.clone(),
-        };
+        let lab2 = lab.borrow();
         let to = n2.clone();
-        let train = std::thread::spawn(move || {
-            let r = lab2.ping_train("node-1-a", &to, 40);
-            std::mem::forget(lab2); // not its lab to tear down
-            r
-        });
+        let train = std::thread::spawn(move || lab2.ping_train("node-1-a", &to, 40));
         std::thread::sleep(Duration::from_millis(800));
         lab.ok(&["restart", node, daemon]);
         let (sent, received) = train.join().unwrap();
@@ -378,9 +301,7 @@ fn tor_conf() -> String {
 
 #[test]
 fn a_no_encapsulation_pool_with_a_tor_reaches_pods_directly() {
-    let lab = Lab {
-        name: format!("mlt{}", std::process::id()),
-    };
+    let lab = Lab::new(&format!("mlt{}", std::process::id()));
     lab.ok(&["up"]);
     let ctl = |node: &str, args: &[&str]| {
         let sock = format!("/run/margay-lab-{}/{node}/bgpd.sock", lab.name);
@@ -493,9 +414,7 @@ fn a_no_encapsulation_pool_with_a_tor_reaches_pods_directly() {
 
 #[test]
 fn the_local_cluster_on_etcd() {
-    let lab = Lab {
-        name: format!("mle{}", std::process::id()),
-    };
+    let lab = Lab::new(&format!("mle{}", std::process::id()));
     let text = lab.ok(&["up", "--etcd"]);
     println!("{text}");
     assert_both_matrices_pass(&text);

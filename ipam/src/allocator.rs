@@ -1609,6 +1609,29 @@ impl<D: Datastore> Ipam<D> {
         Ok(out)
     }
 
+    /// The allocation holding `address`, if any (`bgpctl ipam show --ip`): which handle, and
+    /// the attributes the CNI call stored with it (namespace, pod, container).
+    pub async fn address_allocation(&self, address: IpAddr) -> Result<Option<Assigned>, IpamError> {
+        let Some(cidr) = self.block_cidr_of(address).await? else {
+            return Ok(None);
+        };
+        let Some((block, _)) = self.get::<Block>(&block_key(&cidr)).await? else {
+            return Ok(None);
+        };
+        let Some(slot) = block.ordinal(address).and_then(|o| block.slots.get(&o)) else {
+            return Ok(None);
+        };
+        Ok(Some(Assigned {
+            address,
+            block: cidr,
+            pool: block.pool.clone(),
+            borrowed: block.affinity.as_deref() != Some(slot.node.as_str()),
+            handle: slot.handle.clone(),
+            seq: slot.seq,
+            attrs: slot.attrs.clone(),
+        }))
+    }
+
     /// Releases a node's claim on a block: pending deletion, then the block goes (if empty)
     /// or loses its affinity (its remaining addresses become borrowed ones), with the affinity.
     async fn release_affinity(

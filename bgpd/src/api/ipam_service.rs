@@ -287,6 +287,25 @@ impl IpamApi for IpamService {
         }))
     }
 
+    async fn get_address(&self, r: Request<pb::GetAddressRequest>) -> Reply<pb::Allocation> {
+        let text = r.into_inner().address;
+        required("address", &text)?;
+        let address: std::net::IpAddr = text.trim().parse().map_err(|_| {
+            Status::invalid_argument(format!("address: {text:?} is not an IP address"))
+        })?;
+        match self
+            .ipam()?
+            .address_allocation(address)
+            .await
+            .map_err(status)?
+        {
+            Some(a) => Ok(Response::new(convert::allocation_to(&a))),
+            None => Err(Status::not_found(format!(
+                "address: {address} is not allocated"
+            ))),
+        }
+    }
+
     async fn show_blocks(
         &self,
         r: Request<pb::ShowBlocksRequest>,

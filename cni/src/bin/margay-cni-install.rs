@@ -33,6 +33,9 @@ struct Args {
     /// Leave an existing configuration list alone.
     #[arg(long)]
     keep_conf: bool,
+    /// Replace the configuration list even if margay-cni-install did not write it.
+    #[arg(long, conflicts_with = "keep_conf")]
+    force: bool,
     /// The network's name [default: k8s-pod-network].
     #[arg(long)]
     network_name: Option<String>,
@@ -89,6 +92,7 @@ fn run(args: Args) -> Result<(), install::InstallError> {
         println!("kept {}", target.display());
         return Ok(());
     }
+    install::may_write(&target, args.force)?;
     let opts = ConfOptions {
         network_name: args.network_name,
         socket: args.socket,

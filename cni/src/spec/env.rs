@@ -54,11 +54,15 @@ impl Command {
 }
 
 /// CNI_ARGS: `KEY=VALUE;KEY=VALUE`. Only the keys margay reads are kept; others (e.g.
-/// `IgnoreUnknown`, `K8S_POD_UID`) are ignored, as the conventions ask of plugins.
+/// `IgnoreUnknown`) are ignored, as the conventions ask of plugins.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CniArgs {
     pub k8s_namespace: Option<String>,
     pub k8s_pod: Option<String>,
+    /// `K8S_POD_INFRA_CONTAINER_ID`: the sandbox's container, as a kubelet's runtime passes it.
+    pub k8s_infra_container_id: Option<String>,
+    /// `K8S_POD_UID`.
+    pub k8s_pod_uid: Option<String>,
     /// `IP=` (comma-separated addresses, each with an optional prefix length).
     pub ips: Vec<String>,
 }
@@ -79,6 +83,10 @@ impl CniArgs {
                     args.k8s_namespace = Some(value.to_owned())
                 }
                 "K8S_POD_NAME" if !value.is_empty() => args.k8s_pod = Some(value.to_owned()),
+                "K8S_POD_INFRA_CONTAINER_ID" if !value.is_empty() => {
+                    args.k8s_infra_container_id = Some(value.to_owned())
+                }
+                "K8S_POD_UID" if !value.is_empty() => args.k8s_pod_uid = Some(value.to_owned()),
                 "IP" => args.ips.extend(
                     value
                         .split(',')
