@@ -9,6 +9,7 @@ const PROTOS: &[&str] = &[
     "margay/v1/bgp.proto",
     "margay/v1/dataplane.proto",
     "margay/v1/services.proto",
+    "margay/v1/policy.proto",
 ];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -50,6 +50,16 @@ pub enum ShowCommand {
         #[arg(long)]
         json: bool,
     },
+    /// Network policy of a pod: which policies select it, in evaluation order, and what
+    /// they allow and deny, for ingress and egress.
+    Policy {
+        /// The pod's name, or its workload endpoint's.
+        pod: String,
+        #[arg(short = 'n', long = "namespace", default_value = "default")]
+        namespace: String,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -284,8 +294,17 @@ pub async fn show(
     command: ShowCommand,
     out: &mut Output,
 ) -> Result<(), CtlError> {
+    if let ShowCommand::Policy {
+        pod,
+        namespace,
+        json,
+    } = &command
+    {
+        return crate::resources::policy::show(channel, namespace, pod, *json, out).await;
+    }
     let mut client = BgpClient::new(channel);
     match command {
+        ShowCommand::Policy { .. } => unreachable!("answered above"),
         ShowCommand::Protocols { json } => {
             let peers = client
                 .list_peers(pb::ListPeersRequest {})

@@ -43,7 +43,8 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// BGP sessions, routes and filters: show protocols, show route, show filters.
+    /// BGP sessions, routes and filters, a pod's network policy: show protocols, show route,
+    /// show filters, show policy.
     #[command(subcommand)]
     Show(ctl::bgp::ShowCommand),
     /// The cluster's BGP configuration: show, set.
@@ -58,12 +59,16 @@ enum Command {
     /// Service addresses announced from this node under a lease: announce, withdraw, list.
     #[command(subcommand)]
     Service(ctl::service::ServiceCommand),
-    /// Create or update Calico v3 resources (IPPool, BGPConfiguration, BGPPeer, Node) from a file.
+    /// Create or update resources from a file: Calico v3 (IPPool, BGPConfiguration, BGPPeer,
+    /// BGPFilter, Node, NetworkPolicy, GlobalNetworkPolicy, WorkloadEndpoint), Kubernetes'
+    /// NetworkPolicy and Namespace.
     Apply(ctl::resources::commands::ApplyArgs),
     /// Print resources as Calico v3 documents, to apply again.
     Get(ctl::resources::commands::GetArgs),
     /// Delete resources: KIND NAME, or those of a file.
     Delete(ctl::resources::commands::DeleteArgs),
+    /// Set or remove labels of a workload endpoint or namespace; policy follows at once.
+    Label(ctl::resources::policy::LabelArgs),
 }
 
 fn main() -> ExitCode {
@@ -127,5 +132,6 @@ async fn run(socket: PathBuf, command: Command) -> Result<(), CtlError> {
         Command::Apply(a) => ctl::resources::commands::apply(channel, a, &mut out).await,
         Command::Get(a) => ctl::resources::commands::get(channel, a, &mut out).await,
         Command::Delete(a) => ctl::resources::commands::delete(channel, a, &mut out).await,
+        Command::Label(a) => ctl::resources::policy::label(channel, a, &mut out).await,
     }
 }

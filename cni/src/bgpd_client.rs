@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use proto::v1 as pb;
 use proto::v1::ipam_client::IpamClient;
+use proto::v1::policy_client::PolicyClient;
 use proto::v1::pools_client::PoolsClient;
 use tonic::transport::Channel;
 use tonic::{Code, Status};
@@ -108,6 +109,16 @@ impl Bgpd {
 
     pub fn socket(&self) -> &Path {
         &self.socket
+    }
+
+    /// Another client to the same bgpd, sharing the connection.
+    pub fn clone_config(&self) -> Bgpd {
+        Bgpd {
+            socket: self.socket.clone(),
+            timeout: self.timeout,
+            retry: self.retry,
+            channel: self.channel.clone(),
+        }
     }
 
     /// Runs `call` until it succeeds, fails for good, or the retry budget is spent. `call`
@@ -246,6 +257,37 @@ impl Bgpd {
             let _ = self.release_handle(&handle).await;
         }
         result
+    }
+
+    /// Creates or replaces a network-policy document (the pod's WorkloadEndpoint).
+    pub async fn apply_document(&mut self, json: String) -> Result<(), IpamError> {
+        self.call("record the pod's workload endpoint", |ch, _| {
+            let json = json.clone();
+            async move {
+                PolicyClient::new(ch)
+                    .apply(pb::ApplyDocumentRequest { json })
+                    .await?;
+                Ok(())
+            }
+        })
+        .await
+    }
+
+    /// Deletes a network-policy document; one already gone counts as deleted.
+    pub async fn delete_document(&mut self, r: pb::DocumentRef) -> Result<(), IpamError> {
+        let done = self
+            .call("remove the pod's workload endpoint", |ch, _| {
+                let r = r.clone();
+                async move {
+                    PolicyClient::new(ch).delete(r).await?;
+                    Ok(())
+                }
+            })
+            .await;
+        match done {
+            Err(IpamError::NotFound(_)) => Ok(()),
+            other => other,
+        }
     }
 
     /// Releases everything under `handle`; an unknown handle releases nothing and succeeds.

@@ -12,6 +12,8 @@
 //! - `netlink`, `netns`: the kernel and namespace plumbing.
 //! - `bgpd_client`, `retry`: the bounded gRPC calls to bgpd.
 //! - `delegate`: running another IPAM plugin per the spec.
+//! - `endpoint`: the pod's WorkloadEndpoint (namespace, pod, labels, interface, addresses),
+//!   recorded with bgpd for network policy.
 //! - `names`: Calico's interface names, MAC and gateways; `subnet`: the gateway and the
 //!   withheld addresses of a block whose prefix a pod of another main plugin has.
 //! - `install`: the install command; `logging`: log lines to a file or stderr.
@@ -21,6 +23,7 @@ pub mod bgpd_client;
 pub mod check;
 pub mod dataplane;
 pub mod delegate;
+pub mod endpoint;
 pub mod install;
 pub mod ipam_plugin;
 pub mod ipam_status;

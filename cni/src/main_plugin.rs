@@ -12,6 +12,7 @@ use tokio::runtime::Runtime;
 use crate::attachment::{host_ifname, open_netns};
 use crate::dataplane::{self, Plan};
 use crate::delegate;
+use crate::endpoint;
 use crate::ipam_plugin;
 use crate::names::{self, GATEWAY_V4, GATEWAY_V6, HOST_MAC};
 use crate::netns::{Netns, NetnsError, netns_error};
@@ -40,7 +41,7 @@ pub fn add(rt: &Runtime, conf: &NetConf, env: &Env, stdin: &[u8]) -> Result<CniR
         v6,
     };
 
-    let (addresses, wired, ipam_dns, mtu) = if conf.ipam_is_ours() {
+    let (addresses, wired, ipam_dns, mtu, ipam) = if conf.ipam_is_ours() {
         // The veth pair needs no address: it is made while bgpd allocates (the gRPC call is
         // most of an ADD), on a thread of its own so the namespace switch stays on it.
         let v6 = match ipam_plugin::requested(conf, env) {
@@ -83,7 +84,7 @@ pub fn add(rt: &Runtime, conf: &NetConf, env: &Env, stdin: &[u8]) -> Result<CniR
         };
         let ips = host_addresses(&nets);
         match pending.finish(&netns, &ips) {
-            Ok(w) => (ips, w, None, mtu),
+            Ok(w) => (ips, w, None, mtu, Ipam::Ours(bgpd)),
             Err(e) => {
                 return Err(give_back(
                     rt,
@@ -121,10 +122,24 @@ pub fn add(rt: &Runtime, conf: &NetConf, env: &Env, stdin: &[u8]) -> Result<CniR
         let ips = host_addresses(&nets);
         let mtu = pod_mtu(conf);
         match dataplane::setup(&plan(mtu, ips.iter().any(IpAddr::is_ipv6)), &ips) {
-            Ok(w) => (ips, w, Some(r.dns), mtu),
+            Ok(w) => (ips, w, Some(r.dns), mtu, ipam),
             Err(e) => return Err(give_back(rt, ipam, conf, env, stdin, e.to_cni())),
         }
     };
+
+    // Policy knows the pod from here on; without its endpoint the pod would be outside every
+    // policy, so a failure to record it undoes the ADD.
+    let mut bgpd = match ipam {
+        Ipam::Ours(ref b) => b.clone_config(),
+        Ipam::Delegate(_) => ipam_plugin::client(conf),
+    };
+    let document = endpoint::document(conf, env, &host_if, &addresses).to_string();
+    if let Err(e) = rt.block_on(bgpd.apply_document(document)) {
+        if let Err(d) = dataplane::teardown(&netns, &env.ifname) {
+            tracing::warn!("removing the pod's interface after a failed ADD: {d}");
+        }
+        return Err(give_back(rt, ipam, conf, env, stdin, e.to_cni()));
+    }
 
     let mut result = CniResult {
         interfaces: vec![
@@ -253,8 +268,12 @@ pub fn del(rt: &Runtime, conf: &NetConf, env: &Env, stdin: &[u8]) -> Result<(), 
             Err(e) => return Err(netns_error(&e)),
         }
     }
+    // The endpoint before the addresses: policy forgets the pod before its address can be
+    // another pod's.
+    let mut bgpd = ipam_plugin::client(conf);
+    rt.block_on(bgpd.delete_document(endpoint::doc_ref(env)))
+        .map_err(|e| e.to_cni())?;
     if conf.ipam_is_ours() {
-        let mut bgpd = ipam_plugin::client(conf);
         let released = rt.block_on(ipam_plugin::release(&mut bgpd, conf, env))?;
         tracing::info!(container = %env.container_id, ?released, "DEL released the pod's addresses");
     } else {

@@ -21,5 +21,6 @@ pub mod v1 {
         "margay.v1.Ipam",
         "margay.v1.Bgp",
         "margay.v1.Dataplane",
+        "margay.v1.Policy",
     ];
 }

@@ -36,6 +36,7 @@ use super::kernel::{Kernel, KernelError};
 use super::metrics::{self, Metrics};
 use super::monitor::{self, Event};
 use super::nat::{self, Nft};
+use super::policy::PolicyTable;
 use super::reconcile::{
     self, ActualRoute, DeviceAction, DeviceSpec, RouteContext, RouteDiffer, RouteOp, Why,
 };
@@ -100,6 +101,8 @@ pub struct Agent {
     vxlan_index: [Option<u32>; 2],
     uplink_name: [Option<String>; 2],
     nft: Option<Nft>,
+    /// The network-policy table (`routewriter.policy`).
+    policy: Option<PolicyTable>,
     sysctls: Sysctls,
     metrics: Arc<Metrics>,
     /// The kernel has converged to a snapshot once.
@@ -117,6 +120,9 @@ impl Agent {
     ) -> Result<Agent, AgentError> {
         let kernel = Kernel::open()?;
         let nft = cfg.nat.then(|| Nft::new(&cfg.nft, &cfg.nat_table));
+        let policy = cfg
+            .policy
+            .then(|| PolicyTable::new(&cfg.nft, &cfg.policy_table));
         let defaults = Defaults {
             vxlan_device: cfg.vxlan_device.clone(),
             vxlan_device_v6: cfg.vxlan_device_v6.clone(),
@@ -136,6 +142,7 @@ impl Agent {
             vxlan_index: [None, None],
             uplink_name: [None, None],
             nft,
+            policy,
             sysctls: Sysctls::default(),
             metrics,
             synced: false,
@@ -155,7 +162,7 @@ impl Agent {
 
     /// Every write so far: netlink messages, nft transactions and sysctl values.
     pub fn writes(&self) -> u64 {
-        self.kernel.writes() + self.nft.as_ref().map_or(0, |n| n.writes) + self.sysctls.writes
+        self.kernel.writes() + self.nft_writes() + self.sysctls.writes
     }
 
     pub fn is_synced(&self) -> bool {
@@ -166,7 +173,7 @@ impl Agent {
     pub fn apply_updates(&mut self, updates: &[DataplaneUpdate]) {
         let mut full = false;
         let mut routes: Vec<Prefix> = Vec::new();
-        let (mut vteps, mut local, mut nat) = ([false; 2], [false; 2], false);
+        let (mut vteps, mut local, mut nat, mut policy) = ([false; 2], [false; 2], false, false);
         let mut rejected = 0u64;
         for u in updates {
             let a = self.desired.apply(u);
@@ -191,6 +198,7 @@ impl Agent {
                 local[i] |= a.local_vtep[i];
             }
             nat |= a.nat;
+            policy |= a.policy;
         }
         if rejected > 0 {
             self.metrics.update(|s| s.items_rejected += rejected);
@@ -231,6 +239,9 @@ impl Agent {
         }
         if nat {
             self.sync_nat(Count::Nothing);
+        }
+        if policy {
+            self.sync_policy(Count::Nothing);
         }
         self.publish();
     }
@@ -285,6 +296,7 @@ impl Agent {
         }
         self.sync_routes(count);
         self.sync_nat(count);
+        self.sync_policy(count);
         if self.cfg.sysctls {
             let workloads: Vec<String> = self
                 .links
@@ -981,6 +993,40 @@ impl Agent {
         }
     }
 
+    /// The network-policy table (see `policy`): written only where it differs from what the
+    /// desired state renders; a refused write leaves the previous ruleset in force.
+    fn sync_policy(&mut self, count: Count) {
+        let Some(table) = self.policy.as_mut() else {
+            return;
+        };
+        let result = table.sync(self.desired.policy());
+        let (endpoints, rules, sets) = self.desired.policy().counts();
+        let refused = result.as_ref().err().map(|e| e.to_string());
+        self.metrics.update(|s| {
+            s.policy_endpoints = endpoints as u64;
+            s.policy_rules = rules as u64;
+            s.policy_sets = sets as u64;
+            s.policy_refused += u64::from(refused.is_some());
+            s.policy_error = refused;
+        });
+        match result {
+            Ok(true) if count != Count::Nothing => {
+                self.metrics.correction("policy", 1);
+                info!("repaired the nftables table inet {}", self.cfg.policy_table);
+            }
+            Ok(_) => {}
+            Err(e) => self.fail(format!(
+                "network policy not programmed, the previous ruleset stays in force: {e}"
+            )),
+        }
+    }
+
+    /// nft transactions run, both tables.
+    fn nft_writes(&self) -> u64 {
+        self.nft.as_ref().map_or(0, |n| n.writes())
+            + self.policy.as_ref().map_or(0, |p| p.runner.writes)
+    }
+
     fn ensure_forwarding(&mut self, family: Family) {
         match self.sysctls.ensure_forwarding(family) {
             Ok(true) if self.synced => self.metrics.correction("sysctl", 1),
@@ -1217,7 +1263,7 @@ impl Agent {
         examples.sort();
         examples.truncate(20);
         let netlink = self.kernel.writes();
-        let nft = self.nft.as_ref().map_or(0, |n| n.writes);
+        let nft = self.nft_writes();
         let sysctl = self.sysctls.writes;
         let vxlan: Vec<String> = Family::ALL
             .into_iter()

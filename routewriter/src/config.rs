@@ -78,6 +78,10 @@ pub struct RoutewriterConfig {
     pub nat: bool,
     /// The nftables tables (`ip` and, for IPv6 pools, `ip6`) of this name routewriter owns.
     pub nat_table: String,
+    /// Whether to enforce network policy with nftables.
+    pub policy: bool,
+    /// The nftables table (`inet`) of this name routewriter owns for network policy.
+    pub policy_table: String,
     /// The `nft` binary.
     pub nft: PathBuf,
     /// Whether to keep the forwarding and workload-interface sysctls.
@@ -108,6 +112,8 @@ impl Default for RoutewriterConfig {
             metrics_listen: None,
             nat: true,
             nat_table: "margay".into(),
+            policy: true,
+            policy_table: "margay-policy".into(),
             nft: PathBuf::from("nft"),
             sysctls: true,
             reconnect_max_ms: 5_000,
@@ -221,15 +227,20 @@ impl Config {
         if rw.retry_max_s == 0 {
             return Err(field("routewriter.retry_max_s", "must be at least 1"));
         }
-        if rw.nat
-            && (rw.nat_table.is_empty()
-                || !rw
-                    .nat_table
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_'))
-        {
+        let plain = |t: &str| {
+            !t.is_empty()
+                && t.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        };
+        if rw.nat && !plain(&rw.nat_table) {
             return Err(field(
                 "routewriter.nat_table",
+                "must be a plain nftables name (letters, digits, '-', '_')",
+            ));
+        }
+        if rw.policy && !plain(&rw.policy_table) {
+            return Err(field(
+                "routewriter.policy_table",
                 "must be a plain nftables name (letters, digits, '-', '_')",
             ));
         }

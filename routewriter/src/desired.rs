@@ -23,6 +23,7 @@ use proto::v1::{DataplaneUpdate, desired_item::Item, desired_key::Key};
 
 use proto::mac::{Mac, parse_mac};
 
+use super::policy::{self, PolicyState};
 pub use super::routes::{DevId, Devices, Family, Kind, Prefix, RouteSpec, Routes};
 
 /// A remote VXLAN endpoint; its family is that of its addresses (both of one family).
@@ -93,6 +94,8 @@ pub struct Applied {
     /// The local VTEP of a family changed.
     pub local_vtep: [bool; 2],
     pub nat: bool,
+    /// An interface's policy or an address set changed.
+    pub policy: bool,
     /// Items that could not be taken, each "what: why".
     pub rejected: Vec<String>,
 }
@@ -103,6 +106,7 @@ impl Applied {
             && self.vteps == [false; 2]
             && self.local_vtep == [false; 2]
             && !self.nat
+            && !self.policy
             && !self.snapshot
     }
 }
@@ -121,6 +125,8 @@ pub struct DesiredState {
     local: [Option<LocalVtepSpec>; 2],
     /// Pools of both families, by CIDR, with their natOutgoing flag.
     pools: BTreeMap<IpNet, bool>,
+    /// The pod interfaces' network policy and its address sets.
+    policy: PolicyState,
     defaults: Defaults,
     /// During an incremental update: each touched route's value before it (first one wins).
     journal: Option<Vec<(Prefix, Named)>>,
@@ -182,6 +188,11 @@ impl DesiredState {
         &self.pools
     }
 
+    /// The pod interfaces' network policy.
+    pub fn policy(&self) -> &PolicyState {
+        &self.policy
+    }
+
     /// Whether anything of `family` is desired: a route, a VTEP, the local VTEP, a pool. The
     /// IPv6 parts of the node (forwarding, the NAT table) are set up only then.
     pub fn uses(&self, family: Family) -> bool {
@@ -241,6 +252,10 @@ impl DesiredState {
                     Ok(net) => applied.nat |= self.pools.remove(&net).is_some(),
                     Err(e) => applied.rejected.push(format!("remove pool {cidr}: {e}")),
                 },
+                Some(Key::EndpointPolicy(iface)) => {
+                    applied.policy |= self.policy.remove_endpoint(iface)
+                }
+                Some(Key::PolicySet(name)) => applied.policy |= self.policy.remove_set(name),
                 None => applied.rejected.push("an empty key".into()),
             }
         }
@@ -325,6 +340,7 @@ impl DesiredState {
             applied.local_vtep[i] = next.local[i] != self.local[i];
         }
         applied.nat = next.pools != self.pools;
+        applied.policy = next.policy != self.policy;
         next.revision = update.revision;
         next.complete = true;
         *self = next;
@@ -397,6 +413,28 @@ impl DesiredState {
                     }
                 }
                 Err(e) => applied.rejected.push(format!("pool {}: {e}", pool.cidr)),
+            },
+            Some(Item::EndpointPolicy(p)) => match policy::parse_endpoint(p) {
+                Ok((iface, rules)) => applied.policy |= self.policy.upsert_endpoint(iface, rules),
+                Err(e) => {
+                    // The server no longer wants the old rules, and these cannot be
+                    // written: fail closed, the selected directions drop everything.
+                    applied.rejected.push(e);
+                    let deny = policy::EndpointRules {
+                        ingress: p.ingress_selected.then(Vec::new),
+                        egress: p.egress_selected.then(Vec::new),
+                    };
+                    if policy::interface_name(&p.interface) {
+                        applied.policy |= self.policy.upsert_endpoint(p.interface.clone(), deny);
+                    }
+                }
+            },
+            Some(Item::PolicySet(set)) => match policy::parse_set(set) {
+                Ok((name, members)) => applied.policy |= self.policy.upsert_set(name, members),
+                Err(e) => {
+                    applied.rejected.push(e);
+                    applied.policy |= self.policy.remove_set(&set.name);
+                }
             },
             None => applied.rejected.push("an empty item".into()),
         }
@@ -707,6 +745,102 @@ mod tests {
 
     fn p(s: &str) -> Prefix {
         Prefix::parse(s).unwrap()
+    }
+
+    fn endpoint_policy(iface: &str, rules: Vec<proto::v1::PolicyRule>) -> DesiredItem {
+        DesiredItem {
+            item: Some(Item::EndpointPolicy(proto::v1::EndpointPolicy {
+                interface: iface.into(),
+                ingress_selected: true,
+                ingress: rules,
+                egress_selected: false,
+                egress: vec![],
+            })),
+        }
+    }
+
+    fn policy_set(name: &str, members: &[&str]) -> DesiredItem {
+        DesiredItem {
+            item: Some(Item::PolicySet(proto::v1::PolicySet {
+                name: name.into(),
+                members: members.iter().map(|m| m.to_string()).collect(),
+            })),
+        }
+    }
+
+    #[test]
+    fn policy_items_are_held_checked_and_removed_by_key() {
+        let mut d = DesiredState::new(Defaults::default());
+        let allow = proto::v1::PolicyRule {
+            action: proto::v1::PolicyAction::Allow as i32,
+            protocol: Some(6),
+            src_set: "p-a".into(),
+            dst_ports: vec![proto::v1::PortRange {
+                first: 80,
+                last: 80,
+            }],
+            origin: "knp/ns/a ingress[0]".into(),
+            ..Default::default()
+        };
+        let a = d.apply(&update(
+            1,
+            true,
+            vec![
+                endpoint_policy("cali1", vec![allow.clone()]),
+                policy_set("p-a", &["10.0.0.1", "10.0.0.2/32", "fd00::1"]),
+            ],
+            vec![],
+        ));
+        assert!(a.policy && a.rejected.is_empty(), "{a:?}");
+        let ep = &d.policy().endpoints["cali1"];
+        assert_eq!(ep.ingress.as_ref().unwrap()[0].dst_ports, vec![(80, 80)]);
+        assert!(ep.egress.is_none());
+        assert_eq!(d.policy().sets["p-a"][0], vec![(0x0a00_0001, 0x0a00_0002)]);
+        assert_eq!(d.policy().sets["p-a"][1].len(), 1);
+        // The same again changes nothing.
+        let a = d.apply(&update(
+            2,
+            false,
+            vec![policy_set("p-a", &["10.0.0.1", "10.0.0.2", "fd00::1"])],
+            vec![],
+        ));
+        assert!(!a.policy);
+        // Rules that cannot be written fail closed: the selected direction denies all.
+        let bad = proto::v1::PolicyRule {
+            dst_ports: vec![proto::v1::PortRange {
+                first: 90,
+                last: 80,
+            }],
+            ..allow
+        };
+        let a = d.apply(&update(
+            3,
+            false,
+            vec![endpoint_policy("cali1", vec![bad])],
+            vec![],
+        ));
+        assert_eq!(a.rejected.len(), 1, "{a:?}");
+        assert!(a.policy);
+        assert_eq!(d.policy().endpoints["cali1"].ingress, Some(vec![]));
+        // A bad set member is refused, and the set goes.
+        let a = d.apply(&update(
+            4,
+            false,
+            vec![policy_set("p-a", &["nope"])],
+            vec![],
+        ));
+        assert_eq!(a.rejected.len(), 1);
+        assert!(!d.policy().sets.contains_key("p-a"));
+        let a = d.apply(&update(
+            5,
+            false,
+            vec![],
+            vec![DesiredKey {
+                key: Some(Key::EndpointPolicy("cali1".into())),
+            }],
+        ));
+        assert!(a.policy);
+        assert!(d.policy().is_empty());
     }
 
     fn ip(s: &str) -> IpAddr {
@@ -1189,7 +1323,7 @@ mod tests {
                     }
                     Item::Vtep(_) => vteps += 1,
                     Item::LocalVtep(_) => locals += 1,
-                    Item::NatPool(_) => {}
+                    Item::NatPool(_) | Item::EndpointPolicy(_) | Item::PolicySet(_) => {}
                 }
             }
             (routes, vteps, locals)

@@ -2,7 +2,8 @@
 //! It subscribes to bgpd's `Dataplane.Watch` stream of desired kernel state and makes the kernel
 //! match it: routes tagged with its protocol, the VXLAN devices (`vxlan.calico` for IPv4,
 //! `vxlan-v6.calico` for IPv6) with their FDB and neighbour entries, an nftables table per
-//! family for natOutgoing, and the forwarding sysctls. It decides no policy: it reconciles
+//! family for natOutgoing, one for the pods' network policy, and the forwarding sysctls. It
+//! decides nothing (bgpd compiles the policy): it reconciles
 //! desired against actual, repairs drift, and never touches what it does not own. Both address
 //! families go through one mechanism, with the family as a parameter.
 //!
@@ -12,7 +13,9 @@
 //! - `reconcile`: the pure diff of desired against actual, as lists of operations (sans-IO).
 //! - `kernel`: rtnetlink reads and batched writes, every write counted.
 //! - `monitor`: the netlink multicast listener that reports changes made by others.
-//! - `nat`: the nftables table, driven through the `nft` binary.
+//! - `nft`: the `nft` binary (list a table, run an atomic script) and interval-set elements.
+//! - `nat`: natOutgoing's tables.
+//! - `policy`: network policy of the pod interfaces, enforced in `table inet margay-policy`.
 //! - `sysctl`: forwarding and the per-workload-interface settings.
 //! - `metrics`: the counters and the Prometheus text / status listener.
 //! - `agent`: the tokio wiring: stream client, monitor, periodic resync, signals.
@@ -28,6 +31,8 @@ pub mod kernel;
 pub mod metrics;
 pub mod monitor;
 pub mod nat;
+pub mod nft;
+pub mod policy;
 pub mod reconcile;
 pub mod routes;
 pub mod status;

@@ -41,6 +41,14 @@ pub struct State {
     pub nft_writes: u64,
     pub sysctl_writes: u64,
     pub items_rejected: u64,
+    /// Network policy: pod interfaces with rules, their rules, the address sets.
+    pub policy_endpoints: u64,
+    pub policy_rules: u64,
+    pub policy_sets: u64,
+    /// Policy writes nft refused (the previous ruleset stayed in force), and the last refusal
+    /// while it stands (cleared by the next write that succeeds).
+    pub policy_refused: u64,
+    pub policy_error: Option<String>,
     /// The VXLAN devices programmed (one per family at most).
     pub vxlan_devices: Vec<String>,
     pub last_error: Option<String>,
@@ -199,6 +207,36 @@ impl Metrics {
             "Desired items that could not be taken.",
             Kind::Counter,
             s.items_rejected,
+        );
+        e.single(
+            "policy_endpoints",
+            "Pod interfaces with network-policy rules.",
+            Kind::Gauge,
+            s.policy_endpoints,
+        );
+        e.single(
+            "policy_rules",
+            "Network-policy rules of the pod interfaces.",
+            Kind::Gauge,
+            s.policy_rules,
+        );
+        e.single(
+            "policy_sets",
+            "Network-policy address sets.",
+            Kind::Gauge,
+            s.policy_sets,
+        );
+        e.single(
+            "policy_refused_total",
+            "Network-policy writes nftables refused; the previous ruleset stayed in force.",
+            Kind::Counter,
+            s.policy_refused,
+        );
+        e.single(
+            "policy_in_force",
+            "1 when the policy table is as desired, 0 while a refused write left an older one.",
+            Kind::Gauge,
+            u64::from(s.policy_error.is_none()),
         );
         e.family(
             "last_error_timestamp_seconds",

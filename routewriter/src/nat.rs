@@ -14,37 +14,24 @@
 //! IPv6 NAT: the `ip6` table exists only while an IPv6 pool is desired, and is deleted when the
 //! last one goes. The `ip` table is there whenever NAT is on, as before.
 //!
-//! The `nft` binary does the work: `nft -j list table` to read, `nft -f -` batches (each one
-//! atomic) to write. Reading and planning are pure and tested without nft; nothing outside
+//! The `nft` binary does the work (`super::nft`): `nft -j list table` to read, `nft -f -`
+//! batches (each one atomic) to write. Reading and planning are pure and tested without nft; nothing outside
 //! routewriter's tables is ever touched.
 
 use std::collections::BTreeMap;
-use std::io::Write;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::path::Path;
 
 use ipnet::IpNet;
 use serde_json::Value;
 
-use super::routes::{Family, bits_of, host_mask};
+pub use super::nft::{Interval, NftError as NatError, merge};
+use super::nft::{NftRunner, addr_type, elements, interval_of, set_intervals};
+use super::routes::Family;
 
 pub const ALL_SET: &str = "all-pools";
 pub const MASQ_SET: &str = "masq-pools";
 pub const CHAIN: &str = "nat-outgoing";
 pub const RULE_COMMENT: &str = "margay nat-outgoing";
-
-#[derive(Debug, thiserror::Error)]
-pub enum NatError {
-    #[error(
-        "cannot run {nft}: {reason}; install nftables (Debian package `nftables`) or set routewriter.nat = false"
-    )]
-    NoNft { nft: String, reason: String },
-    #[error("`nft {args}` failed: {stderr}")]
-    Nft { args: String, stderr: String },
-    #[error("cannot read nft's answer: {0}")]
-    Parse(String),
-}
 
 /// nft's names of a family: the table family (also the payload protocol of the rule's
 /// matches) and the set element type.
@@ -56,14 +43,8 @@ pub fn nft_family(family: Family) -> &'static str {
 }
 
 fn set_type(family: Family) -> &'static str {
-    match family {
-        Family::V4 => "ipv4_addr",
-        Family::V6 => "ipv6_addr",
-    }
+    addr_type(family)
 }
-
-/// An inclusive range of addresses of one family, as integers (IPv4 in the low 32 bits).
-pub type Interval = (u128, u128);
 
 /// What a family's table should hold.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -83,56 +64,6 @@ pub fn desired_from_pools(pools: &BTreeMap<IpNet, bool>, family: Family) -> NatD
             .collect(),
     );
     NatDesired { all, masq }
-}
-
-fn from_bits(family: Family, bits: u128) -> IpAddr {
-    match family {
-        Family::V4 => IpAddr::V4(Ipv4Addr::from(bits as u32)),
-        Family::V6 => IpAddr::V6(Ipv6Addr::from(bits)),
-    }
-}
-
-fn interval_of(n: &IpNet) -> Interval {
-    (bits_of(n.network()), bits_of(n.broadcast()))
-}
-
-/// Sorted, overlapping and adjacent intervals joined: one form for both sides of a compare.
-pub fn merge(mut v: Vec<Interval>) -> Vec<Interval> {
-    v.sort_unstable();
-    let mut out: Vec<Interval> = Vec::with_capacity(v.len());
-    for (a, b) in v {
-        match out.last_mut() {
-            Some(last) if a <= last.1.saturating_add(1) => last.1 = last.1.max(b),
-            _ => out.push((a, b)),
-        }
-    }
-    out
-}
-
-/// Intervals as nft elements: aligned prefixes, written "address/len".
-fn elements(family: Family, iv: &[Interval]) -> Vec<String> {
-    let width = family.bits();
-    let mut out = Vec::new();
-    for &(mut a, b) in iv {
-        loop {
-            // The largest aligned block starting at `a` that stays within `b`.
-            let mut len = width;
-            while len > 0 {
-                let mask = host_mask(width, len - 1);
-                if a & mask != 0 || a | mask > b {
-                    break;
-                }
-                len -= 1;
-            }
-            let last = a | host_mask(width, len);
-            out.push(format!("{}/{len}", from_bits(family, a)));
-            match last.checked_add(1) {
-                Some(next) if next <= b => a = next,
-                _ => break,
-            }
-        }
-    }
-    out
 }
 
 /// What `nft -j list table` showed, reduced to what the plan compares.
@@ -172,23 +103,15 @@ pub fn parse_actual(json: &str, family: Family) -> Result<NatActual, String> {
                 .get("flags")
                 .and_then(Value::as_array)
                 .is_some_and(|f| f.iter().any(|x| x.as_str() == Some("interval")));
-            let elems = set
-                .get("elem")
-                .and_then(Value::as_array)
-                .map(|e| {
-                    e.iter()
-                        .filter_map(|e| element_interval(e, family))
-                        .collect()
-                })
-                .unwrap_or_default();
+            let elems = set_intervals(set, family);
             match name {
                 ALL_SET if typed && interval => {
                     sets_ok += 1;
-                    a.all = merge(elems);
+                    a.all = elems;
                 }
                 MASQ_SET if typed && interval => {
                     sets_ok += 1;
-                    a.masq = merge(elems);
+                    a.masq = elems;
                 }
                 _ => {}
             }
@@ -209,31 +132,6 @@ pub fn parse_actual(json: &str, family: Family) -> Result<NatActual, String> {
     a.shape_ok = sets == 2 && sets_ok == 2 && chains == 1 && chain_ok;
     a.rule_ok = rules == 1 && good_rules == 1;
     Ok(a)
-}
-
-fn element_interval(e: &Value, family: Family) -> Option<Interval> {
-    // Elements with options come wrapped: {"elem": {"val": ...}}.
-    if let Some(inner) = e.get("elem").and_then(|x| x.get("val")) {
-        return element_interval(inner, family);
-    }
-    let addr = |v: &Value| -> Option<IpAddr> {
-        let a: IpAddr = v.as_str()?.parse().ok()?;
-        (Family::of(a) == family).then_some(a)
-    };
-    if e.is_string() {
-        let a = bits_of(addr(e)?);
-        return Some((a, a));
-    }
-    if let Some(p) = e.get("prefix") {
-        let a = addr(p.get("addr")?)?;
-        let len = u8::try_from(p.get("len")?.as_u64()?).ok()?;
-        let net = IpNet::new(a, len).ok()?;
-        return Some(interval_of(&net.trunc()));
-    }
-    if let Some(r) = e.get("range").and_then(Value::as_array) {
-        return Some((bits_of(addr(r.first()?)?), bits_of(addr(r.get(1)?)?)));
-    }
-    None
 }
 
 fn rule_is_ours(rule: &Value, family: Family) -> bool {
@@ -344,76 +242,32 @@ pub fn plan(
     (!s.is_empty()).then_some(s)
 }
 
-/// Runs nft for the tables of one name.
+/// Runs nft for natOutgoing's tables of one name.
 pub struct Nft {
-    pub binary: PathBuf,
+    pub runner: NftRunner,
     pub table: String,
-    /// nft transactions run (each a write).
-    pub writes: u64,
 }
 
 impl Nft {
     pub fn new(binary: &Path, table: &str) -> Self {
         Nft {
-            binary: binary.to_owned(),
+            runner: NftRunner::new(binary),
             table: table.to_owned(),
-            writes: 0,
         }
     }
 
-    fn no_nft(&self, e: std::io::Error) -> NatError {
-        NatError::NoNft {
-            nft: self.binary.display().to_string(),
-            reason: e.to_string(),
-        }
+    /// nft transactions run (each a write).
+    pub fn writes(&self) -> u64 {
+        self.runner.writes
     }
 
     /// A family's table as it is; `None` when it does not exist.
     pub fn read(&self, family: Family) -> Result<Option<NatActual>, NatError> {
-        let fam = nft_family(family);
-        let out = Command::new(&self.binary)
-            .args(["-j", "list", "table", fam, &self.table])
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|e| self.no_nft(e))?;
-        if !out.status.success() {
-            let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-            if stderr.contains("No such file or directory") {
-                return Ok(None);
-            }
-            return Err(NatError::Nft {
-                args: format!("-j list table {fam} {}", self.table),
-                stderr: stderr.trim().to_owned(),
-            });
-        }
-        parse_actual(&String::from_utf8_lossy(&out.stdout), family)
-            .map(Some)
-            .map_err(NatError::Parse)
-    }
-
-    /// Runs one script as one atomic transaction.
-    pub fn apply(&mut self, script: &str) -> Result<(), NatError> {
-        self.writes += 1;
-        let mut child = Command::new(&self.binary)
-            .args(["-f", "-"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| self.no_nft(e))?;
-        if let Some(mut stdin) = child.stdin.take() {
-            stdin
-                .write_all(script.as_bytes())
-                .map_err(|e| self.no_nft(e))?;
-        }
-        let out = child.wait_with_output().map_err(|e| self.no_nft(e))?;
-        if out.status.success() {
-            Ok(())
-        } else {
-            Err(NatError::Nft {
-                args: format!("-f - <<'EOF'\n{script}EOF"),
-                stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
-            })
+        match self.runner.list_table(nft_family(family), &self.table)? {
+            None => Ok(None),
+            Some(json) => parse_actual(&json, family)
+                .map(Some)
+                .map_err(NatError::Parse),
         }
     }
 
@@ -423,7 +277,7 @@ impl Nft {
         match plan(&self.table, family, desired, actual.as_ref()) {
             None => Ok(false),
             Some(script) => {
-                self.apply(&script)?;
+                self.runner.apply(&script)?;
                 Ok(true)
             }
         }
@@ -433,7 +287,9 @@ impl Nft {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::routes::bits_of;
     use Family::{V4, V6};
+    use std::net::IpAddr;
 
     fn net(s: &str) -> IpNet {
         s.parse().unwrap()

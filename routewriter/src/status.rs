@@ -86,6 +86,16 @@ pub fn render(body: &str) -> Result<String, String> {
     ));
     line(format!("corrections         {}", map("corrections")));
     line(format!(
+        "policy              {} interfaces, {} rules, {} sets; {}",
+        n("policy_endpoints"),
+        n("policy_rules"),
+        n("policy_sets"),
+        match v["policy_error"].as_str() {
+            Some(e) => format!("NOT IN FORCE, the previous ruleset stays: {e}"),
+            None => format!("in force ({} writes refused so far)", n("policy_refused")),
+        }
+    ));
+    line(format!(
         "writes              netlink {}, nft {}, sysctl {}",
         n("netlink_writes"),
         n("nft_writes"),
@@ -134,6 +144,15 @@ mod tests {
         assert!(t.contains("vteps by family     ipv4 2, ipv6 1\n"), "{t}");
         assert!(
             t.contains("vxlan devices       vxlan.calico, vxlan-v6.calico\n"),
+            "{t}"
+        );
+        assert!(
+            t.contains("policy              0 interfaces, 0 rules, 0 sets; in force"),
+            "{t}"
+        );
+        let t = render(r#"{"policy_endpoints": 2, "policy_error": "nft said no"}"#).unwrap();
+        assert!(
+            t.contains("2 interfaces, 0 rules, 0 sets; NOT IN FORCE, the previous ruleset stays: nft said no"),
             "{t}"
         );
         let t = render("{}").unwrap();

@@ -11,6 +11,7 @@ use clap::{Args, ValueEnum};
 use proto::v1 as pb;
 use proto::v1::bgp_client::BgpClient;
 use proto::v1::nodes_client::NodesClient;
+use proto::v1::policy_client::PolicyClient;
 use proto::v1::pools_client::PoolsClient;
 use serde_json::Value;
 use tonic::transport::Channel;
@@ -19,7 +20,7 @@ use super::bgpconfig::{self, ConfigSpec};
 use super::fields::FieldError;
 use super::ippool::{self, PoolSpec};
 use super::node::{self, NodeSpec};
-use super::{DocError, Document, Kind, bgpfilter, bgppeer, list_value, parse_file, yaml};
+use super::{DocError, Document, Kind, bgpfilter, bgppeer, list_value, parse_file, policy, yaml};
 use crate::{CtlError, Output};
 
 #[derive(Args)]
@@ -29,20 +30,30 @@ pub struct ApplyArgs {
     pub file: String,
 }
 
-#[derive(Clone, Copy, ValueEnum)]
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Format {
     Yaml,
     Json,
+    /// A table (network-policy kinds only).
+    Table,
 }
 
 #[derive(Args)]
 pub struct GetArgs {
-    /// ippool, bgpconfiguration, bgppeer, bgpfilter or node (plurals and any case accepted).
+    /// ippool, bgpconfiguration, bgppeer, bgpfilter, node, networkpolicy (both dialects),
+    /// k8snetworkpolicy, globalnetworkpolicy, workloadendpoint or namespace (plurals, short
+    /// names and any case accepted).
     pub kind: String,
     /// One resource; all of the kind without it.
     pub name: Option<String>,
     #[arg(short = 'o', long = "output", value_enum, default_value = "yaml")]
     pub output: Format,
+    /// The namespace of namespaced kinds.
+    #[arg(short = 'n', long = "namespace", default_value = "default")]
+    pub namespace: String,
+    /// Every namespace.
+    #[arg(short = 'A', long = "all-namespaces")]
+    pub all_namespaces: bool,
 }
 
 #[derive(Args)]
@@ -53,6 +64,9 @@ pub struct DeleteArgs {
     /// Delete the resources of a file (- for standard input) instead.
     #[arg(short = 'f', long = "filename", conflicts_with_all = ["kind", "name"])]
     pub file: Option<String>,
+    /// The namespace of a namespaced KIND NAME.
+    #[arg(short = 'n', long = "namespace", default_value = "default")]
+    pub namespace: String,
 }
 
 fn read_input(file: &str) -> Result<String, CtlError> {
@@ -72,15 +86,23 @@ pub(super) enum Checked {
     Peer(pb::BgpPeer),
     Filter(pb::BgpFilter),
     Node(NodeSpec),
+    /// A network-policy document, checked, as JSON.
+    Policy(String),
 }
 
 pub(super) fn check(doc: &Document) -> Result<Checked, DocError> {
+    if doc.kind.is_policy_document() {
+        return policy::check(doc)
+            .map(Checked::Policy)
+            .map_err(|e| doc.error(e));
+    }
     let r = match doc.kind {
         Kind::IpPool => ippool::from_document(doc).map(Checked::Pool),
         Kind::BgpConfiguration => bgpconfig::from_document(doc).map(Checked::Config),
         Kind::BgpPeer => bgppeer::from_document(doc).map(Checked::Peer),
         Kind::BgpFilter => bgpfilter::from_document(doc).map(Checked::Filter),
         Kind::Node => node::from_document(doc).map(Checked::Node),
+        _ => unreachable!("policy documents are checked above"),
     };
     r.map_err(|e| doc.error(e))
 }
@@ -90,7 +112,7 @@ fn check_all(docs: &[Document]) -> Result<Vec<Checked>, CtlError> {
     let mut seen = HashSet::new();
     let mut out = Vec::new();
     for d in docs {
-        if !seen.insert((d.kind.name(), d.name.clone())) {
+        if !seen.insert((d.kind, d.namespace.clone(), d.name.clone())) {
             return Err(invalid(d.error(super::fields::FieldError::new(
                 "metadata.name",
                 "this resource is given twice in the file",
@@ -113,6 +135,7 @@ pub(super) enum Action {
     AddPeer(pb::BgpPeer),
     ApplyFilter(pb::BgpFilter),
     RegisterNode(pb::Node),
+    ApplyDocument(String),
 }
 
 /// What bgpd has now, as far as the file needs it.
@@ -197,6 +220,7 @@ pub(super) fn plan(
             Checked::Node(n) => Action::RegisterNode(
                 n.request(state.nodes.get(&doc.name)).map_err(|e| doc.error(e))?,
             ),
+            Checked::Policy(json) => Action::ApplyDocument(json.clone()),
         });
     }
     Ok(actions)
@@ -215,7 +239,8 @@ pub async fn apply(channel: Channel, args: ApplyArgs, out: &mut Output) -> Resul
     let mut state = State::default();
     let mut pools = PoolsClient::new(channel.clone());
     let mut bgp = BgpClient::new(channel.clone());
-    let mut nodes = NodesClient::new(channel);
+    let mut nodes = NodesClient::new(channel.clone());
+    let mut documents = PolicyClient::new(channel);
     if checked.iter().any(|c| matches!(c, Checked::Pool(_))) {
         for p in pools
             .list_pools(pb::ListPoolsRequest {})
@@ -296,6 +321,10 @@ pub async fn apply(channel: Channel, args: ApplyArgs, out: &mut Output) -> Resul
                 .register_node(pb::RegisterNodeRequest { node: Some(n) })
                 .await
                 .map(drop),
+            Action::ApplyDocument(json) => documents
+                .apply(pb::ApplyDocumentRequest { json })
+                .await
+                .map(drop),
         };
         if let Err(s) = r {
             let done = if i == 0 {
@@ -312,7 +341,12 @@ pub async fn apply(channel: Channel, args: ApplyArgs, out: &mut Output) -> Resul
                 s.code()
             )));
         }
-        out.line(&format!("{} {} {verb}", doc.kind.name(), doc.name))?;
+        let name = if doc.kind.namespaced() {
+            format!("{}/{}", doc.namespace, doc.name)
+        } else {
+            doc.name.clone()
+        };
+        out.line(&format!("{} {name} {verb}", doc.kind.name()))?;
     }
     Ok(())
 }
@@ -320,6 +354,34 @@ pub async fn apply(channel: Channel, args: ApplyArgs, out: &mut Output) -> Resul
 pub async fn get(channel: Channel, args: GetArgs, out: &mut Output) -> Result<(), CtlError> {
     let kind = Kind::parse(&args.kind, true).map_err(CtlError::Invalid)?;
     let name = args.name.as_deref();
+    if kind.is_policy_document() {
+        let namespace = if args.all_namespaces || !kind.namespaced() {
+            ""
+        } else {
+            args.namespace.as_str()
+        };
+        let mut docs = policy::list(channel, kind, namespace, name).await?;
+        let value = if name.is_some() && docs.len() == 1 {
+            docs.remove(0)
+        } else {
+            policy::list_value(kind, docs.clone())
+        };
+        return match args.output {
+            Format::Table => out.text(&policy::table(kind, &docs)),
+            Format::Json => out.text(&format!(
+                "{}\n",
+                serde_json::to_string_pretty(&value)
+                    .map_err(|e| CtlError::Invalid(e.to_string()))?
+            )),
+            Format::Yaml => out.text(&yaml::emit(&value).map_err(CtlError::Invalid)?),
+        };
+    }
+    if args.output == Format::Table {
+        return Err(CtlError::Invalid(format!(
+            "-o table is for the network-policy kinds; {} is printed as yaml or json",
+            kind.name()
+        )));
+    }
     let mut docs: Vec<Value> = match kind {
         Kind::IpPool => {
             let mut c = PoolsClient::new(channel);
@@ -403,6 +465,7 @@ pub async fn get(channel: Channel, args: GetArgs, out: &mut Output) -> Result<()
             .map(node::to_document)
             .collect()
         }
+        _ => unreachable!("policy documents are listed above"),
     };
     let value = if name.is_some() {
         docs.remove(0)
@@ -415,6 +478,7 @@ pub async fn get(channel: Channel, args: GetArgs, out: &mut Output) -> Result<()
             serde_json::to_string_pretty(&value).map_err(|e| CtlError::Invalid(e.to_string()))?
         )),
         Format::Yaml => out.text(&yaml::emit(&value).map_err(CtlError::Invalid)?),
+        Format::Table => unreachable!("refused above"),
     }
 }
 
@@ -439,13 +503,21 @@ fn named<T>(
 }
 
 pub async fn delete(channel: Channel, args: DeleteArgs, out: &mut Output) -> Result<(), CtlError> {
-    let targets: Vec<(Kind, String)> = match (&args.file, &args.kind, &args.name) {
+    let targets: Vec<(Kind, String, String)> = match (&args.file, &args.kind, &args.name) {
         (Some(f), _, _) => {
             let docs = parse_file(&read_input(f)?).map_err(invalid)?;
-            docs.into_iter().map(|d| (d.kind, d.name)).collect()
+            docs.into_iter()
+                .map(|d| (d.kind, d.namespace, d.name))
+                .collect()
         }
         (None, Some(k), Some(n)) => {
-            vec![(Kind::parse(k, true).map_err(CtlError::Invalid)?, n.clone())]
+            let kind = Kind::parse(k, true).map_err(CtlError::Invalid)?;
+            let ns = if kind.namespaced() {
+                args.namespace.clone()
+            } else {
+                String::new()
+            };
+            vec![(kind, ns, n.clone())]
         }
         _ => {
             return Err(CtlError::Invalid(
@@ -453,14 +525,24 @@ pub async fn delete(channel: Channel, args: DeleteArgs, out: &mut Output) -> Res
             ));
         }
     };
-    for (kind, name) in &targets {
+    for (kind, _, name) in &targets {
         if *kind == Kind::BgpConfiguration && name != "default" {
             return Err(CtlError::Invalid(format!(
                 "BGPConfiguration {name}: only \"default\" exists in margay; nothing was deleted"
             )));
         }
     }
-    for (kind, name) in targets {
+    for (kind, namespace, name) in targets {
+        if kind.is_policy_document() {
+            policy::delete(channel.clone(), kind, &namespace, &name).await?;
+            let shown = if kind.namespaced() {
+                format!("{namespace}/{name}")
+            } else {
+                name
+            };
+            out.line(&format!("{} {shown} deleted", kind.name()))?;
+            continue;
+        }
         match kind {
             Kind::IpPool => {
                 PoolsClient::new(channel.clone())
@@ -496,6 +578,7 @@ pub async fn delete(channel: Channel, args: DeleteArgs, out: &mut Output) -> Res
                 })
                 .await?;
             }
+            _ => unreachable!("policy documents are deleted above"),
         }
         out.line(&format!("{} {name} deleted", kind.name()))?;
     }

@@ -15,6 +15,7 @@ pub mod commands;
 pub mod fields;
 pub mod ippool;
 pub mod node;
+pub mod policy;
 pub mod yaml;
 
 use std::fmt;
@@ -25,13 +26,22 @@ use fields::{FieldError, Obj};
 
 pub const API_VERSION: &str = "projectcalico.org/v3";
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Kind {
     IpPool,
     BgpConfiguration,
     BgpPeer,
     BgpFilter,
     Node,
+    /// Network policy (`policy`): documents bgpd checks and stores as written.
+    /// Calico's `projectcalico.org/v3` NetworkPolicy; on the command line, both dialects.
+    NetworkPolicy,
+    /// Kubernetes' `networking.k8s.io/v1` NetworkPolicy.
+    K8sNetworkPolicy,
+    GlobalNetworkPolicy,
+    WorkloadEndpoint,
+    /// Kubernetes' `v1` Namespace (its labels, for namespace selectors).
+    Namespace,
 }
 
 impl Kind {
@@ -42,6 +52,47 @@ impl Kind {
             Kind::BgpPeer => "BGPPeer",
             Kind::BgpFilter => "BGPFilter",
             Kind::Node => "Node",
+            Kind::NetworkPolicy | Kind::K8sNetworkPolicy => "NetworkPolicy",
+            Kind::GlobalNetworkPolicy => "GlobalNetworkPolicy",
+            Kind::WorkloadEndpoint => "WorkloadEndpoint",
+            Kind::Namespace => "Namespace",
+        }
+    }
+
+    /// The kind's apiVersion.
+    pub fn api_version(self) -> &'static str {
+        match self {
+            Kind::K8sNetworkPolicy => "networking.k8s.io/v1",
+            Kind::Namespace => "v1",
+            _ => API_VERSION,
+        }
+    }
+
+    /// A network-policy kind (stored as a document, in a namespace or not).
+    pub fn is_policy_document(self) -> bool {
+        matches!(
+            self,
+            Kind::NetworkPolicy
+                | Kind::K8sNetworkPolicy
+                | Kind::GlobalNetworkPolicy
+                | Kind::WorkloadEndpoint
+                | Kind::Namespace
+        )
+    }
+
+    pub fn namespaced(self) -> bool {
+        matches!(
+            self,
+            Kind::NetworkPolicy | Kind::K8sNetworkPolicy | Kind::WorkloadEndpoint
+        )
+    }
+
+    /// The kind of a document from its `kind` and `apiVersion`.
+    pub fn of_document(kind: &str, api_version: &str) -> Result<Kind, String> {
+        match (kind, api_version) {
+            ("NetworkPolicy", "networking.k8s.io/v1") => Ok(Kind::K8sNetworkPolicy),
+            ("Namespace", "v1") => Ok(Kind::Namespace),
+            _ => Kind::parse(kind, false),
         }
     }
 
@@ -53,24 +104,42 @@ impl Kind {
             Kind::BgpPeer,
             Kind::BgpFilter,
             Kind::Node,
+            Kind::NetworkPolicy,
+            Kind::GlobalNetworkPolicy,
+            Kind::WorkloadEndpoint,
+            Kind::Namespace,
         ];
         if let Some(k) = all.iter().find(|k| k.name() == s) {
             return Ok(*k);
         }
         if loose {
-            let l = s.to_ascii_lowercase();
-            let l = l.strip_suffix('s').unwrap_or(&l);
+            let full = s.to_ascii_lowercase();
+            if full == "ns" {
+                return Ok(Kind::Namespace);
+            }
+            let l = full.strip_suffix('s').unwrap_or(&full);
             match l {
                 "ippool" | "pool" => return Ok(Kind::IpPool),
                 "bgpconfiguration" | "bgpconfig" => return Ok(Kind::BgpConfiguration),
                 "bgppeer" | "peer" => return Ok(Kind::BgpPeer),
                 "bgpfilter" => return Ok(Kind::BgpFilter),
                 "node" | "no" => return Ok(Kind::Node),
+                "networkpolicy" | "netpol" | "np" | "networkpolicie" => {
+                    return Ok(Kind::NetworkPolicy);
+                }
+                "k8snetworkpolicy" | "k8snetworkpolicie" | "knp" => {
+                    return Ok(Kind::K8sNetworkPolicy);
+                }
+                "globalnetworkpolicy" | "globalnetworkpolicie" | "gnp" => {
+                    return Ok(Kind::GlobalNetworkPolicy);
+                }
+                "workloadendpoint" | "wep" => return Ok(Kind::WorkloadEndpoint),
+                "namespace" => return Ok(Kind::Namespace),
                 _ => {}
             }
         }
         Err(format!(
-            "unknown kind {s:?}: one of IPPool, BGPConfiguration, BGPPeer, BGPFilter, Node"
+            "unknown kind {s:?}: one of IPPool, BGPConfiguration, BGPPeer, BGPFilter, Node, NetworkPolicy, GlobalNetworkPolicy, WorkloadEndpoint, Namespace"
         ))
     }
 }
@@ -82,6 +151,8 @@ pub struct Document {
     pub index: usize,
     pub kind: Kind,
     pub name: String,
+    /// A namespaced kind's namespace (`default` when the document names none); else empty.
+    pub namespace: String,
     pub body: Value,
 }
 
@@ -143,7 +214,7 @@ pub fn parse_file(text: &str) -> Result<Vec<Document>, DocError> {
                 error: e,
             };
             let mut top = Obj::new("", value.clone()).map_err(fail)?;
-            check_api_version(&mut top).map_err(fail)?;
+            check_list_api_version(&mut top).map_err(fail)?;
             top.take("kind");
             top.take("metadata"); // a List's metadata is only its resourceVersion
             let items = top.list("items").map_err(fail)?.unwrap_or_default();
@@ -168,6 +239,21 @@ pub fn parse_file(text: &str) -> Result<Vec<Document>, DocError> {
         }
     }
     Ok(docs)
+}
+
+/// A List's apiVersion: Calico's, or v1 as Kubernetes writes its lists (`kubectl get -o yaml`).
+fn check_list_api_version(top: &mut Obj) -> fields::Result<()> {
+    match top.str("apiVersion")?.as_deref() {
+        Some(API_VERSION | "v1") => Ok(()),
+        None => Err(FieldError::new(
+            "apiVersion",
+            format!("required ({API_VERSION})"),
+        )),
+        Some(other) => Err(FieldError::new(
+            "apiVersion",
+            format!("{other:?} is not supported: {API_VERSION} or v1 only"),
+        )),
+    }
 }
 
 fn check_api_version(top: &mut Obj) -> fields::Result<()> {
@@ -208,14 +294,29 @@ fn document(index: usize, value: Value) -> Result<Document, DocError> {
     if kind_text.is_empty() {
         return Err(fail(FieldError::new("kind", "required")));
     }
-    let kind = Kind::parse(&kind_text, false).map_err(|e| fail(FieldError::new("kind", e)))?;
+    let api_version = value
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let kind =
+        Kind::of_document(&kind_text, api_version).map_err(|e| fail(FieldError::new("kind", e)))?;
     if name.is_empty() {
         return Err(fail(FieldError::new("metadata.name", "required")));
     }
+    let namespace = if kind.namespaced() {
+        value
+            .pointer("/metadata/namespace")
+            .and_then(Value::as_str)
+            .unwrap_or("default")
+            .to_owned()
+    } else {
+        String::new()
+    };
     Ok(Document {
         index,
         kind,
         name,
+        namespace,
         body: value,
     })
 }

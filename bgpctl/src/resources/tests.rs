@@ -78,14 +78,7 @@ spec:
 fn checked(text: &str) -> Result<Vec<Document>, DocError> {
     let docs = parse_file(text)?;
     for d in &docs {
-        let r = match d.kind {
-            Kind::IpPool => ippool::from_document(d).map(drop),
-            Kind::BgpConfiguration => bgpconfig::from_document(d).map(drop),
-            Kind::BgpPeer => bgppeer::from_document(d).map(drop),
-            Kind::BgpFilter => bgpfilter::from_document(d).map(drop),
-            Kind::Node => node::from_document(d).map(drop),
-        };
-        r.map_err(|e| d.error(e))?;
+        super::commands::check(d)?;
     }
     Ok(docs)
 }
@@ -351,7 +344,8 @@ fn document_level_mistakes_name_the_document() {
     assert_eq!(
         refused("apiVersion: projectcalico.org/v3\nkind: BGPFiltre\nmetadata: {name: f}\n"),
         "document 1 (BGPFiltre f): kind: unknown kind \"BGPFiltre\": one of IPPool, \
-         BGPConfiguration, BGPPeer, BGPFilter, Node; nothing was applied"
+         BGPConfiguration, BGPPeer, BGPFilter, Node, NetworkPolicy, GlobalNetworkPolicy, \
+         WorkloadEndpoint, Namespace; nothing was applied"
     );
     assert!(
         refused(&format!(
@@ -925,4 +919,107 @@ fn settings_a_bgppeer_document_cannot_show_are_named() {
     p.password = "*****".into();
     p.bfd_multiplier = 3;
     assert_eq!(bgppeer::not_in_document(&p), ["password", "BFD"]);
+}
+
+const K8S_POLICY: &str = r#"
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata:
+  name: allow-web
+  namespace: prod
+spec:
+  podSelector:
+    matchLabels: {app: web}
+  ingress:
+  - from:
+    - podSelector:
+        matchLabels: {app: client}
+    ports:
+    - {protocol: TCP, port: 80}
+---
+apiVersion: projectcalico.org/v3
+kind: NetworkPolicy
+metadata:
+  name: allow-web
+  namespace: prod
+spec:
+  selector: app == 'web'
+  order: 10
+  ingress:
+  - action: Deny
+    source:
+      nets: [10.0.0.0/8]
+---
+apiVersion: v1
+kind: Namespace
+metadata:
+  name: prod
+  labels: {team: a}
+"#;
+
+#[test]
+fn policy_documents_of_both_dialects_are_told_apart_and_checked() {
+    let docs = checked(K8S_POLICY).unwrap();
+    let kinds: Vec<(Kind, &str)> = docs
+        .iter()
+        .map(|d| (d.kind, d.namespace.as_str()))
+        .collect();
+    assert_eq!(
+        kinds,
+        vec![
+            (Kind::K8sNetworkPolicy, "prod"),
+            (Kind::NetworkPolicy, "prod"),
+            (Kind::Namespace, ""),
+        ]
+    );
+    // The same name in the two dialects is not "given twice".
+    assert!(docs[0].name == docs[1].name);
+    // A namespaced document without a namespace is in "default".
+    let d = parse_file(
+        "apiVersion: projectcalico.org/v3\nkind: GlobalNetworkPolicy\nmetadata:\n  name: g\nspec:\n  selector: all()\n",
+    )
+    .unwrap();
+    assert_eq!(
+        (d[0].kind, d[0].namespace.as_str()),
+        (Kind::GlobalNetworkPolicy, "")
+    );
+}
+
+#[test]
+fn a_bad_policy_is_refused_with_its_path() {
+    let bad = K8S_POLICY.replace("{app: client}", "{app: client, \"bad key!\": x}");
+    let e = refused(&bad);
+    assert!(e.contains("document 1 (NetworkPolicy allow-web)"), "{e}");
+    assert!(
+        e.contains("spec.ingress[0].from[0].podSelector.matchLabels"),
+        "{e}"
+    );
+    let e = refused(&K8S_POLICY.replace("port: 80", "port: 70000"));
+    assert!(e.contains("spec.ingress[0].ports[0].port"), "{e}");
+    let e = refused(&K8S_POLICY.replace("selector: app == 'web'", "selector: app == 'web"));
+    assert!(
+        e.contains("document 2") && e.contains("spec.selector"),
+        "{e}"
+    );
+    let e = refused(&K8S_POLICY.replace("order: 10", "order: 10\n  colour: red"));
+    assert!(e.contains("spec.colour"), "{e}");
+}
+
+#[test]
+fn policy_kinds_on_the_command_line() {
+    assert_eq!(
+        Kind::parse("networkpolicies", true),
+        Ok(Kind::NetworkPolicy)
+    );
+    assert_eq!(Kind::parse("gnp", true), Ok(Kind::GlobalNetworkPolicy));
+    assert_eq!(Kind::parse("wep", true), Ok(Kind::WorkloadEndpoint));
+    assert_eq!(
+        Kind::parse("workloadendpoints", true),
+        Ok(Kind::WorkloadEndpoint)
+    );
+    assert_eq!(
+        Kind::parse("k8snetworkpolicy", true),
+        Ok(Kind::K8sNetworkPolicy)
+    );
+    assert_eq!(Kind::parse("ns", true), Ok(Kind::Namespace));
 }

@@ -21,6 +21,7 @@ mod dataplane_service;
 mod ipam_service;
 mod lazy;
 pub mod limits;
+mod policy_service;
 mod services_service;
 pub mod socket;
 
@@ -283,6 +284,9 @@ async fn routes(info: DaemonInfo, services: Option<crate::services::ServicesHand
                 info.datastore.clone(),
                 info.dataplane.clone(),
             ),
+        ))
+        .add_service(proto::v1::policy_server::PolicyServer::new(
+            policy_service::PolicyService::new(info.datastore.clone(), info.node.clone()),
         ))
         .add_service(DaemonServer::new(daemon_service::DaemonService::new(info)))
 }

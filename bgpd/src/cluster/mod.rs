@@ -15,6 +15,7 @@
 pub mod filters;
 pub mod origin;
 pub mod peers;
+pub mod policy;
 pub mod tunnel;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -26,13 +27,14 @@ use bgp_wire::{Asn, Prefix};
 use ipam::IpamError;
 use ipam::allocator::Ipam;
 use ipam::block::{Block, BlockAffinity};
+use ipam::documents::{DocRef, Document};
 use ipam::model::{BgpConfiguration, BgpFilter, BgpPeer, IpFamily, IpPool, Node};
 use ipam::resource::{Resource, decode};
 use ipam::store::{Datastore, Listing, Store};
 use ipnet::IpNet;
 
 use crate::config::BgpConfig;
-use crate::dataplane::{Hub, desired};
+use crate::dataplane::{self, Hub, desired};
 use crate::datastore::DatastoreHandle;
 use crate::speaker::{Announcement, PeerSpec, SpeakerError, SpeakerHandle};
 use bgp::policy::{Encap, Policy, PolicyInputs, PolicyPool};
@@ -50,6 +52,8 @@ pub struct ClusterState {
     pub bgp_config: Option<BgpConfiguration>,
     pub bgp_peers: Vec<BgpPeer>,
     pub bgp_filters: Vec<BgpFilter>,
+    /// Network policies, workload endpoints and namespaces.
+    pub policy: policy::PolicyDocs,
 }
 
 /// One decoded resource of the cluster state. Boxed: the cache's B-tree holds its values in
@@ -65,6 +69,7 @@ enum Item {
     Config(Box<BgpConfiguration>),
     Peer(Box<BgpPeer>),
     Filter(Box<BgpFilter>),
+    PolicyDoc(Box<::policy::resource::Resource>),
 }
 
 /// The cluster state by key, decoded once per change: a watch event decodes one value, where
@@ -129,6 +134,20 @@ impl StateCache {
             Item::Peer(Box::new(decode(v)?))
         } else if key.starts_with(BgpFilter::PREFIX) {
             Item::Filter(Box::new(decode(v)?))
+        } else if let Some(at) = DocRef::of_key(key) {
+            // The API checked the document before storing it; one that does not parse now
+            // (written by another margay version) is left out, not fatal to the whole state.
+            let parsed = decode::<Document>(v)
+                .map_err(|e| e.to_string())
+                .and_then(|d| policy::decode(&at, &d.json).map_err(|e| e.to_string()));
+            match parsed {
+                Ok(r) => Item::PolicyDoc(Box::new(r)),
+                Err(e) => {
+                    tracing::warn!(document = %at, "left out of the network policy: {e}");
+                    self.items.remove(key);
+                    return Ok(());
+                }
+            }
         } else {
             // Handles and the like: not part of what the brain computes from.
             return Ok(());
@@ -148,6 +167,7 @@ impl StateCache {
                 Item::Config(g) => c.bgp_config = Some(BgpConfiguration::clone(g)),
                 Item::Peer(p) => c.bgp_peers.push(BgpPeer::clone(p)),
                 Item::Filter(f) => c.bgp_filters.push(BgpFilter::clone(f)),
+                Item::PolicyDoc(r) => c.policy.push(::policy::resource::Resource::clone(r)),
             }
         }
         c
@@ -393,14 +413,17 @@ async fn follow(brain: &mut Brain, store: &Store, hub: &Hub) -> Result<(), Follo
         // When this writes (the node's tunnel address), its own event brings the next pass.
         if !tunnel::ensure_tunnel(&ipam, &brain.me, &c).await? {
             let peer_gateways = filters::peer_gateways(&brain.me, &c.bgp_peers);
-            hub.publish(desired::compute(&desired::Inputs {
+            let mut want = desired::compute(&desired::Inputs {
                 me: &brain.me,
                 nodes: &c.nodes,
                 pools: &c.pools,
                 blocks: &c.blocks,
                 affinities: &c.affinities,
                 peer_gateways: &peer_gateways,
-            }));
+            });
+            let node_policy = ::policy::compile::compile(&c.policy.cluster(), &brain.me);
+            dataplane::policy::extend(&mut want, &node_policy);
+            hub.publish(want);
             brain.apply(&c).await?;
         }
         drop(c);

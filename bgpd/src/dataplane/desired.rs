@@ -28,6 +28,9 @@ pub enum ItemKey {
     Vtep(String, IpFamily),
     LocalVtep(IpFamily),
     NatPool(IpNet),
+    /// A pod interface's network policy, and an address set its rules name (`policy`).
+    EndpointPolicy(String),
+    PolicySet(String),
 }
 
 /// The contract's name of a family.
@@ -50,6 +53,8 @@ impl ItemKey {
                 }),
                 ItemKey::LocalVtep(f) => Key::LocalVtep(pb_family(*f).into()),
                 ItemKey::NatPool(n) => Key::NatPool(n.to_string()),
+                ItemKey::EndpointPolicy(i) => Key::EndpointPolicy(i.clone()),
+                ItemKey::PolicySet(s) => Key::PolicySet(s.clone()),
             }),
         }
     }

@@ -2,13 +2,15 @@
 //! `Dataplane.Watch` stream: a snapshot, then ordered changes, each with a revision.
 //!
 //! Two parts make it: the IPAM part, computed by `desired::compute` whenever the cluster state
-//! changes (the cluster brain's task calls [`Hub::publish`]), and the BGP part, routes the
+//! changes, with the node's network policy (`policy`) beside it (the cluster brain's task
+//! calls [`Hub::publish`]), and the BGP part, routes the
 //! kernel policy lets through from the Loc-RIB (the speaker calls the hub as its
 //! [`crate::speaker::KernelSink`]). The `Hub` merges them, keeps the current state and a bounded
 //! history, so a client that reconnects with its last revision gets only what changed (or a
 //! snapshot when that revision is too old or from an earlier bgpd).
 
 pub mod desired;
+pub mod policy;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};

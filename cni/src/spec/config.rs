@@ -10,6 +10,7 @@
 //! a value that is invalid: 7; a feature margay knows and does not offer (`ipMasq: true`,
 //! `device_type: netkit`): 2.
 
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -139,6 +140,9 @@ pub struct NetConf {
     pub dns: Dns,
     /// Addresses the runtime asked for (`runtimeConfig.ips`, else `args.cni.ips`).
     pub requested_ips: Vec<IpAddr>,
+    /// The pod's labels (`args.cni.labels`, the conventions' list of key/value pairs), which
+    /// network policy selects on.
+    pub labels: BTreeMap<String, String>,
     pub prev_result: Option<CniResult>,
     /// GC only: the attachments still in use.
     pub valid_attachments: Vec<Attachment>,
@@ -314,6 +318,33 @@ impl NetConf {
             }
         }
 
+        let mut labels = BTreeMap::new();
+        if let Some(list) = obj
+            .get("args")
+            .and_then(|a| a.get("cni"))
+            .and_then(|c| c.get("labels"))
+            .filter(|v| !v.is_null())
+        {
+            #[derive(serde::Deserialize)]
+            #[serde(deny_unknown_fields)]
+            struct Label {
+                key: String,
+                value: String,
+            }
+            let list: Vec<Label> = serde_json::from_value(list.clone()).map_err(|_| {
+                wrong_type(
+                    "args.cni.labels",
+                    "a list of {\"key\": ..., \"value\": ...}",
+                )
+            })?;
+            for l in list {
+                if l.key.is_empty() {
+                    return Err(invalid("args.cni.labels", "has a label with an empty key"));
+                }
+                labels.insert(l.key, l.value);
+            }
+        }
+
         let prev_result = match obj.get("prevResult") {
             None | Some(Value::Null) => None,
             Some(v) => Some(CniResult::from_json(v, "prevResult")?),
@@ -364,6 +395,7 @@ impl NetConf {
             ipam,
             dns,
             requested_ips,
+            labels,
             prev_result,
             valid_attachments,
             bgpd_timeout,

@@ -81,7 +81,16 @@ enum Cmd {
     /// Remove every namespace and process of the lab.
     Down,
     /// Create a pod on a node through CNI ADD; prints its address.
-    PodAdd { node: String, pod: String },
+    PodAdd {
+        node: String,
+        pod: String,
+        /// The pod's Kubernetes namespace (CNI_ARGS K8S_POD_NAMESPACE).
+        #[arg(long, default_value = "default")]
+        namespace: String,
+        /// A label of the pod (KEY=VALUE, `args.cni.labels`), for network policy; repeatable.
+        #[arg(long = "label")]
+        labels: Vec<String>,
+    },
     /// Delete a pod through CNI DEL.
     PodDel { node: String, pod: String },
     /// Restart a node's bgpd or routewriter (SIGTERM, then start again).
@@ -494,7 +503,7 @@ fn write_config(n: &NodeSpec, datastore: Datastore) -> Result<PathBuf, String> {
          [[ipam.default_pools]]\nname = \"default-ipv6-ippool\"\ncidr = \"fd00:20::/48\"\nblock_size = 122\n\
          vxlan_mode = \"CrossSubnet\"\nnat_outgoing = true\n\
          [log]\nlevel = \"info\"\n\
-         [routewriter]\nsocket = \"{sock}\"\nuplink = \"eth0\"\n",
+         [routewriter]\nsocket = \"{sock}\"\nuplink = \"eth0\"\nmetrics_listen = \"127.0.0.1:9099\"\n",
         name = n.name,
         addr = n.address,
         addr6 = n.address6,
@@ -571,15 +580,31 @@ fn bgpctl(node: &str, args: &[&str]) -> Result<String, String> {
 struct Pod {
     name: String,
     ns: String,
+    /// Its Kubernetes namespace.
+    k8s_ns: String,
     node: String,
     address: String,
     address6: String,
 }
 
-/// Runs the margay CNI plugin in the node's namespace for `command` on `pod`.
-fn cni(command: &str, node: &str, pod: &str) -> Result<String, String> {
+/// Runs the margay CNI plugin in the node's namespace for `command` on `pod`, a pod of
+/// Kubernetes namespace `k8s_ns` with `labels` (KEY=VALUE).
+fn cni(
+    command: &str,
+    node: &str,
+    pod: &str,
+    k8s_ns: &str,
+    labels: &[String],
+) -> Result<String, String> {
     let pns = pod_ns(node, pod);
     let sock = socket(node);
+    let labels: Vec<serde_json::Value> = labels
+        .iter()
+        .map(|l| {
+            let (k, v) = l.split_once('=').unwrap_or((l, ""));
+            serde_json::json!({"key": k, "value": v})
+        })
+        .collect();
     let conf = serde_json::json!({
         "cniVersion": "1.0.0",
         "name": NETWORK,
@@ -591,6 +616,7 @@ fn cni(command: &str, node: &str, pod: &str) -> Result<String, String> {
             "assign_ipv4": "true",
             "assign_ipv6": "true",
         },
+        "args": {"cni": {"labels": labels}},
     });
     let pod_name = format!("{node}-{pod}");
     let cni_path = bin("margay")
@@ -610,7 +636,7 @@ fn cni(command: &str, node: &str, pod: &str) -> Result<String, String> {
         .env("CNI_PATH", cni_path)
         .env(
             "CNI_ARGS",
-            format!("K8S_POD_NAMESPACE=default;K8S_POD_NAME={pod_name}"),
+            format!("K8S_POD_NAMESPACE={k8s_ns};K8S_POD_NAME={pod_name}"),
         )
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -635,12 +661,12 @@ fn cni(command: &str, node: &str, pod: &str) -> Result<String, String> {
     Ok(text)
 }
 
-fn cni_add(node: &str, pod: &str) -> Result<Pod, String> {
+fn cni_add(node: &str, pod: &str, k8s_ns: &str, labels: &[String]) -> Result<Pod, String> {
     let pns = pod_ns(node, pod);
     ip(&["netns", "add", &pns])?;
     in_ns(&pns, &["ip", "link", "set", "lo", "up"])?;
     let pod_name = format!("{node}-{pod}");
-    let text = cni("ADD", node, pod)?;
+    let text = cni("ADD", node, pod, k8s_ns, labels)?;
     let result: serde_json::Value = serde_json::from_str(&text)
         .map_err(|e| format!("CNI result of {pod_name}: {e}: {text}"))?;
     let addresses: Vec<String> = result["ips"]
@@ -666,18 +692,19 @@ fn cni_add(node: &str, pod: &str) -> Result<Pod, String> {
         address6: of_family(true)?,
         name: pod_name,
         ns: pns,
+        k8s_ns: k8s_ns.into(),
         node: node.into(),
     })
 }
 
-fn cni_del(node: &str, pod: &str) -> Result<(), String> {
-    cni("DEL", node, pod)?;
+fn cni_del(node: &str, pod: &str, k8s_ns: &str) -> Result<(), String> {
+    cni("DEL", node, pod, k8s_ns, &[])?;
     ip(&["netns", "del", &pod_ns(node, pod)])?;
     Ok(())
 }
 
-fn pod_add(node: &str, pod: &str) -> Result<bool, String> {
-    let p = cni_add(node, pod)?;
+fn pod_add(node: &str, pod: &str, k8s_ns: &str, labels: &[String]) -> Result<bool, String> {
+    let p = cni_add(node, pod, k8s_ns, labels)?;
     println!("{} {}", p.name, p.address);
     let mut pods = load_pods();
     pods.push(p);
@@ -686,8 +713,13 @@ fn pod_add(node: &str, pod: &str) -> Result<bool, String> {
 }
 
 fn pod_del(node: &str, pod: &str) -> Result<bool, String> {
-    cni_del(node, pod)?;
     let name = format!("{node}-{pod}");
+    let k8s_ns = load_pods()
+        .into_iter()
+        .find(|p| p.name == name)
+        .map(|p| p.k8s_ns)
+        .unwrap_or_else(|| "default".into());
+    cni_del(node, pod, &k8s_ns)?;
     let pods: Vec<Pod> = load_pods().into_iter().filter(|p| p.name != name).collect();
     save_pods(&pods)?;
     println!("{name} deleted");
@@ -814,7 +846,7 @@ fn grpc_delete_node(via: &str, node: &str) -> Result<(), String> {
 fn save_pods(pods: &[Pod]) -> Result<(), String> {
     let v: Vec<serde_json::Value> = pods
         .iter()
-        .map(|p| serde_json::json!({"name": p.name, "ns": p.ns, "node": p.node, "address": p.address, "address6": p.address6}))
+        .map(|p| serde_json::json!({"name": p.name, "ns": p.ns, "k8s_ns": p.k8s_ns, "node": p.node, "address": p.address, "address6": p.address6}))
         .collect();
     std::fs::write(
         state().join("pods.json"),
@@ -833,6 +865,7 @@ fn load_pods() -> Vec<Pod> {
             Some(Pod {
                 name: p["name"].as_str()?.into(),
                 ns: p["ns"].as_str()?.into(),
+                k8s_ns: p["k8s_ns"].as_str().unwrap_or("default").into(),
                 node: p["node"].as_str()?.into(),
                 address: p["address"].as_str()?.into(),
                 address6: p["address6"].as_str().unwrap_or_default().into(),
@@ -969,7 +1002,7 @@ fn up(datastore: Datastore) -> Result<bool, String> {
     let mut pods = Vec::new();
     for n in &NODES {
         for p in PODS_PER_NODE {
-            pods.push(cni_add(n.name, p)?);
+            pods.push(cni_add(n.name, p, "default", &[])?);
         }
     }
     save_pods(&pods)?;
@@ -1089,7 +1122,12 @@ fn main() -> ExitCode {
         Cmd::Check => check(Duration::from_secs(5)),
         Cmd::Status => status().map(|_| true),
         Cmd::Down => down().map(|_| true),
-        Cmd::PodAdd { node, pod } => pod_add(&node, &pod),
+        Cmd::PodAdd {
+            node,
+            pod,
+            namespace,
+            labels,
+        } => pod_add(&node, &pod, &namespace, &labels),
         Cmd::PodDel { node, pod } => pod_del(&node, &pod),
         Cmd::Restart { node, daemon } => restart(&node, &daemon),
         Cmd::NodeDel { node } => node_del(&node),

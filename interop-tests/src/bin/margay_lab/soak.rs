@@ -236,8 +236,8 @@ fn inject(
             )))
         }
         K::PodChurn => {
-            let p = cni_add(n, "churn")?;
-            cni_del(n, "churn")?;
+            let p = cni_add(n, "churn", "default", &[])?;
+            cni_del(n, "churn", "default")?;
             Ok(Injected::Done(format!(
                 "{} created ({}, {}) and deleted",
                 p.name, p.address, p.address6
@@ -412,10 +412,10 @@ const PROBE_POD: &str = "probe";
 /// A pod created and deleted on `node` through CNI, as a runtime does it.
 fn probe(node: &str, phase: soak::ProbePhase, kind: soak::FaultKind) -> PendingProbe {
     let t = Instant::now();
-    let (outcome, del_owed) = match cni_add(node, PROBE_POD) {
+    let (outcome, del_owed) = match cni_add(node, PROBE_POD, "default", &[]) {
         Ok(_) => {
             let secs = t.elapsed().as_secs_f64();
-            match cni_del(node, PROBE_POD) {
+            match cni_del(node, PROBE_POD, "default") {
                 Ok(()) => (soak::ProbeOutcome::Written { secs }, false),
                 Err(e) => (
                     soak::ProbeOutcome::Refused {
@@ -454,7 +454,7 @@ impl PendingProbe {
         }
         let mut del = Err(String::new());
         let _ = wait_for("the probe's DEL", Duration::from_secs(10), || {
-            del = cni("DEL", node, PROBE_POD).map(|_| ());
+            del = cni("DEL", node, PROBE_POD, "default", &[]).map(|_| ());
             del.is_ok()
         });
         let _ = ip(&["netns", "del", &pod_ns(node, PROBE_POD)]);

@@ -1,0 +1,202 @@
+//! The `nft` binary as routewriter's tables use it (natOutgoing in `nat`, network policy in
+//! `policy`): `nft -j list table` to read one table, `nft -f -` to run a script as one atomic
+//! transaction (all of it or none: a refused script leaves the previous ruleset in force), and
+//! the interval-set elements both write and read back. Every run of a script is counted.
+//!
+//! The binary rather than netlink: nft's own parser and its JSON listing are the stable
+//! interface of nftables; the expressions' netlink encoding is not meant to be written by hand.
+
+use std::io::Write;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use ipnet::IpNet;
+use serde_json::Value;
+
+use super::routes::{Family, bits_of, host_mask};
+
+#[derive(Debug, thiserror::Error)]
+pub enum NftError {
+    #[error(
+        "cannot run {nft}: {reason}; install nftables (Debian package `nftables`) or turn off what needs it (routewriter.nat, routewriter.policy)"
+    )]
+    NoNft { nft: String, reason: String },
+    #[error("`nft {args}` failed: {stderr}")]
+    Nft { args: String, stderr: String },
+    #[error("cannot read nft's answer: {0}")]
+    Parse(String),
+}
+
+/// Runs nft; counts the scripts it runs.
+#[derive(Debug)]
+pub struct NftRunner {
+    pub binary: PathBuf,
+    /// nft transactions run (each a write).
+    pub writes: u64,
+}
+
+impl NftRunner {
+    pub fn new(binary: &Path) -> Self {
+        NftRunner {
+            binary: binary.to_owned(),
+            writes: 0,
+        }
+    }
+
+    fn no_nft(&self, e: std::io::Error) -> NftError {
+        NftError::NoNft {
+            nft: self.binary.display().to_string(),
+            reason: e.to_string(),
+        }
+    }
+
+    /// `nft -j list table FAMILY TABLE`; `None` when the table does not exist.
+    pub fn list_table(&self, family: &str, table: &str) -> Result<Option<String>, NftError> {
+        let out = Command::new(&self.binary)
+            .args(["-j", "list", "table", family, table])
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| self.no_nft(e))?;
+        if !out.status.success() {
+            let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+            if stderr.contains("No such file or directory") {
+                return Ok(None);
+            }
+            return Err(NftError::Nft {
+                args: format!("-j list table {family} {table}"),
+                stderr: stderr.trim().to_owned(),
+            });
+        }
+        Ok(Some(String::from_utf8_lossy(&out.stdout).into_owned()))
+    }
+
+    /// Runs one script as one atomic transaction.
+    pub fn apply(&mut self, script: &str) -> Result<(), NftError> {
+        self.writes += 1;
+        let mut child = Command::new(&self.binary)
+            .args(["-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| self.no_nft(e))?;
+        if let Some(mut stdin) = child.stdin.take() {
+            stdin
+                .write_all(script.as_bytes())
+                .map_err(|e| self.no_nft(e))?;
+        }
+        let out = child.wait_with_output().map_err(|e| self.no_nft(e))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            // The script can be long (a policy table): the error names its first lines.
+            let head: String = script.lines().take(40).collect::<Vec<_>>().join("\n");
+            Err(NftError::Nft {
+                args: format!("-f - <<'EOF'\n{head}\nEOF"),
+                stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+            })
+        }
+    }
+}
+
+/// nft's set element type of a family's addresses.
+pub fn addr_type(family: Family) -> &'static str {
+    match family {
+        Family::V4 => "ipv4_addr",
+        Family::V6 => "ipv6_addr",
+    }
+}
+
+/// An inclusive range of addresses of one family, as integers (IPv4 in the low 32 bits).
+pub type Interval = (u128, u128);
+
+fn from_bits(family: Family, bits: u128) -> IpAddr {
+    match family {
+        Family::V4 => IpAddr::V4(Ipv4Addr::from(bits as u32)),
+        Family::V6 => IpAddr::V6(Ipv6Addr::from(bits)),
+    }
+}
+
+pub fn interval_of(n: &IpNet) -> Interval {
+    (bits_of(n.network()), bits_of(n.broadcast()))
+}
+
+/// Sorted, overlapping and adjacent intervals joined: one form for both sides of a compare.
+pub fn merge(mut v: Vec<Interval>) -> Vec<Interval> {
+    v.sort_unstable();
+    let mut out: Vec<Interval> = Vec::with_capacity(v.len());
+    for (a, b) in v {
+        match out.last_mut() {
+            Some(last) if a <= last.1.saturating_add(1) => last.1 = last.1.max(b),
+            _ => out.push((a, b)),
+        }
+    }
+    out
+}
+
+/// Intervals as nft elements: aligned prefixes, written "address/len".
+pub fn elements(family: Family, iv: &[Interval]) -> Vec<String> {
+    let width = family.bits();
+    let mut out = Vec::new();
+    for &(mut a, b) in iv {
+        loop {
+            // The largest aligned block starting at `a` that stays within `b`.
+            let mut len = width;
+            while len > 0 {
+                let mask = host_mask(width, len - 1);
+                if a & mask != 0 || a | mask > b {
+                    break;
+                }
+                len -= 1;
+            }
+            let last = a | host_mask(width, len);
+            out.push(format!("{}/{len}", from_bits(family, a)));
+            match last.checked_add(1) {
+                Some(next) if next <= b => a = next,
+                _ => break,
+            }
+        }
+    }
+    out
+}
+
+/// One element of an interval set as `nft -j` lists it (an address, a prefix or a range).
+pub fn element_interval(e: &Value, family: Family) -> Option<Interval> {
+    // Elements with options come wrapped: {"elem": {"val": ...}}.
+    if let Some(inner) = e.get("elem").and_then(|x| x.get("val")) {
+        return element_interval(inner, family);
+    }
+    let addr = |v: &Value| -> Option<IpAddr> {
+        let a: IpAddr = v.as_str()?.parse().ok()?;
+        (Family::of(a) == family).then_some(a)
+    };
+    if e.is_string() {
+        let a = bits_of(addr(e)?);
+        return Some((a, a));
+    }
+    if let Some(p) = e.get("prefix") {
+        let a = addr(p.get("addr")?)?;
+        let len = u8::try_from(p.get("len")?.as_u64()?).ok()?;
+        let net = IpNet::new(a, len).ok()?;
+        return Some(interval_of(&net.trunc()));
+    }
+    if let Some(r) = e.get("range").and_then(Value::as_array) {
+        return Some((bits_of(addr(r.first()?)?), bits_of(addr(r.get(1)?)?)));
+    }
+    None
+}
+
+/// The intervals of a set as `nft -j` lists it.
+pub fn set_intervals(set: &Value, family: Family) -> Vec<Interval> {
+    merge(
+        set.get("elem")
+            .and_then(Value::as_array)
+            .map(|e| {
+                e.iter()
+                    .filter_map(|e| element_interval(e, family))
+                    .collect()
+            })
+            .unwrap_or_default(),
+    )
+}
