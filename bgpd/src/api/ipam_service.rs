@@ -338,11 +338,20 @@ impl IpamApi for IpamService {
         }
         let node = self.node_or_default(&r.node).to_owned();
         let live: HashSet<String> = r.live_handles.into_iter().collect();
-        let released = self
-            .ipam()?
+        let ipam = self.ipam()?;
+        let released = ipam
             .gc(&node, &live, &r.handle_prefix, r.dry_run)
             .await
             .map_err(status)?;
+        if !r.dry_run {
+            // The pods whose addresses went leave network policy too.
+            let endpoints = super::policy_service::collect_endpoints(&ipam, &node)
+                .await
+                .map_err(status)?;
+            for e in &endpoints {
+                tracing::info!(endpoint = %e, "GC removed a workload endpoint without addresses");
+            }
+        }
         Ok(Response::new(pb::GarbageCollectResponse {
             released: released
                 .into_iter()

@@ -131,6 +131,40 @@ impl PolicyService {
     }
 }
 
+/// Deletes the WorkloadEndpoints of `node` none of whose addresses is allocated any more: the
+/// pods a runtime never sent DEL for, once IPAM's GC has released their addresses. Returns the
+/// endpoints deleted.
+pub async fn collect_endpoints(
+    ipam: &ipam::allocator::Ipam<Store>,
+    node: &str,
+) -> Result<Vec<DocRef>, ipam::IpamError> {
+    let docs = Documents::new(ipam.store());
+    let mut gone = Vec::new();
+    for d in docs.list(DocKind::WorkloadEndpoint, None).await? {
+        let Ok(policy::resource::Resource::WorkloadEndpoint(w)) = decode(&d.doc_ref, &d.json)
+        else {
+            continue;
+        };
+        if w.node != node || w.addresses.is_empty() {
+            continue;
+        }
+        let mut live = false;
+        for a in &w.addresses {
+            if ipam.address_allocation(a.addr()).await?.is_some() {
+                live = true;
+                break;
+            }
+        }
+        if !live {
+            match docs.delete(&d.doc_ref).await {
+                Ok(()) | Err(ipam::IpamError::NotFound(_)) => gone.push(d.doc_ref),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(gone)
+}
+
 #[tonic::async_trait]
 impl PolicyApi for PolicyService {
     async fn apply(

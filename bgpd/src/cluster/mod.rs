@@ -408,6 +408,10 @@ async fn follow(brain: &mut Brain, store: &Store, hub: &Hub) -> Result<(), Follo
         )
     };
     let mut watch = store.watch("/margay/v1/", revision).await?;
+    // The node's policy is compiled again only when a policy document changed (pods' blocks
+    // and handles change far more often than policies and endpoints).
+    let mut node_policy = ::policy::compile::NodePolicy::default();
+    let mut policy_changed = true;
     loop {
         let c = cache.state();
         // When this writes (the node's tunnel address), its own event brings the next pass.
@@ -421,14 +425,20 @@ async fn follow(brain: &mut Brain, store: &Store, hub: &Hub) -> Result<(), Follo
                 affinities: &c.affinities,
                 peer_gateways: &peer_gateways,
             });
-            let node_policy = ::policy::compile::compile(&c.policy.cluster(), &brain.me);
+            if policy_changed {
+                node_policy = ::policy::compile::compile(&c.policy.cluster(), &brain.me);
+                policy_changed = false;
+            }
             dataplane::policy::extend(&mut want, &node_policy);
             hub.publish(want);
             brain.apply(&c).await?;
         }
         drop(c);
         match watch.next().await {
-            Some(Ok(e)) => cache.apply(&e.key, e.value.as_deref())?,
+            Some(Ok(e)) => {
+                policy_changed |= e.key.starts_with(ipam::documents::PREFIX);
+                cache.apply(&e.key, e.value.as_deref())?
+            }
             Some(Err(e)) => return Err(e.into()),
             None => return Ok(()),
         }
@@ -436,7 +446,10 @@ async fn follow(brain: &mut Brain, store: &Store, hub: &Hub) -> Result<(), Follo
         let until = tokio::time::Instant::now() + DEBOUNCE;
         loop {
             match tokio::time::timeout_at(until, watch.next()).await {
-                Ok(Some(Ok(e))) => cache.apply(&e.key, e.value.as_deref())?,
+                Ok(Some(Ok(e))) => {
+                    policy_changed |= e.key.starts_with(ipam::documents::PREFIX);
+                    cache.apply(&e.key, e.value.as_deref())?
+                }
                 Ok(Some(Err(e))) => return Err(e.into()),
                 Ok(None) => return Ok(()),
                 Err(_) => break,

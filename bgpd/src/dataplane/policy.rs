@@ -103,3 +103,73 @@ pub fn extend(desired: &mut Desired, np: &NodePolicy) {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use policy::compile::{Cluster, compile};
+    use policy::resource::{Resource, parse_resource};
+    use serde_json::json;
+
+    fn endpoint(name: &str, node: &str, iface: &str, addr: &str, app: &str) -> Resource {
+        parse_resource(&json!({
+            "apiVersion": "projectcalico.org/v3", "kind": "WorkloadEndpoint",
+            "metadata": {"name": name, "namespace": "prod", "labels": {"app": app}},
+            "spec": {"node": node, "pod": name, "interfaceName": iface, "ipNetworks": [addr]}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn the_compiled_policy_becomes_items_of_selected_interfaces_and_their_sets() {
+        let mut docs = crate::cluster::policy::PolicyDocs::default();
+        docs.push(endpoint("web", "n1", "caliweb", "10.0.0.1/32", "web"));
+        docs.push(endpoint("idle", "n1", "caliidle", "10.0.0.3/32", "idle"));
+        docs.push(endpoint("cli", "n2", "calicli", "10.0.1.2/32", "client"));
+        docs.push(
+            parse_resource(&json!({
+                "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+                "metadata": {"name": "web", "namespace": "prod"},
+                "spec": {"podSelector": {"matchLabels": {"app": "web"}},
+                  "ingress": [{"from": [{"podSelector": {"matchLabels": {"app": "client"}}}],
+                               "ports": [{"protocol": "TCP", "port": 80, "endPort": 90}]}]}
+            }))
+            .unwrap(),
+        );
+        let cluster: Cluster = docs.cluster();
+        let mut d = Desired::new();
+        extend(&mut d, &compile(&cluster, "n1"));
+        let keys: Vec<&ItemKey> = d.keys().collect();
+        assert_eq!(keys.len(), 2, "{keys:?}");
+        let Some(pb::DesiredItem {
+            item: Some(pb::desired_item::Item::EndpointPolicy(e)),
+        }) = d.get(&ItemKey::EndpointPolicy("caliweb".into()))
+        else {
+            panic!("no policy for caliweb: {keys:?}");
+        };
+        assert!(e.ingress_selected && !e.egress_selected);
+        let r = &e.ingress[0];
+        assert_eq!(r.action, pb::PolicyAction::Allow as i32);
+        assert_eq!(r.protocol, Some(6));
+        assert_eq!(
+            r.dst_ports,
+            vec![pb::PortRange {
+                first: 80,
+                last: 90
+            }]
+        );
+        assert!(r.origin.ends_with("prod/web ingress[0]"), "{}", r.origin);
+        let set = ItemKey::PolicySet(r.src_set.clone());
+        let Some(pb::DesiredItem {
+            item: Some(pb::desired_item::Item::PolicySet(s)),
+        }) = d.get(&set)
+        else {
+            panic!("the rule's set {} is not desired", r.src_set);
+        };
+        assert_eq!(s.members, vec!["10.0.1.2/32"]);
+        // The node of the client has nothing selected: nothing to write.
+        let mut d2 = Desired::new();
+        extend(&mut d2, &compile(&cluster, "n2"));
+        assert!(d2.is_empty());
+    }
+}

@@ -37,7 +37,13 @@ pub(crate) fn metadata(top: &Object, namespaced: bool) -> Result<Meta, FieldErro
         (None, false) => None,
     };
     let labels = match meta.get("labels") {
-        Some(l) => l.string_map()?,
+        Some(l) => {
+            let labels = l.string_map()?;
+            for (k, v) in &labels {
+                check_label(&l, k, v)?;
+            }
+            labels
+        }
         None => BTreeMap::new(),
     };
     if let Some(a) = meta.get("annotations") {
