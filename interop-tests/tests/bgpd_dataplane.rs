@@ -31,6 +31,8 @@ fn key_of_item(i: &pb::DesiredItem) -> String {
         ),
         Item::LocalVtep(v) => format!("local-vtep{}", v6_suffix(v.underlay_address.contains(':'))),
         Item::NatPool(p) => format!("nat {}", p.cidr),
+        Item::EndpointPolicy(e) => format!("endpoint-policy {}", e.interface),
+        Item::PolicySet(s) => format!("policy-set {}", s.name),
     }
 }
 
@@ -49,6 +51,8 @@ fn key_of_key(k: &pb::DesiredKey) -> String {
         ),
         Key::LocalVtep(f) => format!("local-vtep{}", v6_suffix(*f == pb::IpFamily::V6 as i32)),
         Key::NatPool(p) => format!("nat {p}"),
+        Key::EndpointPolicy(i) => format!("endpoint-policy {i}"),
+        Key::PolicySet(s) => format!("policy-set {s}"),
     }
 }
 

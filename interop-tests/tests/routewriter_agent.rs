@@ -96,6 +96,8 @@ fn item_key(item: &DesiredItem) -> String {
         Item::Vtep(v) => format!("vtep:{}:{}", v.node, family_of(&v.underlay_address)),
         Item::LocalVtep(l) => format!("local:{}", family_of(&l.underlay_address)),
         Item::NatPool(p) => format!("pool:{}", p.cidr),
+        Item::EndpointPolicy(e) => format!("endpoint-policy:{}", e.interface),
+        Item::PolicySet(s) => format!("policy-set:{}", s.name),
     }
 }
 
@@ -105,6 +107,8 @@ fn key_key(key: &DesiredKey) -> String {
         Key::Vtep(k) => format!("vtep:{}:{}", k.node, k.family),
         Key::LocalVtep(f) => format!("local:{f}"),
         Key::NatPool(c) => format!("pool:{c}"),
+        Key::EndpointPolicy(i) => format!("endpoint-policy:{i}"),
+        Key::PolicySet(s) => format!("policy-set:{s}"),
     }
 }
 

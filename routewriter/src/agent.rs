@@ -103,6 +103,8 @@ pub struct Agent {
     nft: Option<Nft>,
     /// The network-policy table (`routewriter.policy`).
     policy: Option<PolicyTable>,
+    /// After nft refused the policy table: when to try again, and the backoff.
+    policy_retry: Option<(Instant, Duration)>,
     sysctls: Sysctls,
     metrics: Arc<Metrics>,
     /// The kernel has converged to a snapshot once.
@@ -143,6 +145,7 @@ impl Agent {
             uplink_name: [None, None],
             nft,
             policy,
+            policy_retry: None,
             sysctls: Sysctls::default(),
             metrics,
             synced: false,
@@ -342,6 +345,9 @@ impl Agent {
             return;
         }
         let now = Instant::now();
+        if self.policy_retry.is_some_and(|(at, _)| at <= now) && self.desired.is_complete() {
+            self.sync_policy(Count::Nothing);
+        }
         // Workload interfaces whose grace ended: look at their routes again.
         let grace = Duration::from_secs(self.cfg.workload_grace_s);
         let ended: Vec<u32> = self
@@ -1010,14 +1016,27 @@ impl Agent {
             s.policy_error = refused;
         });
         match result {
-            Ok(true) if count != Count::Nothing => {
-                self.metrics.correction("policy", 1);
-                info!("repaired the nftables table inet {}", self.cfg.policy_table);
+            Ok(written) => {
+                if self.policy_retry.take().is_some() {
+                    info!("network policy in force again");
+                }
+                if written && count != Count::Nothing {
+                    self.metrics.correction("policy", 1);
+                    info!("repaired the nftables table inet {}", self.cfg.policy_table);
+                }
             }
-            Ok(_) => {}
-            Err(e) => self.fail(format!(
-                "network policy not programmed, the previous ruleset stays in force: {e}"
-            )),
+            Err(e) => {
+                // Tried again with a backoff, not only at the next resync: what refused it
+                // (another process holding the table, say) may go away.
+                let max = Duration::from_secs(self.cfg.retry_max_s);
+                let wait = self
+                    .policy_retry
+                    .map_or(Duration::from_secs(1), |(_, w)| (w * 2).min(max));
+                self.policy_retry = Some((Instant::now() + wait, wait));
+                self.fail(format!(
+                    "network policy not programmed, the previous ruleset stays in force (retry in {wait:?}): {e}"
+                ))
+            }
         }
     }
 
