@@ -8,7 +8,7 @@
 //! flow that must not pass is probed once, after the node's nft table shows the change (else
 //! a drop would prove nothing). Servers are threads of this test inside the pods' namespaces
 //! (the process stays in the host's; `margay-lab down`, run on drop, removes the namespaces).
-//! Why this file is long: twelve scenarios share one lab (it takes ~40 s to come up), and
+//! Why this file is long: thirteen scenarios share one lab (it takes ~40 s to come up), and
 //! each needs its documents, its waits and its flows written out to be read as a spec.
 
 use std::collections::HashMap;
@@ -872,5 +872,76 @@ fn network_policy_is_enforced_in_the_lab() {
     p.check("after pod-del", &[no("node-1-a", "node-1-web", Tcp(80))]);
     p.delete(&deny_in);
     p.wait_chain("node-1", &ingress_web, false);
+
+    // 13. A write nftables refuses: another process takes the table (`flags owner`: only the
+    // netlink socket that made it may change it, a real refusal, EPERM). routewriter's next
+    // write is refused whole, the table stays as it was, status and metrics say so; when the
+    // owner goes, routewriter's retry writes the table and the policy is in force again.
+    let deny_in = p.apply("deny-ingress", &k8s_policy("deny-ingress", DENY_INGRESS));
+    p.wait_chain("node-1", &ingress_web, true);
+    let mut holder = Command::new("ip")
+        .args(["netns", "exec", &p.lab.ns("node-1"), "nft", "-i"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("nft -i");
+    holder
+        .stdin
+        .as_mut()
+        .unwrap()
+        .write_all(
+            b"delete table inet margay-policy\nadd table inet margay-policy { flags owner; }\n",
+        )
+        .unwrap();
+    p.wait_nft("node-1", "was taken by another owner", |t| {
+        t.contains("flags owner") && !t.contains("chain ")
+    });
+    let held = p.nft("node-1");
+    let deny_out = p.apply("deny-egress", &k8s_policy("deny-egress", DENY_EGRESS));
+    let deadline = Instant::now() + NFT_WITHIN;
+    let refused = loop {
+        let s = p.routewriter_status("node-1");
+        if s["policy_error"].is_string() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "no refusal reported: {s}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(
+        refused["policy_refused"].as_u64().unwrap_or(0) >= 1,
+        "{refused}"
+    );
+    let (_, text) = p.lab.exec("node-1", &[&bgpctl, "routewriter"]);
+    assert!(text.contains("NOT IN FORCE"), "{text}");
+    let (_, metrics) = p.lab.exec(
+        "node-1",
+        &["wget", "-qO-", "http://127.0.0.1:9099/metrics"],
+    );
+    assert!(
+        metrics.lines().any(|l| l.ends_with("policy_in_force 0")),
+        "{metrics}"
+    );
+    assert_eq!(p.nft("node-1"), held, "a refused write changed the table");
+    let _ = holder.kill();
+    let _ = holder.wait();
+    p.wait_chain("node-1", &egress_web, true);
+    let deadline = Instant::now() + NFT_WITHIN;
+    while !p.routewriter_status("node-1")["policy_error"].is_null() {
+        assert!(Instant::now() < deadline, "the refusal is still reported");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    p.check(
+        "in force again after a refused write",
+        &[
+            no("node-1-a", "node-1-web", Tcp(80)),
+            no("node-1-web", "node-2-a", Tcp(80)),
+            ok("node-1-a", "node-2-a", Tcp(80)),
+        ],
+    );
+    p.delete(&deny_in);
+    p.delete(&deny_out);
+    p.wait_chain("node-1", &ingress_web, false);
+    p.wait_chain("node-1", &egress_web, false);
     println!("all scenarios in {:?}", started.elapsed());
 }
