@@ -1,7 +1,9 @@
-//! scale_bench's smoke run, so the benchmark keeps working: a three-node mesh per
-//! implementation, idle 2 s. It checks that each row is there with numbers and that the mesh
-//! converged (the bench fails otherwise), not the figures; the real run is `scale_bench`
-//! (release build). Needs root, BIRD 1.6 and bgpd built.
+//! scale_bench's smoke runs, so the benchmark keeps working: a three-node mesh per
+//! implementation in each mode (the RIB polled; the kernels observed; claims and releases of
+//! new blocks; two route reflectors and a client). Each checks that every row is there with
+//! numbers and that everything converged (the bench fails otherwise), not the figures; the
+//! real runs are `scale_bench` (release build). Needs root, BIRD 1.6 and bgpd, routewriter
+//! built.
 
 use std::process::Command;
 
@@ -10,50 +12,131 @@ use interop_tests::lab;
 /// The implementations whose rows must be present.
 const IMPLS: [(&str, &str); 2] = [("bird16", "BIRD1.6"), ("bgpd", "bgpd")];
 
-#[test]
-fn scale_bench_smoke_converges_with_every_implementation() {
+/// Runs scale_bench with `args` for both implementations; its stdout (it must succeed).
+fn scale_bench(args: &[&str]) -> String {
     let impls: Vec<&str> = IMPLS.iter().map(|(arg, _)| *arg).collect();
     let out = Command::new(lab::binary("scale_bench"))
-        .args([
-            "--n",
-            "3",
-            "--idle-secs",
-            "2",
-            "--settle-secs",
-            "1",
-            "--timeout-s",
-            "30",
-        ])
+        .args(args)
         .args(["--impl", &impls.join(",")])
         .output()
         .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{text}\n{err}");
-    println!("{text}");
+    println!("{text}\n{err}");
+    text
+}
+
+/// The numbers of the first row whose leading words are `head`, from column `from` on
+/// (a trailing `*`, the resolution mark, dropped).
+fn row(text: &str, head: &[&str], from: usize, count: usize) -> Vec<f64> {
+    let row: Vec<&str> = text
+        .lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|f| f.len() >= head.len() && f[..head.len()] == *head)
+        .unwrap_or_else(|| panic!("no row {head:?}:\n{text}"));
+    row[from..from + count]
+        .iter()
+        .map(|v| {
+            v.trim_end_matches('*')
+                .parse()
+                .unwrap_or_else(|_| panic!("{head:?}: {v:?} is not a number: {row:?}"))
+        })
+        .collect()
+}
+
+#[test]
+fn scale_bench_smoke_converges_with_every_implementation() {
+    let text = scale_bench(&[
+        "--n",
+        "3",
+        "--idle-secs",
+        "2",
+        "--settle-secs",
+        "1",
+        "--timeout-s",
+        "30",
+    ]);
     for (_, name) in IMPLS {
-        let row: Vec<&str> = text
-            .lines()
-            .map(|l| l.split_whitespace().collect::<Vec<_>>())
-            .find(|f| f.first() == Some(&"3") && f.get(1) == Some(&name))
-            .unwrap_or_else(|| panic!("no row for {name}:\n{text}\n{err}"));
         // converge s, CPU s, RSS MiB/node, anon, idle CPU %/node, idle RSS
-        let values: Vec<f64> = row[2..8]
-            .iter()
-            .map(|v| {
-                v.parse()
-                    .unwrap_or_else(|_| panic!("{name}: {v:?} is not a number: {row:?}"))
-            })
-            .collect();
-        assert!(values[0] > 0.0, "{name} did not converge: {row:?}");
-        assert!(values[2] > 0.0, "{name} has no resident memory: {row:?}");
+        let values = row(&text, &["3", name], 2, 6);
+        assert!(values[0] > 0.0, "{name} did not converge: {values:?}");
+        assert!(values[2] > 0.0, "{name} has no resident memory: {values:?}");
         assert!(
             values[3] > 0.0 && values[3] < values[2],
-            "{name}: anonymous memory is part of the resident: {row:?}"
+            "{name}: anonymous memory is part of the resident: {values:?}"
         );
         assert!(
             values[5] > 0.0,
-            "{name} has no resident memory idle: {row:?}"
+            "{name} has no resident memory idle: {values:?}"
         );
     }
+}
+
+/// converge ms, res ms, start s, CPU s, RSS MiB/node, anon (PSS, mem GiB follow) of a kernel row.
+fn check_kernel_rows(text: &str, topology: &str) {
+    for (_, name) in IMPLS {
+        let v = row(text, &["3", topology, name], 3, 7);
+        assert!(
+            v[0] > 0.0,
+            "{name} ({topology}): no convergence time: {v:?}"
+        );
+        // The daemons were started within the convergence, which is resolved: the
+        // observer's bound on its last route is below the figure itself.
+        assert!(
+            v[2] <= v[0] / 1000.0,
+            "{name}: started after converging? {v:?}"
+        );
+        assert!(v[1] >= 0.0 && v[1] < v[0], "{name}: resolution: {v:?}");
+        assert!(v[3] > 0.0, "{name}: no CPU time: {v:?}");
+        assert!(
+            v[4] > 0.0 && v[5] > 0.0 && v[5] < v[4],
+            "{name}: memory: {v:?}"
+        );
+    }
+}
+
+#[test]
+fn scale_bench_smoke_observes_every_kernel() {
+    let text = scale_bench(&["--observe", "kernel", "--n", "3", "--timeout-s", "30"]);
+    check_kernel_rows(&text, "mesh");
+}
+
+#[test]
+fn scale_bench_smoke_times_claims_and_releases() {
+    let text = scale_bench(&[
+        "--event-latency",
+        "--n",
+        "3",
+        "--events",
+        "3",
+        "--event-gap-ms",
+        "100",
+        "--timeout-s",
+        "30",
+    ]);
+    check_kernel_rows(&text, "mesh");
+    let events = text
+        .split("# --event-latency")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no claims table:\n{text}"));
+    for (_, name) in IMPLS {
+        // events, claim p50 p99 max, release p50 p99 max, res
+        let v = row(events, &["3", name], 2, 8);
+        assert_eq!(v[0], 3.0, "{name}: {v:?}");
+        assert!(
+            v[1] > 0.0 && v[1] <= v[2] && v[2] <= v[3],
+            "{name}: claims {v:?}"
+        );
+        assert!(
+            v[4] > 0.0 && v[4] <= v[5] && v[5] <= v[6],
+            "{name}: releases {v:?}"
+        );
+    }
+}
+
+#[test]
+fn scale_bench_smoke_reflects_through_two_reflectors() {
+    let text = scale_bench(&["--topology", "rr", "--n", "3", "--timeout-s", "30"]);
+    check_kernel_rows(&text, "rr");
 }

@@ -8,6 +8,7 @@ pub mod calico_node;
 pub mod etcd;
 pub mod frr;
 pub mod gobgp;
+pub mod kernel_observer;
 pub mod link6;
 pub mod local;
 pub mod mesh;

@@ -52,12 +52,42 @@ use proto::v1 as pb;
 use proto::v1::bgp_client::BgpClient;
 use tonic::transport::Channel;
 
+mod calico_rr;
+mod kernel;
+
 #[derive(Parser)]
 #[command(about = "The node-to-node mesh at scale: bgpd against BIRD 1.6 as Calico runs it")]
 struct Args {
     /// Node counts (2 to 1024; up to 256 the pool is 172.20.0.0/16, beyond it a /14).
-    #[arg(long, value_delimiter = ',', default_values_t = [10, 50, 100, 150])]
+    /// Default: 10,50,100,150 (rib), 10,50,100,200,300 (kernel), 10,100,300
+    /// (--event-latency), 300,500,1000 (--topology rr).
+    #[arg(long, value_delimiter = ',')]
     n: Vec<usize>,
+    /// What "converged" is timed on: `rib`, every daemon's table polled over its control
+    /// interface (no kernel programming); `kernel`, every node's kernel routing table
+    /// observed over netlink from outside the daemons (routewriter with bgpd, BIRD's kernel
+    /// protocol). --event-latency and --topology rr observe the kernel.
+    #[arg(long, value_enum, default_value_t = Observe::Rib)]
+    observe: Observe,
+    /// Who peers with whom: `mesh`, the node-to-node mesh; `rr`, two route reflectors
+    /// (nodes 0 and 1, one cluster id) with every other node a client of both, the mesh off.
+    #[arg(long, value_enum, default_value_t = kernel::Topology::Mesh)]
+    topology: kernel::Topology,
+    /// On the converged mesh, claim a new block on the last node `--events` times and time
+    /// claim -> route in every kernel, then its release -> route gone everywhere.
+    #[arg(long)]
+    event_latency: bool,
+    /// Claims (and releases) per N with --event-latency.
+    #[arg(long, default_value_t = 50)]
+    events: usize,
+    /// Pause between a claim's or release's end and the next step, milliseconds: what ends
+    /// one change (BIRD re-feeding its peers after `configure`) is not the next one's.
+    #[arg(long, default_value_t = 200)]
+    event_gap_ms: u64,
+    /// Stop a run whose machine has less than this much memory available (MiB), before
+    /// the machine runs out.
+    #[arg(long, default_value_t = 2048)]
+    min_available_mib: u64,
     /// Seconds to measure idle CPU after convergence.
     #[arg(long, default_value_t = 60)]
     idle_secs: u64,
@@ -102,6 +132,12 @@ impl Impl {
             Impl::Bird16 => "BIRD1.6",
         }
     }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Observe {
+    Rib,
+    Kernel,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -440,9 +476,23 @@ fn start_etcd(mesh: &Mesh, dir: &Path) -> Result<NsProcess, String> {
         .map_err(|e| format!("starting etcd: {e}"))
 }
 
+/// What a run's datastore holds beyond the pool, the nodes and their blocks.
+#[derive(Debug, Clone, Copy, Default)]
+struct SeedOptions {
+    /// The first this many nodes are route reflectors of one cluster id, and the
+    /// node-to-node mesh is off (0: the mesh).
+    reflectors: usize,
+    /// Empty blocks go back to the pool at the first garbage collection (no grace period),
+    /// so a released block's withdrawal can be timed.
+    no_empty_block_grace: bool,
+}
+
+/// Calico's usual route-reflector cluster id.
+const RR_CLUSTER_ID: std::net::Ipv4Addr = std::net::Ipv4Addr::new(244, 0, 0, 1);
+
 /// Writes the pool, every node and four confirmed blocks per node (one address allocated in
 /// each) into the datastore, from inside the hub namespace (where etcd listens).
-fn seed(mesh: &Mesh, spec: &str) -> Result<(), String> {
+fn seed(mesh: &Mesh, spec: &str, opts: SeedOptions) -> Result<(), String> {
     let addrs: Vec<_> = mesh.nodes.iter().map(|node| node.addr).collect();
     let cidr = mesh::pool(addrs.len());
     let spec = spec.to_owned();
@@ -472,12 +522,31 @@ fn seed(mesh: &Mesh, spec: &str) -> Result<(), String> {
                 ipam.create_pool(&pool)
                     .await
                     .map_err(|e| format!("creating pool {cidr}: {e}"))?;
+                if opts.reflectors > 0 {
+                    let config = ipam::model::BgpConfiguration {
+                        node_to_node_mesh: false,
+                        ..Default::default()
+                    };
+                    ipam.set_bgp_configuration(&config, None)
+                        .await
+                        .map_err(|e| format!("turning the mesh off: {e}"))?;
+                }
+                if opts.no_empty_block_grace {
+                    let mut config = ipam.config().await.map_err(|e| e.to_string())?;
+                    config.empty_block_grace_s = 0;
+                    ipam.set_config(&config)
+                        .await
+                        .map_err(|e| format!("setting the empty-block grace: {e}"))?;
+                }
                 for (i, addr) in addrs.iter().enumerate() {
                     let name = mesh::node_name(i);
                     let mut node = Node::new(&name);
                     node.ipv4 = Some(
                         ipnet::Ipv4Net::new(*addr, mesh::PREFIX_LEN).map_err(|e| e.to_string())?,
                     );
+                    if i < opts.reflectors {
+                        node.route_reflector_cluster_id = Some(RR_CLUSTER_ID);
+                    }
                     ipam.register_node(&node, None)
                         .await
                         .map_err(|e| format!("registering {name}: {e}"))?;
@@ -499,13 +568,14 @@ fn seed(mesh: &Mesh, spec: &str) -> Result<(), String> {
         .map_err(|e| format!("entering the hub namespace: {e}"))?
 }
 
-/// Starts one bgpd per node on the seeded datastore; the instant the timed start began.
-fn start_bgpd(
+/// Writes each node's configuration file (bgpd's, with a `[routewriter]` section for a run
+/// that starts routewriter on the same file, as margay-lab does): (node directory, API
+/// socket) by node.
+fn write_node_configs(
     mesh: &Mesh,
     dir: &Path,
     spec: &str,
-) -> Result<(Daemons, Vec<Probe>, Instant), String> {
-    let bgpd = lab::try_binary("bgpd")?;
+) -> Result<Vec<(PathBuf, PathBuf)>, String> {
     let datastore = match spec.split_once(':') {
         Some(("sqlite", path)) => format!("[datastore]\nkind = \"sqlite\"\npath = \"{path}\"\n"),
         Some(("etcd", url)) => format!("[datastore]\nkind = \"etcd\"\nendpoints = [\"{url}\"]\n"),
@@ -518,15 +588,36 @@ fn start_bgpd(
         let socket = d.join("bgpd.sock");
         let config = format!(
             "[node]\nname = \"{}\"\naddress = \"{}/{}\"\n[api]\nsocket = \"{}\"\n{datastore}\
-             [log]\nlevel = \"warn\"\n",
+             [log]\nlevel = \"warn\"\n[routewriter]\nsocket = \"{}\"\nuplink = \"eth0\"\n",
             mesh::node_name(i),
             node.addr,
             mesh::PREFIX_LEN,
+            socket.display(),
             socket.display()
         );
         std::fs::write(d.join("bgpd.toml"), config).map_err(|e| e.to_string())?;
         configs.push((d, socket));
     }
+    Ok(configs)
+}
+
+/// `cmd` without our caller's MARGAY_ overrides: the configuration file is the whole truth.
+fn without_overrides(cmd: &mut std::process::Command) {
+    for (k, _) in std::env::vars_os() {
+        if k.to_string_lossy().starts_with("MARGAY_") {
+            cmd.env_remove(k);
+        }
+    }
+}
+
+/// Starts one bgpd per node on the seeded datastore; the instant the timed start began.
+fn start_bgpd(
+    mesh: &Mesh,
+    dir: &Path,
+    spec: &str,
+) -> Result<(Daemons, Vec<Probe>, Instant), String> {
+    let bgpd = lab::try_binary("bgpd")?;
+    let configs = write_node_configs(mesh, dir, spec)?;
     let mut daemons = Daemons(Vec::new());
     let mut probes = Vec::new();
     let t0 = Instant::now();
@@ -536,12 +627,7 @@ fn start_bgpd(
             .arg(d.join("bgpd.toml"))
             .stdout(Stdio::null())
             .stderr(log_file(&d.join("bgpd.log"))?);
-        // The configuration file is the whole truth: no MARGAY_ overrides from our caller.
-        for (k, _) in std::env::vars_os() {
-            if k.to_string_lossy().starts_with("MARGAY_") {
-                cmd.env_remove(k);
-            }
-        }
+        without_overrides(&mut cmd);
         daemons.0.push(
             node.ns
                 .spawn(&mut cmd)
@@ -577,7 +663,7 @@ fn run_one(rt: &tokio::runtime::Runtime, args: &Args, n: usize, imp: Impl) -> Re
                 _etcd = Some(start_etcd(&mesh, dir.path())?);
             }
             let spec = store_spec(args.store, dir.path());
-            seed(&mesh, &spec)?;
+            seed(&mesh, &spec, SeedOptions::default())?;
             let (daemons, probes, at) = start_bgpd(&mesh, dir.path(), &spec)?;
             t0 = at;
             (daemons, probes)
@@ -715,7 +801,21 @@ fn print_table(out: &mut impl Write, rows: &[Row]) -> std::io::Result<()> {
 }
 
 fn main() -> ExitCode {
-    let args = Args::parse();
+    let mut args = Args::parse();
+    let kernel_mode = args.observe == Observe::Kernel
+        || args.event_latency
+        || args.topology == kernel::Topology::Rr;
+    if args.n.is_empty() {
+        args.n = if args.topology == kernel::Topology::Rr {
+            vec![300, 500, 1000]
+        } else if args.event_latency {
+            vec![10, 100, 300]
+        } else if kernel_mode {
+            vec![10, 50, 100, 200, 300]
+        } else {
+            vec![10, 50, 100, 150]
+        };
+    }
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         eprintln!("scale_bench: run as root (it creates network namespaces)");
@@ -756,6 +856,9 @@ fn main() -> ExitCode {
     } else {
         "debug"
     };
+    if kernel_mode {
+        return kernel_main(&rt, &args, profile);
+    }
     println!(
         "# scale_bench: full iBGP mesh, {} blocks/node; idle {} s from {} s after convergence; poll {} ms; bgpd ({profile} build) on {:?}; BIRD 1.6 logging {}",
         mesh::BLOCKS_PER_NODE,
@@ -799,6 +902,65 @@ fn main() -> ExitCode {
         }
     }
     let _ = print_table(&mut std::io::stdout().lock(), &rows);
+    if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// The kernel-observed modes: every N, both implementations alternating, one table (and the
+/// claims' with --event-latency).
+fn kernel_main(rt: &tokio::runtime::Runtime, args: &Args, profile: &str) -> ExitCode {
+    println!(
+        "# scale_bench --observe kernel: {} ({}), {} blocks/node, pool without encapsulation; \
+         bgpd + routewriter ({profile} build) on {:?} vs BIRD 1.6 with Calico's kernel protocol; \
+         `*`: resolution above 5% of the figure",
+        match args.topology {
+            kernel::Topology::Mesh => "full iBGP mesh",
+            kernel::Topology::Rr => "two route reflectors, every other node a client of both",
+        },
+        args.topology.name_for_header(),
+        mesh::BLOCKS_PER_NODE,
+        args.store,
+    );
+    let mut rows = Vec::new();
+    let mut events = Vec::new();
+    let mut failed = false;
+    'all: for &n in &args.n {
+        for &imp in &args.impls {
+            eprintln!("scale_bench: N={n} {} (kernel) ...", imp.name());
+            match kernel::run(rt, args, n, imp, args.event_latency) {
+                Ok((row, ev)) => {
+                    rows.push(row);
+                    events.extend(ev);
+                }
+                Err(e) => {
+                    eprintln!("scale_bench: {e}");
+                    failed = true;
+                    if INTERRUPTED.load(Ordering::SeqCst) {
+                        break 'all;
+                    }
+                }
+            }
+            // Deleting hundreds of namespaces keeps the kernel busy for a while.
+            if sleep_interruptible(Duration::from_millis(2000 + 20 * n as u64)).is_err() {
+                failed = true;
+                break 'all;
+            }
+        }
+    }
+    let mut out = std::io::stdout().lock();
+    let _ = kernel::print_kernel_table(&mut out, &rows);
+    if args.event_latency {
+        let _ = writeln!(
+            out,
+            "# --event-latency: {} claims of a new block on the last node and their releases; \
+             ms from the claim (release) until every kernel has (no longer has) its route",
+            args.events
+        );
+        let _ = kernel::print_event_table(&mut out, &mut events);
+    }
     if failed {
         ExitCode::FAILURE
     } else {
