@@ -12,7 +12,7 @@
 use ipnet::IpNet;
 
 use super::fields::{Field, Object};
-use super::values::{calico_port, cidr, metadata, protocol, selector};
+use super::values::{calico_port, cidr, metadata, policy_types, protocol, selector};
 use super::{
     Action, EndpointSelection, EntityRule, FieldError, Icmp, IpVersion, NamespaceMatch, Peer,
     Policy, PolicyId, PolicyKind, PolicyRule, PortSpec, Protocol, ServiceAccountMatch,
@@ -69,19 +69,7 @@ pub(super) fn parse(top: &Object, kind: PolicyKind) -> Result<Policy, FieldError
     };
     let (has_ingress, has_egress) = match spec.get("types") {
         Some(types) => {
-            let mut seen = (false, false);
-            types.each(|t| {
-                match t.str()? {
-                    "Ingress" => seen.0 = true,
-                    "Egress" => seen.1 = true,
-                    other => {
-                        return Err(t.error(format!(
-                            "{other:?} is not a policy type: use Ingress or Egress"
-                        )));
-                    }
-                }
-                Ok(())
-            })?;
+            let seen = policy_types(&types)?;
             for (has, rules, key, ty) in [
                 (seen.0, &ingress, "ingress", "Ingress"),
                 (seen.1, &egress, "egress", "Egress"),

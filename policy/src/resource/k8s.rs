@@ -7,7 +7,7 @@
 use ipnet::IpNet;
 
 use super::fields::{Field, Object};
-use super::values::{cidr, label_selector, metadata, port_name, port_number};
+use super::values::{cidr, label_selector, metadata, policy_types, port_name, port_number};
 use super::{
     Action, EndpointSelection, EntityRule, FieldError, NamespaceMatch, Peer, Policy, PolicyId,
     PolicyKind, PolicyRule, PortSpec, Protocol,
@@ -31,22 +31,7 @@ pub(super) fn parse(top: &Object) -> Result<Policy, FieldError> {
         None => Vec::new(),
     };
     let (has_ingress, has_egress) = match spec.get("policyTypes") {
-        Some(types) => {
-            let mut seen = (false, false);
-            types.each(|t| {
-                match t.str()? {
-                    "Ingress" => seen.0 = true,
-                    "Egress" => seen.1 = true,
-                    other => {
-                        return Err(t.error(format!(
-                            "{other:?} is not a policy type: use Ingress or Egress"
-                        )));
-                    }
-                }
-                Ok(())
-            })?;
-            seen
-        }
+        Some(types) => policy_types(&types)?,
         // Kubernetes' defaulting: every policy is an ingress policy; egress only with rules.
         None => (true, !egress.is_empty()),
     };

@@ -319,3 +319,21 @@ pub(crate) fn cidr(field: &Field) -> Result<IpNet, FieldError> {
         ))
     })
 }
+
+/// A policy's types (`types`, `policyTypes`): whether it is an ingress and an egress policy.
+pub(crate) fn policy_types(types: &Field) -> Result<(bool, bool), FieldError> {
+    let mut seen = (false, false);
+    types.each(|t| {
+        match t.str()? {
+            "Ingress" => seen.0 = true,
+            "Egress" => seen.1 = true,
+            other => {
+                return Err(t.error(format!(
+                    "{other:?} is not a policy type: use Ingress or Egress"
+                )));
+            }
+        }
+        Ok(())
+    })?;
+    Ok(seen)
+}
