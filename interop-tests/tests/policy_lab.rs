@@ -914,10 +914,9 @@ fn network_policy_is_enforced_in_the_lab() {
     );
     let (_, text) = p.lab.exec("node-1", &[&bgpctl, "routewriter"]);
     assert!(text.contains("NOT IN FORCE"), "{text}");
-    let (_, metrics) = p.lab.exec(
-        "node-1",
-        &["wget", "-qO-", "http://127.0.0.1:9099/metrics"],
-    );
+    let (_, metrics) = p
+        .lab
+        .exec("node-1", &["wget", "-qO-", "http://127.0.0.1:9099/metrics"]);
     assert!(
         metrics.lines().any(|l| l.ends_with("policy_in_force 0")),
         "{metrics}"

@@ -153,8 +153,9 @@ fn describe_rule(cluster: &Cluster, r: &PolicyRule) -> String {
     words.join(" ")
 }
 
-fn ports(specs: &[PortSpec]) -> String {
-    match specs {
+/// One item as itself, several as `{a, b}`.
+fn one_or_braced<T: std::fmt::Display>(items: &[T]) -> String {
+    match items {
         [one] => one.to_string(),
         many => format!(
             "{{{}}}",
@@ -164,6 +165,10 @@ fn ports(specs: &[PortSpec]) -> String {
                 .join(", ")
         ),
     }
+}
+
+fn ports(specs: &[PortSpec]) -> String {
+    one_or_braced(specs)
 }
 
 fn describe_side(cluster: &Cluster, side: &EntityRule) -> Option<String> {
@@ -249,16 +254,7 @@ fn named_namespace(s: &Selector) -> Option<&str> {
 }
 
 fn nets(n: &[IpNet]) -> String {
-    match n {
-        [one] => one.to_string(),
-        many => format!(
-            "{{{}}}",
-            many.iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-    }
+    one_or_braced(n)
 }
 
 impl fmt::Display for Explanation {
