@@ -1005,7 +1005,9 @@ impl Agent {
         let Some(table) = self.policy.as_mut() else {
             return;
         };
-        let result = table.sync(self.desired.policy());
+        // A full sync (start, the periodic resync, a repair) reads the table back for drift;
+        // a change from the stream is planned against the last write.
+        let result = table.sync(self.desired.policy(), count != Count::Nothing);
         let (endpoints, rules, sets) = self.desired.policy().counts();
         let refused = result.as_ref().err().map(|e| e.to_string());
         self.metrics.update(|s| {

@@ -14,8 +14,10 @@
 //!
 //! Reading back (`actual`) and planning (`plan`) are pure: each rule carries a comment with a
 //! hash of its text, so the table is compared chain by chain, element by element, and only what
-//! differs is written, in one atomic nft transaction. A refused transaction leaves the previous
-//! ruleset in force. Nothing outside this table is touched.
+//! differs is written, in one atomic nft transaction. A change from the stream is planned
+//! against routewriter's last write; the kernel's table is read back on a full sync (start, the
+//! periodic resync) to find drift, and after a refused write. A refused transaction leaves the
+//! previous ruleset in force. Nothing outside this table is touched.
 
 pub mod actual;
 pub mod plan;
@@ -260,11 +262,16 @@ impl PolicyState {
     }
 }
 
-/// Runs nft for the policy table.
+/// Runs nft for the policy table, and remembers what it last wrote.
 #[derive(Debug)]
 pub struct PolicyTable {
     pub runner: NftRunner,
     pub table: String,
+    /// The table as routewriter's last successful write left it (`None`: unknown, read it).
+    /// Reading a table of thousands of chains back (`nft -j list`) costs far more than the
+    /// changes written to it, so changes are planned against this, and the kernel's table is
+    /// read back on a full sync (start, the periodic resync) to find drift.
+    written: Option<actual::Actual>,
 }
 
 impl PolicyTable {
@@ -272,23 +279,37 @@ impl PolicyTable {
         PolicyTable {
             runner: NftRunner::new(binary),
             table: table.to_owned(),
+            written: None,
         }
     }
 
-    /// Reads the table, plans, and writes what differs in one transaction; true when
+    /// Plans against the kernel's table (`read_back`, or when the last write is not known) or
+    /// against the last write, and writes what differs in one transaction; true when
     /// something was written.
-    pub fn sync(&mut self, state: &PolicyState) -> Result<bool, NftError> {
-        let json = self.runner.list_table(FAMILY, &self.table)?;
-        let actual = json
-            .map(|j| actual::parse(&j))
-            .transpose()
-            .map_err(NftError::Parse)?;
+    pub fn sync(&mut self, state: &PolicyState, read_back: bool) -> Result<bool, NftError> {
+        let actual = match (&self.written, read_back) {
+            (Some(w), false) => Some(w.clone()),
+            _ => {
+                let json = self.runner.list_table(FAMILY, &self.table)?;
+                json.map(|j| actual::parse(&j))
+                    .transpose()
+                    .map_err(NftError::Parse)?
+            }
+        };
         let desired = render::Rendered::of(state);
-        match plan::plan(&self.table, &desired, actual.as_ref()) {
-            None => Ok(false),
-            Some(script) => {
-                self.runner.apply(&script)?;
+        let Some(script) = plan::plan(&self.table, &desired, actual.as_ref()) else {
+            self.written = actual;
+            return Ok(false);
+        };
+        match self.runner.apply(&script) {
+            Ok(()) => {
+                self.written = (!desired.is_empty()).then(|| actual::Actual::as_written(&desired));
                 Ok(true)
+            }
+            Err(e) => {
+                // What the kernel holds now is not known for sure: read it next time.
+                self.written = None;
+                Err(e)
             }
         }
     }

@@ -193,6 +193,28 @@ fn changes(table: &str, want: &Rendered, have: &Actual) -> String {
     s
 }
 
+impl Actual {
+    /// The table as the reader would see it right after `r` was written: what routewriter
+    /// plans against between read-backs (reading a big table back costs more than the write).
+    pub fn as_written(r: &Rendered) -> Actual {
+        let mut a = Actual {
+            base_ok: true,
+            ..Default::default()
+        };
+        a.chains.insert(BASE_CHAIN.into(), base_comments());
+        for (c, rules) in &r.chains {
+            a.chains
+                .insert(c.clone(), rules.iter().map(|r| r.comment.clone()).collect());
+        }
+        for (n, (f, iv)) in &r.sets {
+            a.sets.insert(n.clone(), (Some(*f), iv.clone()));
+        }
+        a.maps.insert(FROM_MAP.into(), (true, r.from_map.clone()));
+        a.maps.insert(TO_MAP.into(), (true, r.to_map.clone()));
+        a
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::render::Rendered;
@@ -241,30 +263,10 @@ mod tests {
         s
     }
 
-    /// The actual table after `script` ran on an empty one, as the reader would see it:
-    /// modelled from the rendered state (the real round trip is the lab's test).
-    fn as_read(r: &Rendered) -> Actual {
-        let mut a = Actual {
-            base_ok: true,
-            ..Default::default()
-        };
-        a.chains.insert(BASE_CHAIN.into(), base_comments());
-        for (c, rules) in &r.chains {
-            a.chains
-                .insert(c.clone(), rules.iter().map(|r| r.comment.clone()).collect());
-        }
-        for (n, (f, iv)) in &r.sets {
-            a.sets.insert(n.clone(), (Some(*f), iv.clone()));
-        }
-        a.maps.insert(FROM_MAP.into(), (true, r.from_map.clone()));
-        a.maps.insert(TO_MAP.into(), (true, r.to_map.clone()));
-        a
-    }
-
     #[test]
     fn nothing_is_written_when_the_table_is_as_rendered() {
         let want = Rendered::of(&state(&["cali1", "cali2"], &["10.0.0.1"]));
-        assert!(plan("t", &want, Some(&as_read(&want))).is_none());
+        assert!(plan("t", &want, Some(&Actual::as_written(&want))).is_none());
         assert!(plan("t", &Rendered::default(), None).is_none());
     }
 
@@ -284,7 +286,7 @@ mod tests {
     fn a_pod_elsewhere_changes_only_set_elements() {
         let before = Rendered::of(&state(&["cali1"], &["10.0.0.1"]));
         let after = Rendered::of(&state(&["cali1"], &["10.0.0.1", "10.0.1.7"]));
-        let s = plan("t", &after, Some(&as_read(&before))).unwrap();
+        let s = plan("t", &after, Some(&Actual::as_written(&before))).unwrap();
         assert_eq!(
             s,
             "flush set inet t p-web-v4\nadd element inet t p-web-v4 { 10.0.0.1/32, 10.0.1.7/32 }\n"
@@ -295,7 +297,7 @@ mod tests {
     fn an_endpoint_that_goes_loses_its_map_entry_before_its_chain() {
         let before = Rendered::of(&state(&["cali1", "cali2"], &[]));
         let after = Rendered::of(&state(&["cali1"], &[]));
-        let s = plan("t", &after, Some(&as_read(&before))).unwrap();
+        let s = plan("t", &after, Some(&Actual::as_written(&before))).unwrap();
         let del_elem = s
             .find("delete element inet t to-endpoint { \"cali2\" }")
             .unwrap();
@@ -307,13 +309,13 @@ mod tests {
     #[test]
     fn a_drifted_chain_is_rewritten_and_a_broken_frame_rewrites_all() {
         let want = Rendered::of(&state(&["cali1"], &[]));
-        let mut have = as_read(&want);
+        let mut have = Actual::as_written(&want);
         // Someone deleted a rule.
         have.chains.get_mut("ingress-cali1").unwrap().remove(1);
         let s = plan("t", &want, Some(&have)).unwrap();
         assert!(s.starts_with("flush chain inet t ingress-cali1\n"), "{s}");
         // Someone hooked the base chain elsewhere.
-        let mut have = as_read(&want);
+        let mut have = Actual::as_written(&want);
         have.base_ok = false;
         let s = plan("t", &want, Some(&have)).unwrap();
         assert!(
