@@ -103,16 +103,29 @@ fn filters_are_served_and_service_cidrs_are_checked() {
     runtime().block_on(async {
         let channel = proto::client::connect_unix(&d.socket).await.unwrap();
         let mut client = proto::v1::bgp_client::BgpClient::new(channel);
-        // Every scope has rules, ending in an unconditional one.
-        let rules = client
-            .get_filters(proto::v1::GetFiltersRequest::default())
-            .await
-            .unwrap()
-            .into_inner()
-            .rules;
-        for scope in 1..=4 {
-            let last = rules.iter().rfind(|r| r.scope == scope);
-            assert!(last.is_some_and(|r| r.r#match == "all"), "{rules:?}");
+        // Every scope has rules, ending in an unconditional one, once the node and its default
+        // pool are registered and the brain has generated from them (a moment after start).
+        let ends_unconditionally = |rules: &[proto::v1::FilterRule]| {
+            (1..=4).all(|scope| {
+                rules
+                    .iter()
+                    .rfind(|r| r.scope == scope)
+                    .is_some_and(|r| r.r#match == "all")
+            })
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        loop {
+            let rules = client
+                .get_filters(proto::v1::GetFiltersRequest::default())
+                .await
+                .unwrap()
+                .into_inner()
+                .rules;
+            if ends_unconditionally(&rules) {
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "{rules:?}");
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         }
         // Service CIDRs are stored; one with host bits set is refused, naming the field, and
         // nothing changes.
