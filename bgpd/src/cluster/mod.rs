@@ -39,7 +39,7 @@ use crate::datastore::DatastoreHandle;
 use crate::speaker::{Announcement, PeerSpec, SpeakerError, SpeakerHandle};
 use bgp::policy::{Encap, Policy, PolicyInputs, PolicyPool};
 
-/// Changes arriving within this window after a pass are computed once, in the next pass.
+/// Changes arriving within this window are computed once.
 const DEBOUNCE: Duration = Duration::from_millis(20);
 
 /// The cluster state the computations need, from one listing.
@@ -434,7 +434,6 @@ async fn follow(brain: &mut Brain, store: &Store, hub: &Hub) -> Result<(), Follo
             brain.apply(&c).await?;
         }
         drop(c);
-        let pass_ended = tokio::time::Instant::now();
         match watch.next().await {
             Some(Ok(e)) => {
                 policy_changed |= e.key.starts_with(ipam::documents::PREFIX);
@@ -443,11 +442,8 @@ async fn follow(brain: &mut Brain, store: &Store, hub: &Hub) -> Result<(), Follo
             Some(Err(e)) => return Err(e.into()),
             None => return Ok(()),
         }
-        // A change after a quiet spell is computed at once, with whatever is queued already
-        // (a lone block claim should not wait); one within the window of the last pass waits
-        // for the window's end, so a burst (a pod start writes a block and a handle, many
-        // nodes start) is computed once per window, not once per change.
-        let until = (pass_ended + DEBOUNCE).max(tokio::time::Instant::now());
+        // Let a burst of changes (a pod start writes a block and a handle) settle.
+        let until = tokio::time::Instant::now() + DEBOUNCE;
         loop {
             match tokio::time::timeout_at(until, watch.next()).await {
                 Ok(Some(Ok(e))) => {
