@@ -103,30 +103,55 @@ fn filters_are_served_and_service_cidrs_are_checked() {
     runtime().block_on(async {
         let channel = proto::client::connect_unix(&d.socket).await.unwrap();
         let mut client = proto::v1::bgp_client::BgpClient::new(channel);
-        // Every scope has rules, ending in an unconditional one, once the node and its default
-        // pool are registered and the brain has generated from them (a moment after start).
-        let ends_unconditionally = |rules: &[proto::v1::FilterRule]| {
-            (1..=4).all(|scope| {
-                rules
-                    .iter()
-                    .rfind(|r| r.scope == scope)
-                    .is_some_and(|r| r.r#match == "all")
-            })
-        };
+        // Once the brain has generated the filters (a moment after start): each export scope
+        // and the kernel's end in an unconditional rule; import ends in one catch-all per peer
+        // class (cluster peers: only pool addresses; external peers: accepted).
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-        loop {
+        let rules = loop {
             let rules = client
                 .get_filters(proto::v1::GetFiltersRequest::default())
                 .await
                 .unwrap()
                 .into_inner()
                 .rules;
-            if ends_unconditionally(&rules) {
-                break;
+            if rules
+                .iter()
+                .any(|r| r.reason == "cluster peers announce only pool addresses")
+            {
+                break rules;
             }
             assert!(std::time::Instant::now() < deadline, "{rules:?}");
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        };
+        let of = |scope: proto::v1::FilterScope| -> Vec<&proto::v1::FilterRule> {
+            rules.iter().filter(|r| r.scope == scope as i32).collect()
+        };
+        for scope in [
+            proto::v1::FilterScope::Kernel,
+            proto::v1::FilterScope::ExportCluster,
+            proto::v1::FilterScope::ExportExternal,
+        ] {
+            let last = of(scope).last().copied();
+            assert!(
+                last.is_some_and(|r| r.r#match == "all"),
+                "{scope:?}: {rules:?}"
+            );
         }
+        let import = of(proto::v1::FilterScope::Import);
+        let tail: Vec<(&str, &str)> = import
+            .iter()
+            .rev()
+            .take(2)
+            .map(|r| (r.r#match.as_str(), r.action.as_str()))
+            .collect();
+        assert_eq!(
+            tail,
+            vec![
+                ("from external peers", "accept"),
+                ("from cluster peers", "reject")
+            ],
+            "{rules:?}"
+        );
         // Service CIDRs are stored; one with host bits set is refused, naming the field, and
         // nothing changes.
         let set = |cidr: &str| proto::v1::SetConfigurationRequest {
