@@ -269,19 +269,8 @@ impl KernelObserver {
         deadline: u64,
         stop: &dyn Fn() -> bool,
     ) -> Result<Option<Stamp>, String> {
-        let slot = self
-            .slot_of(block)
-            .ok_or_else(|| format!("{block} is not a /26 block of the observed pool"))?;
-        self.wait(deadline, stop, |st| {
-            let mut last = (0, 0);
-            for t in st.nodes.iter().take(nodes) {
-                let s = t.slots[slot];
-                if s.since == 0 || s.since < after {
-                    return None;
-                }
-                last = last.max((s.since, s.since_bound));
-            }
-            Some(last)
+        self.wait_each(block, nodes, deadline, stop, |s| {
+            (s.since != 0 && s.since >= after).then_some((s.since, s.since_bound))
         })
     }
 
@@ -295,17 +284,27 @@ impl KernelObserver {
         deadline: u64,
         stop: &dyn Fn() -> bool,
     ) -> Result<Option<Stamp>, String> {
+        self.wait_each(block, nodes, deadline, stop, |s| {
+            (s.since == 0 && s.gone_at >= after).then_some((s.gone_at, s.gone_bound))
+        })
+    }
+
+    /// Waits until `done` gives a stamp for `block` on each of the first `nodes`; the latest.
+    fn wait_each(
+        &self,
+        block: ipnet::Ipv4Net,
+        nodes: usize,
+        deadline: u64,
+        stop: &dyn Fn() -> bool,
+        done: impl Fn(&Slot) -> Option<(u64, u32)>,
+    ) -> Result<Option<Stamp>, String> {
         let slot = self
             .slot_of(block)
             .ok_or_else(|| format!("{block} is not a /26 block of the observed pool"))?;
         self.wait(deadline, stop, |st| {
             let mut last = (0, 0);
             for t in st.nodes.iter().take(nodes) {
-                let s = t.slots[slot];
-                if s.since != 0 || s.gone_at < after {
-                    return None;
-                }
-                last = last.max((s.gone_at, s.gone_bound));
+                last = last.max(done(&t.slots[slot])?);
             }
             Some(last)
         })
