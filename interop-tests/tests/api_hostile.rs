@@ -316,11 +316,7 @@ impl Tcp {
         ] {
             std::fs::write(dir.join(name), text).unwrap();
         }
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        let port = interop_tests::lab::free_port();
         let extra = format!(
             "tcp_listen = \"127.0.0.1:{port}\"\ntls_cert = \"{0}/server.pem\"\n\
              tls_key = \"{0}/server-key.pem\"\ntls_client_ca = \"{0}/clients-ca.pem\"\n",
@@ -2224,10 +2220,7 @@ fn api_hostile_input() {
         status_latency(&ch).await;
     });
     // The caps, on their own bgpd: the first one's defaults must not be what refuses.
-    let metrics = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap();
+    let metrics: std::net::SocketAddr = ([127, 0, 0, 1], interop_tests::lab::free_port()).into();
     let capped = Daemon::start(&caps_config(metrics));
     let before = t.failures.len();
     rt.block_on(caps(&capped, metrics, &mut t));

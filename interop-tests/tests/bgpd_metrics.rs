@@ -8,15 +8,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 use interop_tests::lab::bgpd::{Daemon, bgpctl};
-
-/// A port nobody listens on right now.
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use interop_tests::lab::free_port;
 
 /// bgpd with metrics on a free port and one configured peer on 127.0.0.9 that nobody
 /// answers (bgpd does not listen for BGP itself: listen_port 0).

@@ -1,6 +1,7 @@
 //! The TCP listener serves only clients with a certificate from the configured CA.
 
 use interop_tests::lab::bgpd::{Daemon, runtime};
+use interop_tests::lab::free_port;
 use proto::v1::GetStatusRequest;
 use proto::v1::daemon_client::DaemonClient;
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
@@ -30,14 +31,6 @@ fn leaf(ca: &Ca, names: &[&str]) -> (String, String) {
     let key = KeyPair::generate().unwrap();
     let cert = params.signed_by(&key, &ca.issuer).unwrap();
     (cert.pem(), key.serialize_pem())
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 async fn status_over_tcp(

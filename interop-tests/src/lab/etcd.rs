@@ -153,16 +153,41 @@ impl EtcdCluster {
         self.spawn(i, "existing");
     }
 
-    /// Waits until every running member accepts TCP connections on its client port.
-    pub fn wait_ready(&self) {
+    /// Waits until every running member accepts TCP connections on its client port. A member
+    /// that exits meanwhile fails the wait at once, with the end of its log.
+    pub fn wait_ready(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(30);
-        for m in self.members.iter().filter(|m| m.child.is_some()) {
+        for m in self.members.iter_mut() {
+            let Some(child) = m.child.as_mut() else {
+                continue;
+            };
             while std::net::TcpStream::connect(("127.0.0.1", m.client_port)).is_err() {
-                assert!(Instant::now() < deadline, "etcd {} did not start", m.name);
+                if let Ok(Some(status)) = child.try_wait() {
+                    panic!(
+                        "etcd {} exited ({status}) before it answered on port {}: {}",
+                        m.name,
+                        m.client_port,
+                        log_tail(&m.data.with_extension("log"))
+                    );
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "etcd {} did not answer on port {} in 30 s: {}",
+                    m.name,
+                    m.client_port,
+                    log_tail(&m.data.with_extension("log"))
+                );
                 std::thread::sleep(Duration::from_millis(20));
             }
         }
     }
+}
+
+/// The last lines of a member's log, for a failure message.
+fn log_tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| format!("(no log: {e})"));
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(8)..].join("\n")
 }
 
 impl Drop for EtcdCluster {

@@ -23,11 +23,37 @@ pub mod tester;
 use std::path::PathBuf;
 
 /// A free TCP port on 127.0.0.1 (free when asked; bind it soon).
+///
+/// Ports come from below the kernel's ephemeral range (32768 and up by default): a port the
+/// kernel handed out to `bind(0)` is also what it hands out as the source port of outgoing
+/// connections, so with many tests connecting at once a daemon started on such a port a moment
+/// later can find it taken (CI saw an etcd member fail to start that way). Where in the range a
+/// process starts is random, so concurrent test processes rarely even try the same port.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("the loopback interface can bind an ephemeral port")
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const LOW: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    static NEXT: AtomicU32 = AtomicU32::new(u32::MAX);
+    if NEXT.load(Ordering::Relaxed) == u32::MAX {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u32(std::process::id());
+        let _ = NEXT.compare_exchange(
+            u32::MAX,
+            (h.finish() % u64::from(SPAN)) as u32,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
+    }
+    for _ in 0..SPAN {
+        let port = (LOW + NEXT.fetch_add(1, Ordering::Relaxed) % SPAN) as u16;
+        let tcp = std::net::TcpListener::bind(("127.0.0.1", port));
+        let udp = std::net::UdpSocket::bind(("127.0.0.1", port));
+        if tcp.is_ok() && udp.is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port on 127.0.0.1 between {LOW} and {}", LOW + SPAN)
 }
 
 /// One of the workspace's binaries (bgpd, bgpctl, ...) built next to the running test or bench.
