@@ -485,33 +485,32 @@ impl Monitors {
     /// Waits until every monitor prints: `nft monitor` reads the whole ruleset before it
     /// subscribes (long with a large table, on a busy machine), so a rule written before
     /// then is never shown. A probe rule in a table of this bench's own, again every 500 ms,
-    /// until each node's monitor has shown one.
+    /// until each node's monitor has shown one. Each try makes a new table with its rule in
+    /// one batch: a table made between the monitor's read and its subscription stays
+    /// unknown to it ("Received event for an unknown table"), and so would its rules.
     fn until_listening(&self, lab: &LocalLab) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(60);
         for (i, node) in NODES.iter().enumerate() {
-            let probe = "policy-bench-ready";
-            let (ok, text) = lab.exec(
-                node,
-                &[
-                    "nft",
-                    &format!("add table inet {probe}; add chain inet {probe} c"),
-                ],
-            );
-            if !ok {
-                return Err(format!("nft probe table in {node}: {text}"));
-            }
             let mut n = 0;
             loop {
                 n += 1;
-                let comment = format!("ready-{n}");
-                lab.exec(
+                let (probe, comment) = (format!("policy-bench-ready-{n}"), format!("ready-{n}"));
+                let (ok, text) = lab.exec(
                     node,
                     &[
                         "nft",
-                        &format!("add rule inet {probe} c accept comment \"{comment}\""),
+                        &format!(
+                            "add table inet {probe}; add chain inet {probe} c; \
+                             add rule inet {probe} c accept comment \"{comment}\""
+                        ),
                     ],
                 );
-                match self.wait_for(&[i], &[&comment], Duration::from_millis(500)) {
+                if !ok {
+                    return Err(format!("nft probe table in {node}: {text}"));
+                }
+                let seen = self.wait_for(&[i], &[&comment], Duration::from_millis(500));
+                lab.exec(node, &["nft", "delete", "table", "inet", &probe]);
+                match seen {
                     Ok(_) => break,
                     Err(e) if Instant::now() > deadline => {
                         return Err(format!("nft monitor in {node} never listened: {e}"));
@@ -519,7 +518,6 @@ impl Monitors {
                     Err(_) => {}
                 }
             }
-            lab.exec(node, &["nft", "delete", "table", "inet", probe]);
         }
         self.drain();
         Ok(())
