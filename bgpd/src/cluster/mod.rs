@@ -60,7 +60,7 @@ pub struct ClusterState {
 /// leaves of eleven, so an unboxed item took the size of the largest variant in every slot,
 /// used or not, for each of a big cluster's thousands of blocks and affinities (the items'
 /// leaves were 434 KB of a 150-node mesh node's 2.9 MB heap).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 enum Item {
     Node(Box<Node>),
     Pool(Box<IpPool>),
@@ -85,7 +85,9 @@ pub struct StateCache {
 /// CIDR, pool and affinity, and the addresses that are `me`'s or that another node borrowed
 /// from the block's owner. The owner's own addresses (most of a block) and the free list are
 /// dropped: decoded, they cost about 1 KB per block on every node (a B-tree leaf of slots,
-/// the free ordinals) — 0.24 of the 1.66 MB heap of a 50-node mesh node.
+/// the free ordinals) — 0.24 of the 1.66 MB heap of a 50-node mesh node. So are the block's
+/// sequence number and emptied-at time, so that an allocation that changes nothing kept is
+/// not a change (see [`StateCache::apply`]).
 fn slim(mut b: Block, me: &str) -> Block {
     let slots = std::mem::take(&mut b.slots);
     let owner = b.affinity.as_deref();
@@ -95,6 +97,8 @@ fn slim(mut b: Block, me: &str) -> Block {
         .filter(|(_, s)| s.node == me || Some(s.node.as_str()) != owner)
         .collect();
     b.free = Default::default();
+    b.seq = 0;
+    b.emptied_at = None;
     b
 }
 
@@ -114,11 +118,12 @@ impl StateCache {
         Ok(c)
     }
 
-    /// A key changed (`None`: deleted).
-    pub fn apply(&mut self, key: &str, value: Option<&[u8]>) -> Result<(), IpamError> {
+    /// A key changed (`None`: deleted). Returns whether what the brain computes from
+    /// changed: a handle, or an address of another node in its own block (dropped by
+    /// [`slim`]), leaves the state as it was, and the brain need not compute again.
+    pub fn apply(&mut self, key: &str, value: Option<&[u8]>) -> Result<bool, IpamError> {
         let Some(v) = value else {
-            self.items.remove(key);
-            return Ok(());
+            return Ok(self.items.remove(key).is_some());
         };
         let item = if key.starts_with(Node::PREFIX) {
             Item::Node(Box::new(decode(v)?))
@@ -144,16 +149,24 @@ impl StateCache {
                 Ok(r) => Item::PolicyDoc(Box::new(r)),
                 Err(e) => {
                     tracing::warn!(document = %at, "left out of the network policy: {e}");
-                    self.items.remove(key);
-                    return Ok(());
+                    return Ok(self.items.remove(key).is_some());
                 }
             }
         } else {
             // Handles and the like: not part of what the brain computes from.
-            return Ok(());
+            return Ok(false);
         };
-        self.items.insert(key.to_owned(), item);
-        Ok(())
+        match self.items.get_mut(key) {
+            Some(old) if *old == item => Ok(false),
+            Some(old) => {
+                *old = item;
+                Ok(true)
+            }
+            None => {
+                self.items.insert(key.to_owned(), item);
+                Ok(true)
+            }
+        }
     }
 
     pub fn state(&self) -> ClusterState {
@@ -412,33 +425,43 @@ async fn follow(brain: &mut Brain, store: &Store, hub: &Hub) -> Result<(), Follo
     // and handles change far more often than policies and endpoints).
     let mut node_policy = ::policy::compile::NodePolicy::default();
     let mut policy_changed = true;
+    // Whether the state changed since the last pass (the first pass always runs).
+    let mut dirty = true;
     loop {
-        let c = cache.state();
-        // When this writes (the node's tunnel address), its own event brings the next pass.
-        if !tunnel::ensure_tunnel(&ipam, &brain.me, &c).await? {
-            let peer_gateways = filters::peer_gateways(&brain.me, &c.bgp_peers);
-            let mut want = desired::compute(&desired::Inputs {
-                me: &brain.me,
-                nodes: &c.nodes,
-                pools: &c.pools,
-                blocks: &c.blocks,
-                affinities: &c.affinities,
-                peer_gateways: &peer_gateways,
-            });
-            if policy_changed {
-                node_policy = ::policy::compile::compile(&c.policy.cluster(), &brain.me);
-                policy_changed = false;
+        if dirty {
+            dirty = false;
+            let c = cache.state();
+            // When this writes (the node's tunnel address), its own event brings the next
+            // pass, which runs whatever that event changed.
+            if tunnel::ensure_tunnel(&ipam, &brain.me, &c).await? {
+                dirty = true;
+            } else {
+                let peer_gateways = filters::peer_gateways(&brain.me, &c.bgp_peers);
+                let mut want = desired::compute(&desired::Inputs {
+                    me: &brain.me,
+                    nodes: &c.nodes,
+                    pools: &c.pools,
+                    blocks: &c.blocks,
+                    affinities: &c.affinities,
+                    peer_gateways: &peer_gateways,
+                });
+                if policy_changed {
+                    node_policy = ::policy::compile::compile(&c.policy.cluster(), &brain.me);
+                    policy_changed = false;
+                }
+                dataplane::policy::extend(&mut want, &node_policy);
+                hub.publish(want);
+                brain.apply(&c).await?;
             }
-            dataplane::policy::extend(&mut want, &node_policy);
-            hub.publish(want);
-            brain.apply(&c).await?;
         }
-        drop(c);
+        let mut apply = |e: ipam::store::Event| -> Result<(), FollowError> {
+            let changed = cache.apply(&e.key, e.value.as_deref())?;
+            policy_changed |= changed && e.key.starts_with(ipam::documents::PREFIX);
+            dirty |= changed;
+            Ok(())
+        };
         match watch.next().await {
-            Some(Ok(e)) => {
-                policy_changed |= e.key.starts_with(ipam::documents::PREFIX);
-                cache.apply(&e.key, e.value.as_deref())?
-            }
+            Some(Ok(e)) => apply(e)?,
             Some(Err(e)) => return Err(e.into()),
             None => return Ok(()),
         }
@@ -446,10 +469,7 @@ async fn follow(brain: &mut Brain, store: &Store, hub: &Hub) -> Result<(), Follo
         let until = tokio::time::Instant::now() + DEBOUNCE;
         loop {
             match tokio::time::timeout_at(until, watch.next()).await {
-                Ok(Some(Ok(e))) => {
-                    policy_changed |= e.key.starts_with(ipam::documents::PREFIX);
-                    cache.apply(&e.key, e.value.as_deref())?
-                }
+                Ok(Some(Ok(e))) => apply(e)?,
                 Ok(Some(Err(e))) => return Err(e.into()),
                 Ok(None) => return Ok(()),
                 Err(_) => break,
@@ -532,5 +552,31 @@ mod tests {
         assert_eq!(kept("a"), all, "the owner keeps its block whole");
         assert_eq!(kept("b"), vec![c1, b1], "others keep the borrowed ones");
         assert_eq!(kept("d"), vec![c1, b1]);
+    }
+
+    /// What `apply` reports drives whether the brain computes again: only a change of what
+    /// it keeps counts.
+    #[test]
+    fn the_cache_says_whether_what_it_keeps_changed() {
+        let mut b = Block::new("172.20.0.0/26".parse().unwrap(), "p", Some("a"), 0);
+        let key = Block::key(&ipam::block::cidr_key(&b.cidr));
+        let none = BTreeMap::new();
+        let mut c = StateCache::new("b");
+        assert!(c.apply(&key, Some(&encode(&b))).unwrap(), "a new block");
+        assert!(!c.apply(&key, Some(&encode(&b))).unwrap(), "the same again");
+        b.allocate(1, "pod-of-a", "a", &none);
+        assert!(
+            !c.apply(&key, Some(&encode(&b))).unwrap(),
+            "the owner's own address is not kept on another node"
+        );
+        b.allocate(1, "pod-of-b", "b", &none);
+        assert!(
+            c.apply(&key, Some(&encode(&b))).unwrap(),
+            "this node's borrowed one is"
+        );
+        assert!(!c.apply("/margay/v1/ipam/handles/x", Some(b"{}")).unwrap());
+        assert!(c.apply(&key, None).unwrap(), "a kept key deleted");
+        assert!(!c.apply(&key, None).unwrap(), "deleted again");
+        assert!(c.state().blocks.is_empty());
     }
 }

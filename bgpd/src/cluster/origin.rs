@@ -6,6 +6,7 @@
 use std::collections::BTreeSet;
 
 use bgp_wire::Prefix;
+use ipam::block::AffinityState;
 use ipnet::IpNet;
 
 use super::ClusterState;
@@ -16,10 +17,17 @@ fn prefix(n: IpNet) -> Option<Prefix> {
 
 /// This node's confirmed blocks, of both families.
 pub fn own_blocks(me: &str, c: &ClusterState) -> Vec<IpNet> {
-    let confirmed = c.confirmed();
+    // Only this node's confirmed affinities: an index of every node's (`c.confirmed()`)
+    // was built twice per change on every node to find a handful.
+    let mine: BTreeSet<IpNet> = c
+        .affinities
+        .iter()
+        .filter(|a| a.node == me && a.state == AffinityState::Confirmed)
+        .map(|a| a.cidr)
+        .collect();
     c.blocks
         .iter()
-        .filter(|b| confirmed.owner(b) == Some(me))
+        .filter(|b| b.affinity.as_deref() == Some(me) && mine.contains(&b.cidr))
         .map(|b| b.cidr)
         .collect()
 }
