@@ -1,6 +1,6 @@
 //! scale_bench's smoke runs, so the benchmark keeps working: a three-node mesh per
-//! implementation in each mode (the RIB polled; the kernels observed; claims and releases of
-//! new blocks; two route reflectors and a client). Each checks that every row is there with
+//! implementation in each mode (the RIB polled; the kernels observed, with the kernel floor;
+//! claims and releases of new blocks; two route reflectors and a client, with the floor). Each checks that every row is there with
 //! numbers and that everything converged (the bench fails otherwise), not the figures; the
 //! real runs are `scale_bench` (release build). Needs root, BIRD 1.6 and bgpd, routewriter
 //! built.
@@ -15,6 +15,12 @@ const IMPLS: [(&str, &str); 2] = [("bird16", "BIRD1.6"), ("bgpd", "bgpd")];
 /// Runs scale_bench with `args` for both implementations; its stdout (it must succeed).
 fn scale_bench(args: &[&str]) -> String {
     let impls: Vec<&str> = IMPLS.iter().map(|(arg, _)| *arg).collect();
+    scale_bench_of(args, &impls)
+}
+
+/// Runs scale_bench with `args` for the implementations `impls`; its stdout (it must
+/// succeed).
+fn scale_bench_of(args: &[&str], impls: &[&str]) -> String {
     let out = Command::new(lab::binary("scale_bench"))
         .args(args)
         .args(["--impl", &impls.join(",")])
@@ -73,6 +79,26 @@ fn scale_bench_smoke_converges_with_every_implementation() {
     }
 }
 
+/// The kernel floor's row: converged, with its resolution; the daemons' rows say how many
+/// times its time they took (×floor, the last column).
+fn check_floor_row(text: &str, topology: &str) {
+    let v = row(text, &["3", topology, "floor"], 3, 4);
+    assert!(v[0] > 0.0, "floor ({topology}): no convergence time: {v:?}");
+    assert!(v[1] >= 0.0, "floor: resolution: {v:?}");
+    for (_, name) in IMPLS {
+        let line = text
+            .lines()
+            .find(|l| l.split_whitespace().take(3).eq(["3", topology, name]))
+            .unwrap_or_else(|| panic!("no {name} row:\n{text}"));
+        let x: f64 = line
+            .split_whitespace()
+            .last()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("{name}: no ×floor figure: {line}"));
+        assert!(x > 0.0, "{name}: ×floor {x}: {line}");
+    }
+}
+
 /// converge ms, res ms, start s, CPU s, RSS MiB/node, anon (PSS, mem GiB follow) of a kernel row.
 fn check_kernel_rows(text: &str, topology: &str) {
     for (_, name) in IMPLS {
@@ -98,8 +124,12 @@ fn check_kernel_rows(text: &str, topology: &str) {
 
 #[test]
 fn scale_bench_smoke_observes_every_kernel() {
-    let text = scale_bench(&["--observe", "kernel", "--n", "3", "--timeout-s", "30"]);
+    let text = scale_bench_of(
+        &["--observe", "kernel", "--n", "3", "--timeout-s", "30"],
+        &["floor", "bird16", "bgpd"],
+    );
     check_kernel_rows(&text, "mesh");
+    check_floor_row(&text, "mesh");
 }
 
 #[test]
@@ -137,6 +167,10 @@ fn scale_bench_smoke_times_claims_and_releases() {
 
 #[test]
 fn scale_bench_smoke_reflects_through_two_reflectors() {
-    let text = scale_bench(&["--topology", "rr", "--n", "3", "--timeout-s", "30"]);
+    let text = scale_bench_of(
+        &["--topology", "rr", "--n", "3", "--timeout-s", "30"],
+        &["floor", "bird16", "bgpd"],
+    );
     check_kernel_rows(&text, "rr");
+    check_floor_row(&text, "rr");
 }

@@ -139,6 +139,16 @@ impl Mesh {
                 ),
             )
             .map_err(|e| e.to_string())?;
+            // A node routes for its pods: forwarding is on before any daemon starts, as on
+            // the hosts of a cluster (Kubernetes requires it). Left to routewriter, a
+            // thousand of them would write it while the others insert routes, and the kernel
+            // spins on that write (`devinet_sysctl_forward` restarts the syscall until it
+            // gets RTNL, one lock for every namespace of this machine): seconds of CPU the
+            // benchmark would count and no real node pays.
+            node.ns
+                .run_in(|| std::fs::write("/proc/sys/net/ipv4/ip_forward", "1"))
+                .and_then(|r| r)
+                .map_err(|e| format!("forwarding on in {}: {e}", node.ns.name()))?;
         }
         Ok(mesh)
     }

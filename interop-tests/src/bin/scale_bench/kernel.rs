@@ -62,8 +62,9 @@ use proto::v1::ipam_client::IpamClient;
 use tonic::transport::Channel;
 
 use super::{
-    Args, Daemons, INTERRUPTED, Impl, SeedOptions, StoreKind, calico_rr, interrupted, log_file,
-    seed, sleep_interruptible, start_etcd, store_spec, without_overrides, write_node_configs,
+    Args, Daemons, INTERRUPTED, Impl, SeedOptions, StoreKind, calico_rr, floor, interrupted,
+    log_file, seed, sleep_interruptible, start_etcd, store_spec, without_overrides,
+    write_node_configs,
 };
 
 /// Who peers with whom.
@@ -226,6 +227,22 @@ struct Side {
     /// margay: each node's API socket.
     sockets: Vec<PathBuf>,
     _etcd: Option<NsProcess>,
+    /// The kernel floor's threads (no daemons then).
+    floor: Option<floor::Floor>,
+}
+
+impl Side {
+    fn empty() -> Side {
+        Side {
+            daemons: Daemons(Vec::new()),
+            per_node: Vec::new(),
+            started: 0,
+            bird_dirs: Vec::new(),
+            sockets: Vec::new(),
+            _etcd: None,
+            floor: None,
+        }
+    }
 }
 
 /// BIRD 1.6 on every node, programming its kernel; (side, t0).
@@ -242,14 +259,7 @@ fn start_bird(mesh: &Mesh, dir: &Path, reflectors: usize) -> Result<(Side, u64),
         .map_err(|e| e.to_string())?;
         dirs.push(d);
     }
-    let mut side = Side {
-        daemons: Daemons(Vec::new()),
-        per_node: Vec::new(),
-        started: 0,
-        bird_dirs: Vec::new(),
-        sockets: Vec::new(),
-        _etcd: None,
-    };
+    let mut side = Side::empty();
     let t0 = monotonic_ns();
     for (node, d) in mesh.nodes.iter().zip(&dirs) {
         let mut cmd = Command::new(&bird);
@@ -286,12 +296,9 @@ fn start_margay(
     seed(mesh, &spec, opts)?;
     let configs = write_node_configs(mesh, dir, &spec)?;
     let mut side = Side {
-        daemons: Daemons(Vec::new()),
-        per_node: Vec::new(),
-        started: 0,
-        bird_dirs: Vec::new(),
         sockets: configs.iter().map(|(_, s)| s.clone()).collect(),
         _etcd: etcd,
+        ..Side::empty()
     };
     let t0 = monotonic_ns();
     for (node, (d, _)) in mesh.nodes.iter().zip(&configs) {
@@ -406,6 +413,15 @@ pub fn run(
     }
     interrupted()?;
     let (mut side, t0) = match imp {
+        Impl::Floor => {
+            let (f, t0) = floor::start(&mesh)?;
+            let side = Side {
+                floor: Some(f),
+                started: t0,
+                ..Side::empty()
+            };
+            (side, t0)
+        }
         Impl::Bird16 => start_bird(&mesh, dir.path(), reflectors)?,
         Impl::Bgpd => start_margay(
             &mesh,
@@ -417,7 +433,14 @@ pub fn run(
             },
         )?,
     };
-    let stop = || INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst) || guard.low();
+    let floor_failed = side.floor.as_ref().map(floor::Floor::failed_flag);
+    let stop = || {
+        INTERRUPTED.load(std::sync::atomic::Ordering::SeqCst)
+            || guard.low()
+            || floor_failed
+                .as_ref()
+                .is_some_and(|f| f.load(std::sync::atomic::Ordering::SeqCst))
+    };
     let deadline = t0 + args.timeout_s * 1_000_000_000;
     let converged = observer.wait_converged(deadline, &stop);
     let lag = observer.take_lag();
@@ -438,6 +461,8 @@ pub fn run(
             interrupted()?;
             let why = if guard.low() {
                 guard.error()
+            } else if let Some(Err(e)) = side.floor.take().map(floor::Floor::finish) {
+                e
             } else {
                 let (done, worst, have) = observer.progress();
                 format!(
@@ -453,7 +478,13 @@ pub fn run(
         Err(e) => return Err(failed(e, &mut side, dir)),
     };
     let pids: Vec<i32> = side.per_node.iter().flatten().copied().collect();
-    let cpu_s = pids.iter().map(|&p| procstat::cpu_seconds(p)).sum::<f64>();
+    let mut cpu_s = pids.iter().map(|&p| procstat::cpu_seconds(p)).sum::<f64>();
+    if let Some(f) = side.floor.take() {
+        match f.finish() {
+            Ok(c) => cpu_s += c,
+            Err(e) => return Err(failed(e, &mut side, dir)),
+        }
+    }
     let per_node = |f: fn(i32) -> f64| {
         side.per_node
             .iter()
@@ -494,6 +525,7 @@ pub fn run(
             ", not real-time"
         }
     );
+    sleep_interruptible(Duration::from_secs(args.hold_secs))?;
     let event_row = if events {
         match claims(rt, args, &mesh, &observer, &side, imp, reflectors, &stop) {
             Ok(r) => Some(r),
@@ -616,6 +648,7 @@ fn claims(
     let node = n - 1;
     let mut claimer = rt.block_on(async {
         Ok::<_, String>(match imp {
+            Impl::Floor => return Err("the floor claims no blocks".into()),
             Impl::Bgpd => {
                 let socket = &side.sockets[node];
                 Claimer::Margay(IpamClient::new(
@@ -732,7 +765,7 @@ pub fn print_kernel_table(
 ) -> std::io::Result<()> {
     writeln!(
         out,
-        "{:>5}  {:<4} {:<8} {:>11} {:>7} {:>8} {:>8} {:>13} {:>5} {:>5} {:>7}  {:>6} {:>6} {:>6} {:>6}",
+        "{:>5}  {:<4} {:<8} {:>11} {:>7} {:>8} {:>8} {:>13} {:>5} {:>5} {:>7}  {:>6} {:>6} {:>6} {:>6}  {:>6}",
         "N",
         "topo",
         "impl",
@@ -747,15 +780,27 @@ pub fn print_kernel_table(
         "×conv",
         "×CPU",
         "×RSS",
-        "×PSS"
+        "×PSS",
+        "×floor"
     )?;
     for r in rows {
         let base = rows.iter().find(|b| {
             b.imp == Impl::Bird16 && b.n == r.n && b.topology == r.topology && r.imp == Impl::Bgpd
         });
+        let floor = rows
+            .iter()
+            .find(|b| b.imp == Impl::Floor && b.n == r.n && b.topology == r.topology);
+        // Memory of a node's daemons: none for the floor.
+        let mib = |v: f64| {
+            if r.imp == Impl::Floor {
+                "-".to_string()
+            } else {
+                format!("{v:.1}")
+            }
+        };
         writeln!(
             out,
-            "{:>5}  {:<4} {:<8} {} {:>7.2} {:>8.2} {:>8.2} {:>13.1} {:>5.1} {:>5.1} {:>7.2}  {:>6} {:>6} {:>6} {:>6}",
+            "{:>5}  {:<4} {:<8} {} {:>7.2} {:>8.2} {:>8.2} {:>13} {:>5} {:>5} {:>7.2}  {:>6} {:>6} {:>6} {:>6}  {:>6}",
             r.n,
             r.topology.name(),
             r.imp.name(),
@@ -763,9 +808,9 @@ pub fn print_kernel_table(
             ms(r.resolution),
             r.started.as_secs_f64(),
             r.cpu_s,
-            r.rss_mib,
-            r.anon_mib,
-            r.pss_mib,
+            mib(r.rss_mib),
+            mib(r.anon_mib),
+            mib(r.pss_mib),
             r.mem_gib,
             ratio(
                 r.converge.as_secs_f64(),
@@ -774,6 +819,12 @@ pub fn print_kernel_table(
             ratio(r.cpu_s, base.map(|b| b.cpu_s)),
             ratio(r.rss_mib, base.map(|b| b.rss_mib)),
             ratio(r.pss_mib, base.map(|b| b.pss_mib)),
+            ratio(
+                r.converge.as_secs_f64(),
+                floor
+                    .filter(|_| r.imp != Impl::Floor)
+                    .map(|f| f.converge.as_secs_f64())
+            ),
         )?;
     }
     Ok(())

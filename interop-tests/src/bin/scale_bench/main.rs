@@ -53,6 +53,7 @@ use proto::v1::bgp_client::BgpClient;
 use tonic::transport::Channel;
 
 mod calico_rr;
+mod floor;
 mod kernel;
 
 #[derive(Parser)]
@@ -95,9 +96,16 @@ struct Args {
     /// convergence (the last UPDATEs, collided connections closing) is not idle.
     #[arg(long, default_value_t = 5)]
     settle_secs: u64,
-    /// Implementations to run, in this order for each N.
-    #[arg(long = "impl", value_enum, value_delimiter = ',', default_values_t = [Impl::Bird16, Impl::Bgpd])]
+    /// Implementations to run, in this order for each N. `floor` (kernel modes, not with
+    /// --event-latency): no daemon, only the routes written straight into every kernel, the
+    /// least this machine takes (see `floor.rs`). Default: floor,bird16,bgpd in the kernel
+    /// modes, bird16,bgpd with --event-latency and in the rib mode.
+    #[arg(long = "impl", value_enum, value_delimiter = ',')]
     impls: Vec<Impl>,
+    /// After a kernel-observed run converged, keep its daemons running this many seconds
+    /// before the teardown (to look at them: `ps`, /proc, `bgpctl`).
+    #[arg(long, default_value_t = 0)]
+    hold_secs: u64,
     /// Give up on one run after this many seconds without full convergence.
     #[arg(long, default_value_t = 300)]
     timeout_s: u64,
@@ -122,6 +130,7 @@ enum Impl {
     Bgpd,
     #[value(name = "bird16")]
     Bird16,
+    Floor,
 }
 
 impl Impl {
@@ -130,6 +139,7 @@ impl Impl {
         match self {
             Impl::Bgpd => "bgpd",
             Impl::Bird16 => "BIRD1.6",
+            Impl::Floor => "floor",
         }
     }
 }
@@ -658,6 +668,7 @@ fn run_one(rt: &tokio::runtime::Runtime, args: &Args, n: usize, imp: Impl) -> Re
             t0 = Instant::now();
             start_bird(&mesh, dir.path(), args.bird_log)?
         }
+        Impl::Floor => return Err("--impl floor observes the kernels only".into()),
         Impl::Bgpd => {
             if args.store == StoreKind::Etcd {
                 _etcd = Some(start_etcd(&mesh, dir.path())?);
@@ -856,6 +867,20 @@ fn main() -> ExitCode {
     } else {
         "debug"
     };
+    if args.impls.is_empty() {
+        args.impls = if kernel_mode && !args.event_latency {
+            vec![Impl::Floor, Impl::Bird16, Impl::Bgpd]
+        } else {
+            vec![Impl::Bird16, Impl::Bgpd]
+        };
+    }
+    if args.impls.contains(&Impl::Floor) && (!kernel_mode || args.event_latency) {
+        eprintln!(
+            "scale_bench: --impl floor writes a converged table into the kernels: it has no \
+             rib polling and no claims (use it with --observe kernel or --topology rr)"
+        );
+        return ExitCode::FAILURE;
+    }
     if kernel_mode {
         return kernel_main(&rt, &args, profile);
     }
