@@ -1169,7 +1169,7 @@ impl<D: Datastore> Ipam<D> {
             && let Some(affinity) = usable(&block)
         {
             return self
-                .allocate_in(block, rev, n, req, handle, Some(seed(affinity)))
+                .allocate_in(block, Some(rev), n, req, handle, Some(seed(affinity)))
                 .await;
         }
         let mine: Vec<Read> = affinities
@@ -1183,7 +1183,14 @@ impl<D: Datastore> Ipam<D> {
                 let block: Block = decode(&kv.value)?;
                 if let Some(affinity) = usable(&block) {
                     return self
-                        .allocate_in(block, kv.mod_revision, n, req, handle, Some(seed(affinity)))
+                        .allocate_in(
+                            block,
+                            Some(kv.mod_revision),
+                            n,
+                            req,
+                            handle,
+                            Some(seed(affinity)),
+                        )
                         .await;
                 }
             }
@@ -1196,8 +1203,12 @@ impl<D: Datastore> Ipam<D> {
             let taken: HashSet<IpNet> = blocks.iter().map(|(b, _)| b.cidr).collect();
             for pool in pools {
                 if let Some(cidr) = free_block(pool, node, &taken) {
-                    self.claim(node, &pool.name, cidr).await?;
-                    return Ok(Step::Again);
+                    // Claimed with its first addresses, in one transaction (`allocate_in`).
+                    let block = Block::new(cidr, &pool.name, Some(node), now());
+                    let seed = (view.pools.clone(), view.labels.clone(), view.checks.clone());
+                    return self
+                        .allocate_in(block, None, n, req, handle, Some(seed))
+                        .await;
                 }
             }
         }
@@ -1208,7 +1219,9 @@ impl<D: Datastore> Ipam<D> {
                     && block.free_count() > 0
                     && block.affinity.as_deref() != Some(node)
                 {
-                    return self.allocate_in(block, rev, n, req, handle, None).await;
+                    return self
+                        .allocate_in(block, Some(rev), n, req, handle, None)
+                        .await;
                 }
             }
         }
@@ -1236,12 +1249,14 @@ impl<D: Datastore> Ipam<D> {
     }
 
     /// Allocates up to `n` in `block` and records them under the handle, in one transaction.
-    /// `handle` is the handle as read in the same step (`None`: it does not exist yet).
-    /// `seed` (pools, labels, checks) lets the next allocation of the node take the fast path.
+    /// `rev`: the block's revision as read, or `None` for a new block of `req.node`'s, which
+    /// the same transaction claims (see [`Self::claim_ops`]). `handle` is the handle as read
+    /// in the same step (`None`: it does not exist yet). `seed` (pools, labels, checks) lets
+    /// the next allocation of the node take the fast path.
     async fn allocate_in(
         &self,
         mut block: Block,
-        rev: Revision,
+        rev: Option<Revision>,
         n: usize,
         req: &AssignRequest,
         handle: Option<(Handle, Revision)>,
@@ -1263,20 +1278,35 @@ impl<D: Datastore> Ipam<D> {
             ),
         };
         handle.add(&block.cidr, got.len() as u32);
-        let ops = vec![
-            Self::put(block_key(&block.cidr), &block, Some(rev)),
-            Self::put(handle_key, &handle, hrev),
-        ];
+        let claim = rev.is_none().then(|| Self::claim_ops(&req.node, &block));
+        let mut ops = vec![Self::put(handle_key, &handle, hrev)];
+        match &claim {
+            Some((_, claim_ops)) => ops.extend(claim_ops.iter().cloned()),
+            None => ops.push(Self::put(block_key(&block.cidr), &block, rev)),
+        }
         let written = match self.store.txn(ops).await {
             Ok(r) => r,
-            Err(StoreError::Conflict { .. }) => return Ok(Step::Again),
+            Err(StoreError::Conflict { key, .. }) => {
+                if let Some((affinity, _)) = &claim {
+                    self.claim_conflict(&req.node, &block, affinity, &key)
+                        .await?;
+                }
+                return Ok(Step::Again);
+            }
             Err(e) => return Err(e.into()),
         };
         let borrowed = block.affinity.as_deref() != Some(req.node.as_str());
         if !borrowed {
             self.set_hint(&req.node, block.cidr);
         }
-        if let Some((pools, labels, checks)) = seed {
+        if let Some((pools, labels, mut checks)) = seed {
+            // A claimed block's affinity was written with it: the fast path checks it there.
+            if let Some((affinity, _)) = claim {
+                checks.push(Op::Check {
+                    key: affinity,
+                    expected: Some(written),
+                });
+            }
             let fast = Fast {
                 pools,
                 labels,
@@ -1304,37 +1334,77 @@ impl<D: Datastore> Ipam<D> {
         ))
     }
 
-    /// Claims `cidr` for `node`: affinity pending, then block and confirmation together.
-    async fn claim(&self, node: &str, pool: &str, cidr: IpNet) -> Result<(), IpamError> {
-        let key = BlockAffinity::key_of(node, &cidr);
-        let pending = BlockAffinity {
+    /// The ops that claim `block` (new, for `node`) in one transaction: the block and its
+    /// confirmed affinity, neither of which may exist yet; with the affinity's key. Calico
+    /// claims in three steps (affinity pending, block, affinity confirmed) because its
+    /// datastore has no transactions over several keys; ours has, so a claim is one commit
+    /// and there is no half-done claim to clean up after a crash (and every node's
+    /// datastore watch wakes once for it, not three times).
+    fn claim_ops(node: &str, block: &Block) -> (String, Vec<Op>) {
+        let key = BlockAffinity::key_of(node, &block.cidr);
+        let affinity = BlockAffinity {
             node: node.into(),
-            cidr,
-            state: AffinityState::Pending,
+            cidr: block.cidr,
+            state: AffinityState::Confirmed,
         };
-        let rev = match self.store.create(&key, encode(&pending)).await {
-            Ok(r) => r,
-            Err(StoreError::Conflict { .. }) => match self.get::<BlockAffinity>(&key).await? {
-                // Our own claim that did not finish (a crash): finish it.
-                Some((a, r)) if a.state == AffinityState::Pending => r,
-                _ => return Ok(()),
-            },
+        let ops = vec![
+            Self::put(block_key(&block.cidr), block, None),
+            Self::put(key.clone(), &affinity, None),
+        ];
+        (key, ops)
+    }
+
+    /// A claim's transaction lost on `lost`. On the block, another node (or an earlier claim
+    /// of ours) got it first: the caller reads again. On the affinity, the block is not there
+    /// but an affinity of ours is: a claim a version with three-step claims left half done,
+    /// which [`Self::claim`] finishes.
+    async fn claim_conflict(
+        &self,
+        node: &str,
+        block: &Block,
+        affinity: &str,
+        lost: &str,
+    ) -> Result<(), IpamError> {
+        if lost == affinity {
+            self.claim(node, &block.pool, block.cidr).await?;
+        }
+        Ok(())
+    }
+
+    /// Claims `cidr` for `node`, empty ([`Self::claim_ops`]); an affinity of ours already
+    /// there without its block is finished (pending) or left to the caller.
+    async fn claim(&self, node: &str, pool: &str, cidr: IpNet) -> Result<(), IpamError> {
+        let block = Block::new(cidr, pool, Some(node), now());
+        let (key, ops) = Self::claim_ops(node, &block);
+        let lost = match self.store.txn(ops).await {
+            Ok(_) => return Ok(()),
+            Err(StoreError::Conflict { key: lost, .. }) => lost,
             Err(e) => return Err(e.into()),
         };
-        let block = Block::new(cidr, pool, Some(node), now());
+        if lost != key {
+            // Another node got the block first.
+            return Ok(());
+        }
+        let Some((a, r)) = self.get::<BlockAffinity>(&key).await? else {
+            return Ok(());
+        };
+        if a.state != AffinityState::Pending {
+            return Ok(());
+        }
+        // A pending claim of ours that did not finish (a crash of an older version): finish it.
         let confirmed = BlockAffinity {
             state: AffinityState::Confirmed,
-            ..pending
+            ..a
         };
         let ops = vec![
             Self::put(block_key(&cidr), &block, None),
-            Self::put(key.clone(), &confirmed, Some(rev)),
+            Self::put(key.clone(), &confirmed, Some(r)),
         ];
         match self.store.txn(ops).await {
             Ok(_) => Ok(()),
             Err(StoreError::Conflict { key: lost, .. }) if lost == block_key(&cidr) => {
                 // Another node got the block first: withdraw our claim.
-                let _ = self.store.delete(&key, rev).await;
+                let _ = self.store.delete(&key, r).await;
                 Ok(())
             }
             Err(StoreError::Conflict { .. }) => Ok(()),
@@ -1389,15 +1459,16 @@ impl<D: Datastore> Ipam<D> {
             .expect("the pool contains the address");
         let strict = self.config().await?.strict_affinity;
         for _ in 0..RETRIES {
-            let Some((mut block, rev)) = self.get::<Block>(&block_key(&cidr)).await? else {
-                if pool.disabled {
+            // No block yet: this node claims it with the address, in one transaction.
+            let (mut block, rev) = match self.get::<Block>(&block_key(&cidr)).await? {
+                Some((b, r)) => (b, Some(r)),
+                None if pool.disabled => {
                     return Err(IpamError::InvalidArgument {
                         field: "address",
                         reason: format!("pool {} is disabled", pool.name),
                     });
                 }
-                self.claim(node, &pool.name, cidr).await?;
-                continue;
+                None => (Block::new(cidr, &pool.name, Some(node), now()), None),
             };
             if strict && block.affinity.as_deref() != Some(node) {
                 return Err(IpamError::InvalidArgument {
@@ -1430,12 +1501,19 @@ impl<D: Datastore> Ipam<D> {
                 ),
             };
             h.add(&cidr, 1);
-            let ops = vec![
-                Self::put(block_key(&cidr), &block, Some(rev)),
-                Self::put(handle_key, &h, hrev),
-            ];
+            let claim = rev.is_none().then(|| Self::claim_ops(node, &block));
+            let mut ops = vec![Self::put(handle_key, &h, hrev)];
+            match &claim {
+                Some((_, claim_ops)) => ops.extend(claim_ops.iter().cloned()),
+                None => ops.push(Self::put(block_key(&cidr), &block, rev)),
+            }
             match self.store.txn(ops).await {
-                Err(StoreError::Conflict { .. }) => continue,
+                Err(StoreError::Conflict { key, .. }) => {
+                    if let Some((affinity, _)) = &claim {
+                        self.claim_conflict(node, &block, affinity, &key).await?;
+                    }
+                    continue;
+                }
                 Err(e) => return Err(e.into()),
                 Ok(_) => {
                     return Ok(Assigned {
@@ -1521,12 +1599,24 @@ impl<D: Datastore> Ipam<D> {
                 *counts.entry(h.as_str()).or_default() += 1;
             }
             let mut ops = Vec::new();
-            // A block of no node that became empty goes back to the pool at once.
-            if block.affinity.is_none() && block.is_empty() {
+            // A block of no node that became empty goes back to the pool at once; so does a
+            // node's, with its affinity, where empty blocks have no grace period (in the
+            // same transaction: one commit, and no moment with an empty block kept).
+            let affinity = match &block.affinity {
+                Some(node) if block.is_empty() && self.config().await?.empty_block_grace_s == 0 => {
+                    let key = BlockAffinity::key_of(node, &cidr);
+                    self.get::<BlockAffinity>(&key)
+                        .await?
+                        .map(|(_, expected)| Op::Delete { key, expected })
+                }
+                _ => None,
+            };
+            if block.is_empty() && (block.affinity.is_none() || affinity.is_some()) {
                 ops.push(Op::Delete {
                     key: block_key(&cidr),
                     expected: rev,
                 });
+                ops.extend(affinity);
             } else {
                 ops.push(Self::put(block_key(&cidr), &block, Some(rev)));
             }
@@ -1632,8 +1722,12 @@ impl<D: Datastore> Ipam<D> {
         }))
     }
 
-    /// Releases a node's claim on a block: pending deletion, then the block goes (if empty)
-    /// or loses its affinity (its remaining addresses become borrowed ones), with the affinity.
+    /// Releases a node's claim on a block in one transaction: the affinity goes, and the
+    /// block with it (if empty) or it loses its affinity (its remaining addresses become
+    /// borrowed ones). Both are compared on their revisions, so an allocation in the block
+    /// meanwhile makes it read again. (Calico marks the affinity pending deletion first, for
+    /// want of transactions over several keys; an affinity an older version left so marked
+    /// is released the same way.)
     async fn release_affinity(
         &self,
         node: &str,
@@ -1644,19 +1738,6 @@ impl<D: Datastore> Ipam<D> {
         for _ in 0..RETRIES {
             let Some((aff, arev)) = self.get::<BlockAffinity>(&key).await? else {
                 return Ok(false);
-            };
-            let arev = if aff.state == AffinityState::PendingDeletion {
-                arev
-            } else {
-                let marked = BlockAffinity {
-                    state: AffinityState::PendingDeletion,
-                    ..aff.clone()
-                };
-                match self.store.update(&key, encode(&marked), arev).await {
-                    Ok(r) => r,
-                    Err(StoreError::Conflict { .. }) => continue,
-                    Err(e) => return Err(e.into()),
-                }
             };
             let block = self.get::<Block>(&block_key(&cidr)).await?;
             let mut ops = vec![Op::Delete {
@@ -1671,12 +1752,15 @@ impl<D: Datastore> Ipam<D> {
                             expected: brev,
                         });
                     } else if only_if_empty {
-                        // Addresses came back meanwhile: keep the block, confirm it again.
-                        let confirmed = BlockAffinity {
-                            state: AffinityState::Confirmed,
-                            ..aff
-                        };
-                        let _ = self.store.update(&key, encode(&confirmed), arev).await;
+                        // Addresses came back: keep the block (confirmed again, if an older
+                        // version's release had marked it).
+                        if aff.state == AffinityState::PendingDeletion {
+                            let confirmed = BlockAffinity {
+                                state: AffinityState::Confirmed,
+                                ..aff
+                            };
+                            let _ = self.store.update(&key, encode(&confirmed), arev).await;
+                        }
                         return Ok(false);
                     } else {
                         let orphan = Block {
@@ -1761,18 +1845,24 @@ impl<D: Datastore> Ipam<D> {
             let freed = self.release_by_handle(&handle).await?;
             out.push((handle, freed));
         }
-        // Claims that never finished (a crash between the two steps of a claim).
-        let existing: HashSet<IpNet> = self
-            .all_blocks()
-            .await?
-            .into_iter()
-            .map(|(b, _)| b.cidr)
-            .collect();
-        for (aff, rev) in self
+        // Claims that never finished (a crash between the steps of an older version's claim).
+        let unfinished: Vec<(BlockAffinity, Revision)> = self
             .list::<BlockAffinity>(&BlockAffinity::prefix_of(node))
             .await?
-        {
-            if aff.state != AffinityState::Confirmed && !existing.contains(&aff.cidr) {
+            .into_iter()
+            .filter(|(a, _)| a.state != AffinityState::Confirmed)
+            .collect();
+        let existing: HashSet<IpNet> = if unfinished.is_empty() {
+            HashSet::new()
+        } else {
+            self.all_blocks()
+                .await?
+                .into_iter()
+                .map(|(b, _)| b.cidr)
+                .collect()
+        };
+        for (aff, rev) in unfinished {
+            if !existing.contains(&aff.cidr) {
                 let _ = self
                     .store
                     .delete(&BlockAffinity::key_of(node, &aff.cidr), rev)
@@ -1792,12 +1882,18 @@ impl<D: Datastore> Ipam<D> {
             .list::<BlockAffinity>(&BlockAffinity::prefix_of(node))
             .await?
         {
-            if aff.state != AffinityState::Confirmed {
-                continue;
-            }
+            // A release an older version marked and did not finish goes on now, grace or not
+            // (kept, confirmed again, if the block has addresses).
+            let due = |b: &Block| match aff.state {
+                AffinityState::Confirmed => {
+                    b.emptied_at.is_some_and(|t| t.saturating_add(grace) <= now)
+                }
+                AffinityState::PendingDeletion => true,
+                AffinityState::Pending => false,
+            };
             if let Some((b, _)) = self.get::<Block>(&block_key(&aff.cidr)).await?
-                && b.is_empty()
-                && b.emptied_at.is_some_and(|t| t.saturating_add(grace) <= now)
+                && (b.is_empty() || aff.state == AffinityState::PendingDeletion)
+                && due(&b)
                 && self.release_affinity(node, aff.cidr, true).await?
             {
                 out.push(aff.cidr);
