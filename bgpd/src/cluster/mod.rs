@@ -11,6 +11,9 @@
 //!
 //! then waits for the next change. The computations are pure functions of [`ClusterState`];
 //! this module only moves their results to the speaker and the hub.
+//!
+//! Why this file is long: the cache, what it says a change was (which decides whether a pass
+//! runs at all), the brain and the follow loop are one mechanism, tested together below.
 
 pub mod filters;
 pub mod origin;
@@ -39,7 +42,11 @@ use crate::datastore::DatastoreHandle;
 use crate::speaker::{Announcement, PeerSpec, SpeakerError, SpeakerHandle};
 use bgp::policy::{Encap, Policy, PolicyInputs, PolicyPool};
 
-/// Changes arriving within this window are computed once.
+/// A burst of changes of the cluster is computed once, [`DEBOUNCE`] after its first change
+/// (a node's start writes its node, then its blocks, then its tunnel address). A change of
+/// this node's own is computed as soon as the changes already read are applied: it is what
+/// this node originates (a new block, one commit) and everyone waits for its route, while
+/// nodes that learn the block over BGP compute nothing for it (see [`Change`]).
 const DEBOUNCE: Duration = Duration::from_millis(20);
 
 /// The cluster state the computations need, from one listing.
@@ -70,6 +77,32 @@ enum Item {
     Peer(Box<BgpPeer>),
     Filter(Box<BgpFilter>),
     PolicyDoc(Box<::policy::resource::Resource>),
+}
+
+/// What a change to the cache was (see [`StateCache::apply`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    /// Nothing the brain computes from.
+    None,
+    /// Another node's, or the cluster's.
+    Cluster,
+    /// This node's own: its node, its blocks and affinities, an address it borrowed.
+    Own,
+}
+
+impl Item {
+    /// Whether this is node `me`'s own (what it originates and its own kernel state come
+    /// from).
+    fn concerns(&self, me: &str) -> bool {
+        match self {
+            Item::Node(n) => n.name == me,
+            Item::Block(b) => {
+                b.affinity.as_deref() == Some(me) || b.slots.values().any(|s| s.node == me)
+            }
+            Item::Affinity(a) => a.node == me,
+            _ => false,
+        }
+    }
 }
 
 /// The cluster state by key, decoded once per change: a watch event decodes one value, where
@@ -119,11 +152,15 @@ impl StateCache {
     }
 
     /// A key changed (`None`: deleted). Returns whether what the brain computes from
-    /// changed: a handle, or an address of another node in its own block (dropped by
-    /// [`slim`]), leaves the state as it was, and the brain need not compute again.
-    pub fn apply(&mut self, key: &str, value: Option<&[u8]>) -> Result<bool, IpamError> {
+    /// changed, and whose it was: a handle, or an address of another node in its own block
+    /// (dropped by [`slim`]), leaves the state as it was, and the brain need not compute
+    /// again.
+    pub fn apply(&mut self, key: &str, value: Option<&[u8]>) -> Result<Change, IpamError> {
         let Some(v) = value else {
-            return Ok(self.items.remove(key).is_some());
+            return Ok(match self.items.remove(key) {
+                Some(old) => self.change(&old, None),
+                None => Change::None,
+            });
         };
         let item = if key.starts_with(Node::PREFIX) {
             Item::Node(Box::new(decode(v)?))
@@ -149,23 +186,60 @@ impl StateCache {
                 Ok(r) => Item::PolicyDoc(Box::new(r)),
                 Err(e) => {
                     tracing::warn!(document = %at, "left out of the network policy: {e}");
-                    return Ok(self.items.remove(key).is_some());
+                    return Ok(match self.items.remove(key) {
+                        Some(old) => self.change(&old, None),
+                        None => Change::None,
+                    });
                 }
             }
         } else {
             // Handles and the like: not part of what the brain computes from.
-            return Ok(false);
+            return Ok(Change::None);
         };
-        match self.items.get_mut(key) {
-            Some(old) if *old == item => Ok(false),
-            Some(old) => {
-                *old = item;
-                Ok(true)
-            }
-            None => {
-                self.items.insert(key.to_owned(), item);
-                Ok(true)
-            }
+        let change = match self.items.get(key) {
+            Some(old) if *old == item => return Ok(Change::None),
+            old => self.change_to(old, &item),
+        };
+        self.items.insert(key.to_owned(), item);
+        Ok(change)
+    }
+
+    fn change(&self, old: &Item, new: Option<&Item>) -> Change {
+        if old.concerns(&self.me) || new.is_some_and(|n| n.concerns(&self.me)) {
+            Change::Own
+        } else if self.computed_from(old) || new.is_some_and(|n| self.computed_from(n)) {
+            Change::Cluster
+        } else {
+            Change::None
+        }
+    }
+
+    /// Whether this node computes anything from another node's `item`. Its blocks and
+    /// affinities count only inside a VXLAN pool, whose routes come from IPAM
+    /// (`dataplane::desired`); elsewhere their routes come over BGP, and nothing else this
+    /// node derives reads them (`origin` and the policy read its own blocks). They stay in
+    /// the cache all the same: a pool turned to VXLAN is a change, and its pass reads them.
+    fn computed_from(&self, item: &Item) -> bool {
+        let cidr = match item {
+            Item::Block(b) => b.cidr,
+            Item::Affinity(a) => a.cidr,
+            _ => return true,
+        };
+        self.items
+            .range::<str, _>((
+                std::ops::Bound::Included(IpPool::PREFIX),
+                std::ops::Bound::Unbounded,
+            ))
+            .take_while(|(k, _)| k.starts_with(IpPool::PREFIX))
+            .any(|(_, p)| {
+                matches!(p, Item::Pool(p) if p.vxlan_mode.is_on() && p.cidr.contains(&cidr.network()))
+            })
+    }
+
+    fn change_to(&self, old: Option<&Item>, new: &Item) -> Change {
+        match old {
+            Some(old) => self.change(old, Some(new)),
+            None => self.change(new, None),
         }
     }
 
@@ -454,22 +528,30 @@ async fn follow(brain: &mut Brain, store: &Store, hub: &Hub) -> Result<(), Follo
                 brain.apply(&c).await?;
             }
         }
-        let mut apply = |e: ipam::store::Event| -> Result<(), FollowError> {
-            let changed = cache.apply(&e.key, e.value.as_deref())?;
+        // Applies a change; says whether it was of this node's own (see DEBOUNCE).
+        let mut apply = |e: ipam::store::Event| -> Result<bool, FollowError> {
+            let change = cache.apply(&e.key, e.value.as_deref())?;
+            let changed = change != Change::None;
             policy_changed |= changed && e.key.starts_with(ipam::documents::PREFIX);
             dirty |= changed;
-            Ok(())
+            Ok(change == Change::Own)
         };
-        match watch.next().await {
+        let mut own = match watch.next().await {
             Some(Ok(e)) => apply(e)?,
             Some(Err(e)) => return Err(e.into()),
             None => return Ok(()),
-        }
-        // Let a burst of changes (a pod start writes a block and a handle) settle.
-        let until = tokio::time::Instant::now() + DEBOUNCE;
+        };
+        // Let a burst of changes settle (see DEBOUNCE).
+        let latest = tokio::time::Instant::now() + DEBOUNCE;
         loop {
+            // Of our own: only what is already there (a deadline now polls once).
+            let until = if own {
+                tokio::time::Instant::now()
+            } else {
+                latest
+            };
             match tokio::time::timeout_at(until, watch.next()).await {
-                Ok(Some(Ok(e))) => apply(e)?,
+                Ok(Some(Ok(e))) => own |= apply(e)?,
                 Ok(Some(Err(e))) => return Err(e.into()),
                 Ok(None) => return Ok(()),
                 Err(_) => break,
@@ -562,21 +644,93 @@ mod tests {
         let key = Block::key(&ipam::block::cidr_key(&b.cidr));
         let none = BTreeMap::new();
         let mut c = StateCache::new("b");
-        assert!(c.apply(&key, Some(&encode(&b))).unwrap(), "a new block");
-        assert!(!c.apply(&key, Some(&encode(&b))).unwrap(), "the same again");
+        let mut pool = IpPool::new("p", "172.20.0.0/16".parse().unwrap());
+        pool.vxlan_mode = ipam::model::EncapMode::Always;
+        let pool_key = IpPool::key("p");
+        assert_eq!(
+            c.apply(&pool_key, Some(&encode(&pool))).unwrap(),
+            Change::Cluster
+        );
+        let put = |c: &mut StateCache, b: &Block| c.apply(&key, Some(&encode(b))).unwrap();
+        assert_eq!(
+            put(&mut c, &b),
+            Change::Cluster,
+            "a new block of another node, in a VXLAN pool"
+        );
+        assert_eq!(put(&mut c, &b), Change::None, "the same again");
         b.allocate(1, "pod-of-a", "a", &none);
-        assert!(
-            !c.apply(&key, Some(&encode(&b))).unwrap(),
+        assert_eq!(
+            put(&mut c, &b),
+            Change::None,
             "the owner's own address is not kept on another node"
         );
         b.allocate(1, "pod-of-b", "b", &none);
-        assert!(
-            c.apply(&key, Some(&encode(&b))).unwrap(),
-            "this node's borrowed one is"
+        assert_eq!(put(&mut c, &b), Change::Own, "this node's borrowed one is");
+        assert_eq!(
+            c.apply("/margay/v1/ipam/handles/x", Some(b"{}")).unwrap(),
+            Change::None
         );
-        assert!(!c.apply("/margay/v1/ipam/handles/x", Some(b"{}")).unwrap());
-        assert!(c.apply(&key, None).unwrap(), "a kept key deleted");
-        assert!(!c.apply(&key, None).unwrap(), "deleted again");
+        assert_eq!(
+            c.apply(&key, None).unwrap(),
+            Change::Own,
+            "deleted, it was ours"
+        );
+        assert_eq!(c.apply(&key, None).unwrap(), Change::None, "deleted again");
+        let mine = Block::new("172.20.0.64/26".parse().unwrap(), "p", Some("b"), 0);
+        let key = Block::key(&ipam::block::cidr_key(&mine.cidr));
+        assert_eq!(c.apply(&key, Some(&encode(&mine))).unwrap(), Change::Own);
+        assert_eq!(c.apply(&key, None).unwrap(), Change::Own);
         assert!(c.state().blocks.is_empty());
+    }
+
+    /// Another node's blocks and affinities outside VXLAN pools reach this node's kernel
+    /// over BGP: they are kept, but no pass runs for them, until a pool turns to VXLAN.
+    #[test]
+    fn other_nodes_blocks_outside_vxlan_pools_bring_no_pass() {
+        let mut c = StateCache::new("b");
+        let mut pool = IpPool::new("p", "172.20.0.0/16".parse().unwrap());
+        let pool_key = IpPool::key("p");
+        c.apply(&pool_key, Some(&encode(&pool))).unwrap();
+        let theirs = Block::new("172.20.0.0/26".parse().unwrap(), "p", Some("a"), 0);
+        let key = Block::key(&ipam::block::cidr_key(&theirs.cidr));
+        assert_eq!(c.apply(&key, Some(&encode(&theirs))).unwrap(), Change::None);
+        let aff = BlockAffinity {
+            node: "a".into(),
+            cidr: theirs.cidr,
+            state: ipam::block::AffinityState::Confirmed,
+        };
+        let aff_key = BlockAffinity::key_of("a", &theirs.cidr);
+        assert_eq!(
+            c.apply(&aff_key, Some(&encode(&aff))).unwrap(),
+            Change::None
+        );
+        // Outside every pool, the same.
+        let stray = Block::new("10.9.0.0/26".parse().unwrap(), "gone", Some("a"), 0);
+        let stray_key = Block::key(&ipam::block::cidr_key(&stray.cidr));
+        assert_eq!(
+            c.apply(&stray_key, Some(&encode(&stray))).unwrap(),
+            Change::None
+        );
+        assert_eq!(
+            (c.state().blocks.len(), c.state().affinities.len()),
+            (2, 1),
+            "kept all the same"
+        );
+        // This node's own block in the same pool is a pass.
+        let mine = Block::new("172.20.0.64/26".parse().unwrap(), "p", Some("b"), 0);
+        let mine_key = Block::key(&ipam::block::cidr_key(&mine.cidr));
+        assert_eq!(
+            c.apply(&mine_key, Some(&encode(&mine))).unwrap(),
+            Change::Own
+        );
+        // The pool turned to VXLAN: a pass, which reads the kept block; from then on another
+        // node's block there is one too.
+        pool.vxlan_mode = ipam::model::EncapMode::CrossSubnet;
+        assert_eq!(
+            c.apply(&pool_key, Some(&encode(&pool))).unwrap(),
+            Change::Cluster
+        );
+        assert_eq!(c.apply(&key, None).unwrap(), Change::Cluster);
+        assert_eq!(c.apply(&stray_key, None).unwrap(), Change::None);
     }
 }
