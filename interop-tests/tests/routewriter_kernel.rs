@@ -392,3 +392,48 @@ fn an_ipv6_onlink_route_replaces_one_through_another_device() {
     // Delete, then write: three messages.
     assert_eq!(k.writes(), 3);
 }
+
+/// The netlink watch reports route changes made by others, not the ones routewriter's own
+/// socket asked for: the kernel stamps each notification with the asking socket's port id.
+#[test]
+fn the_watch_skips_routewriter_s_own_route_writes() {
+    use routewriter::monitor::{self, Event};
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicU32;
+    use std::time::Duration;
+    let (n, _x, _v, eth0) = setup();
+    let own = Arc::new(AtomicU32::new(0));
+    let mut events = n
+        .run_in(|| monitor::start(254, 64, own.clone()))
+        .unwrap()
+        .unwrap();
+    let mut ours = n.run_in(Kernel::open).unwrap().unwrap();
+    let mut theirs = n.run_in(Kernel::open).unwrap().unwrap();
+    own.store(ours.port_id(), std::sync::atomic::Ordering::Relaxed);
+    assert_ne!(ours.port_id(), theirs.port_id());
+    let write = |k: &mut Kernel, s: &str| {
+        let refused = k
+            .apply_routes(&[gw_route(p(s), "10.0.0.2", eth0, false)], 254, 80)
+            .unwrap();
+        assert!(refused.is_empty(), "{refused:?}");
+    };
+    write(&mut ours, "10.50.0.0/26");
+    write(&mut theirs, "10.50.0.64/26");
+    write(&mut ours, "10.50.0.128/26");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut seen = Vec::new();
+    rt.block_on(async {
+        // Everything written is notified at once; a quiet half second after is the end.
+        while let Ok(Some(e)) =
+            tokio::time::timeout(Duration::from_millis(500), events.recv()).await
+        {
+            if let Event::Route { deleted, route } = e {
+                seen.push((deleted, route.prefix.to_string()));
+            }
+        }
+    });
+    assert_eq!(seen, vec![(false, "10.50.0.64/26".to_string())]);
+}

@@ -24,6 +24,7 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use proto::v1::{DataplaneUpdate, WatchRequest, dataplane_client::DataplaneClient};
@@ -1413,9 +1414,12 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
             .map_err(|source| AgentError::Metrics { addr, source })?;
         tokio::spawn(metrics::serve(listener, metrics.clone()));
     }
-    // The watch opens before the first read, so no change falls between them.
-    let mut events = monitor::start(cfg.table, 4096).map_err(AgentError::Monitor)?;
+    // The watch opens before the first read, so no change falls between them; it skips the
+    // agent's own route writes from the moment the agent has its socket.
+    let own = Arc::new(AtomicU32::new(0));
+    let mut events = monitor::start(cfg.table, 4096, own.clone()).map_err(AgentError::Monitor)?;
     let mut agent = Agent::new(cfg.clone(), config.node.name.clone(), metrics.clone())?;
+    own.store(agent.kernel.port_id(), Ordering::Relaxed);
     let (tx, mut updates) = mpsc::channel(64);
     let stream = tokio::spawn(stream_loop(
         cfg.socket.clone(),

@@ -135,6 +135,9 @@ pub struct Refusal {
 /// One open rtnetlink socket with a write counter.
 pub struct Kernel {
     sock: Socket,
+    /// The socket's netlink port id: the kernel's notifications of changes this socket asked
+    /// for carry it (see `monitor`).
+    port: u32,
     seq: u32,
     writes: u64,
     tx: Vec<u8>,
@@ -145,7 +148,7 @@ impl Kernel {
     /// Opens a socket in the calling thread's network namespace.
     pub fn open() -> Result<Kernel, KernelError> {
         let mut sock = Socket::new(NETLINK_ROUTE).map_err(KernelError::Open)?;
-        sock.bind_auto().map_err(KernelError::Open)?;
+        let port = sock.bind_auto().map_err(KernelError::Open)?.port_number();
         // Failures name the bad attribute; filtered dumps (table, interface) need strict checks.
         let _ = sock.set_ext_ack(true);
         let _ = sock.set_cap_ack(true);
@@ -171,11 +174,17 @@ impl Kernel {
         }
         Ok(Kernel {
             sock,
+            port,
             seq: 1,
             writes: 0,
             tx: Vec::with_capacity(BATCH_BYTES + 4096),
             rx: vec![0; RECV_BYTES],
         })
+    }
+
+    /// The socket's netlink port id (never 0, the kernel's own).
+    pub fn port_id(&self) -> u32 {
+        self.port
     }
 
     /// Netlink messages sent that change kernel state (routes, links, addresses, neighbours).

@@ -1,11 +1,16 @@
 //! The netlink watch: a socket subscribed to IPv4 and IPv6 route, link and neighbour
 //! (ARP, NDP and FDB) notifications,
 //! read on a thread of its own, turned into small [`Event`]s on a bounded channel. It only
-//! reports; the agent decides what is drift. When the kernel drops notifications (the socket's
+//! reports; the agent decides what is drift. Route changes routewriter made itself are not
+//! reported: the kernel stamps a change's notification with the port id of the socket that
+//! asked for it, and the agent's (`own`, set once it opened its socket) is skipped, so a
+//! route written costs no wake-up and no event (thousands at start-up, one per change after). When the kernel drops notifications (the socket's
 //! buffer overflowed) or the agent falls behind, it reports [`Event::Overflow`], and the agent
 //! resyncs everything instead.
 
 use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use netlink_sys::{Socket, protocols::NETLINK_ROUTE};
 use tokio::sync::mpsc;
@@ -44,8 +49,13 @@ pub enum Event {
 }
 
 /// Opens the subscribed socket in the calling thread's namespace and starts the reader
-/// thread. Events for routes of other tables are dropped early.
-pub fn start(table: u32, capacity: usize) -> std::io::Result<mpsc::Receiver<Event>> {
+/// thread. Events for routes of other tables, and of the route changes the socket with port
+/// id `own` asked for (0: none yet), are dropped early.
+pub fn start(
+    table: u32,
+    capacity: usize,
+    own: Arc<AtomicU32>,
+) -> std::io::Result<mpsc::Receiver<Event>> {
     let mut sock = Socket::new(NETLINK_ROUTE)?;
     sock.bind_auto()?;
     for g in [
@@ -79,11 +89,11 @@ pub fn start(table: u32, capacity: usize) -> std::io::Result<mpsc::Receiver<Even
     let (tx, rx) = mpsc::channel(capacity);
     std::thread::Builder::new()
         .name("rw-monitor".into())
-        .spawn(move || read_loop(sock, table, tx))?;
+        .spawn(move || read_loop(sock, table, &own, tx))?;
     Ok(rx)
 }
 
-fn read_loop(sock: Socket, table: u32, tx: mpsc::Sender<Event>) {
+fn read_loop(sock: Socket, table: u32, own: &AtomicU32, tx: mpsc::Sender<Event>) {
     let mut buf = vec![0u8; 256 * 1024];
     loop {
         // SAFETY: receiving into our own buffer on our own socket.
@@ -123,9 +133,17 @@ fn read_loop(sock: Socket, table: u32, tx: mpsc::Sender<Event>) {
                 break;
             }
             let msg_type = u16::from_ne_bytes([data[off + 4], data[off + 5]]);
+            let port = u32::from_ne_bytes([
+                data[off + 12],
+                data[off + 13],
+                data[off + 14],
+                data[off + 15],
+            ]);
             let payload = &data[off + 16..off + len];
             off += (len + 3) & !3;
+            let mine = port != 0 && port == own.load(Ordering::Relaxed);
             let event = match msg_type {
+                RTM_NEWROUTE | RTM_DELROUTE if mine => None,
                 RTM_NEWROUTE | RTM_DELROUTE => parse_route(payload)
                     .filter(|r| r.table == table)
                     .map(|route| Event::Route {

@@ -1309,7 +1309,7 @@ fn print(f: &Figures, pods: usize, m: usize, k: usize) {
         "CPU on node-1", "routewriter", "its nft runs", "bgpd"
     );
     for (what, c, scale, unit) in [
-        ("the load", f.load_cpu, 1.0, "s"),
+        ("the load", f.load_cpu, 1e3, "ms"),
         ("per change", f.event_cpu, 1e3, "ms"),
     ] {
         println!(
@@ -1397,9 +1397,9 @@ fn print(f: &Figures, pods: usize, m: usize, k: usize) {
         }
     );
     println!(
-        "== routewriter node-1 with {pods} endpoints: {:.1} MiB RSS, {:.2} s CPU for the load, {:.1} ms per change (own + nft runs)",
+        "== routewriter node-1 with {pods} endpoints: {:.1} MiB RSS, {:.1} ms CPU for the load, {:.1} ms per change (own + nft runs)",
         f.rss_after_load,
-        f.load_cpu.routewriter + f.load_cpu.nft,
+        (f.load_cpu.routewriter + f.load_cpu.nft) * 1e3,
         (f.event_cpu.routewriter + f.event_cpu.nft) * 1e3
     );
     let ratio = |prefix: &str| {
