@@ -310,6 +310,20 @@ impl KernelObserver {
         })
     }
 
+    /// When each of the first `nodes` got its route for `block` (0: absent) and when it last
+    /// lost one (0: never), monotonic ns: where a change went first and last.
+    pub fn stamps(&self, block: ipnet::Ipv4Net, nodes: usize) -> Vec<(u64, u64)> {
+        let Some(slot) = self.slot_of(block) else {
+            return Vec::new();
+        };
+        self.state()
+            .nodes
+            .iter()
+            .take(nodes)
+            .map(|t| (t.slots[slot].since, t.slots[slot].gone_at))
+            .collect()
+    }
+
     /// Nodes (of the first `nodes`) holding a route for `block` now.
     pub fn holding(&self, block: ipnet::Ipv4Net, nodes: usize) -> usize {
         let Some(slot) = self.slot_of(block) else {

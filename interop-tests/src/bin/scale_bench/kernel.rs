@@ -30,13 +30,15 @@
 //! node and time from the claim until every kernel (the claiming node's blackhole included)
 //! has its route, then release it and time until no kernel has it. margay: `Ipam.AssignIp` of
 //! an address of a free block (the claim a CNI ADD makes when the node's blocks are full),
-//! then `Ipam.GarbageCollect` of its handle (the datastore is seeded with no empty-block grace,
-//! so the empty block goes back to the pool at once). Calico's way: what confd does, the
+//! then `Ipam.ReleaseByHandle` of its handle (a CNI DEL's; the datastore is seeded with no
+//! empty-block grace, so the emptied block goes back to the pool with the address). Calico's way: what confd does, the
 //! node's bird.cfg rendered again with the block (its static blackhole and `calico_aggr`) and
 //! `configure` over BIRD's control socket; the release renders it without. CPU ms/chg: the
 //! CPU time every daemon of the cluster used per claim or release (all nodes share this
 //! machine's two cores, so work every node does for a change is done N times over on them),
-//! and the claiming node's daemons' alone. confd's own delay
+//! and the claiming node's daemons' alone; own claim / own release: the median time until the
+//! claiming node's own kernel had (no longer had) the block's blackhole, the part of a change
+//! before its route leaves the node. confd's own delay
 //! (its watch of the datastore, its render) is not counted: the Calico figure is a lower bound.
 //!
 //! A run stops (and fails) when the machine's MemAvailable falls below
@@ -119,6 +121,10 @@ pub struct EventRow {
     pub imp: Impl,
     pub claim: Vec<Duration>,
     pub release: Vec<Duration>,
+    /// The same for the claiming node's own kernel alone (its blackhole): the part before
+    /// the route leaves the node.
+    pub claim_own: Vec<Duration>,
+    pub release_own: Vec<Duration>,
     /// The largest resolution of any claim's or release's figure.
     pub resolution: Duration,
     /// CPU time per claim or release: of every daemon of the cluster, and of the claiming
@@ -590,17 +596,20 @@ impl Claimer<'_> {
         }
     }
 
-    async fn release(&mut self) -> Result<(), String> {
+    async fn release(&mut self, k: usize) -> Result<(), String> {
         match self {
             Claimer::Margay(ipam) => {
-                ipam.garbage_collect(pb::GarbageCollectRequest {
-                    node: String::new(),
-                    live_handles: Vec::new(),
-                    handle_prefix: EVENT_HANDLE.into(),
-                    dry_run: false,
-                })
-                .await
-                .map_err(|e| format!("Ipam.GarbageCollect: {}", e.message()))?;
+                let handle = format!("{EVENT_HANDLE}{k}");
+                let freed = ipam
+                    .release_by_handle(pb::ReleaseByHandleRequest {
+                        handle: handle.clone(),
+                    })
+                    .await
+                    .map_err(|e| format!("Ipam.ReleaseByHandle {handle}: {}", e.message()))?
+                    .into_inner();
+                if freed.released.is_empty() {
+                    return Err(format!("Ipam.ReleaseByHandle {handle}: nothing released"));
+                }
                 Ok(())
             }
             Claimer::Bird { .. } => self.render(&[]).await,
@@ -678,6 +687,8 @@ fn claims(
         imp,
         claim: Vec::new(),
         release: Vec::new(),
+        claim_own: Vec::new(),
+        release_own: Vec::new(),
         resolution: Duration::ZERO,
         cpu_all_ms: 0.0,
         cpu_node_ms: 0.0,
@@ -706,10 +717,13 @@ fn claims(
                 )
             })?;
         row.claim.push(Duration::from_nanos(at.at - t));
+        let own = observer.stamps(block, n)[node].0;
+        row.claim_own
+            .push(Duration::from_nanos(own.saturating_sub(t)));
         row.resolution = row.resolution.max(at.bound);
         sleep_interruptible(gap)?;
         let t = monotonic_ns();
-        rt.block_on(claimer.release())?;
+        rt.block_on(claimer.release(k))?;
         let at = observer
             .wait_absent(block, n, t, t + limit, stop)?
             .ok_or_else(|| {
@@ -720,6 +734,9 @@ fn claims(
                 )
             })?;
         row.release.push(Duration::from_nanos(at.at - t));
+        let own = observer.stamps(block, n)[node].1;
+        row.release_own
+            .push(Duration::from_nanos(own.saturating_sub(t)));
         row.resolution = row.resolution.max(at.bound);
         sleep_interruptible(gap)?;
     }
@@ -836,7 +853,7 @@ pub fn print_event_table(
 ) -> std::io::Result<()> {
     writeln!(
         out,
-        "{:>5}  {:<8} {:>7} {:>10} {:>10} {:>10}  {:>10} {:>10} {:>10}  {:>7}  {:>11} {:>8}  {:>6} {:>6}",
+        "{:>5}  {:<8} {:>7} {:>10} {:>10} {:>10}  {:>10} {:>10} {:>10}  {:>7}  {:>11} {:>8}  {:>6} {:>6}  {:>10} {:>11}",
         "N",
         "impl",
         "events",
@@ -850,7 +867,9 @@ pub fn print_event_table(
         "CPU ms/chg",
         "on node",
         "×p99",
-        "×rp99"
+        "×rp99",
+        "own claim",
+        "own release"
     )?;
     let p99s: Vec<(usize, Impl, f64, f64)> = rows
         .iter_mut()
@@ -872,7 +891,7 @@ pub fn print_event_table(
         let w = [0.5, 0.99, 1.0].map(|q| percentile(&mut r.release, q));
         writeln!(
             out,
-            "{:>5}  {:<8} {:>7} {} {} {}  {} {} {}  {:>7.2}  {:>11.1} {:>8.1}  {:>6} {:>6}",
+            "{:>5}  {:<8} {:>7} {} {} {}  {} {} {}  {:>7.2}  {:>11.1} {:>8.1}  {:>6} {:>6}  {:>10.1} {:>11.1}",
             r.n,
             r.imp.name(),
             r.claim.len(),
@@ -887,6 +906,8 @@ pub fn print_event_table(
             r.cpu_node_ms,
             ratio(ms(c[1]), base.map(|b| b.2)),
             ratio(ms(w[1]), base.map(|b| b.3)),
+            ms(percentile(&mut r.claim_own, 0.5)),
+            ms(percentile(&mut r.release_own, 0.5)),
         )?;
     }
     Ok(())
