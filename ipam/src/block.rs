@@ -55,6 +55,14 @@ pub fn cidr_key(cidr: &IpNet) -> String {
     cidr.to_string().replace('/', "-")
 }
 
+/// The CIDR of a block's or an affinity's key (the inverse of [`cidr_key`] on the key's last
+/// part), without reading the value; `None` for a key of another shape.
+pub fn cidr_of_key(key: &str) -> Option<IpNet> {
+    let last = key.rsplit('/').next()?;
+    let (addr, len) = last.rsplit_once('-')?;
+    format!("{addr}/{len}").parse().ok()
+}
+
 /// What a release of one address did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Released {
@@ -298,6 +306,21 @@ impl Handle {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn keys_give_their_cidr_back() {
+        use super::*;
+        for c in ["172.20.0.64/26", "fd00:20::c0/122", "10.0.0.0/8"] {
+            let cidr: IpNet = c.parse().unwrap();
+            assert_eq!(cidr_of_key(&Block::key(&cidr_key(&cidr))), Some(cidr));
+            assert_eq!(
+                cidr_of_key(&BlockAffinity::key_of("node-1", &cidr)),
+                Some(cidr)
+            );
+        }
+        assert_eq!(cidr_of_key("/margay/v1/ipam/blocks/nonsense"), None);
+        assert_eq!(cidr_of_key("/margay/v1/ipam/blocks/10.0.0.0-99"), None);
+    }
+
     use super::*;
 
     fn block() -> Block {

@@ -37,6 +37,7 @@ use super::kernel::{Kernel, KernelError};
 use super::metrics::{self, Metrics};
 use super::monitor::{self, Event};
 use super::nat::{self, Nft};
+use super::nft::Tables;
 use super::policy::PolicyTable;
 use super::reconcile::{
     self, ActualRoute, DeviceAction, DeviceSpec, RouteContext, RouteDiffer, RouteOp, Why,
@@ -242,10 +243,10 @@ impl Agent {
             self.apply_route_ops(ops, Count::Nothing);
         }
         if nat {
-            self.sync_nat(Count::Nothing);
+            self.sync_nat(Count::Nothing, None);
         }
         if policy {
-            self.sync_policy(Count::Nothing);
+            self.sync_policy(Count::Nothing, None);
         }
         self.publish();
     }
@@ -299,8 +300,9 @@ impl Agent {
             self.sync_vteps(f, count);
         }
         self.sync_routes(count);
-        self.sync_nat(count);
-        self.sync_policy(count);
+        let tables = self.nft_tables();
+        self.sync_nat(count, tables.as_ref());
+        self.sync_policy(count, tables.as_ref());
         if self.cfg.sysctls {
             let workloads: Vec<String> = self
                 .links
@@ -347,7 +349,7 @@ impl Agent {
         }
         let now = Instant::now();
         if self.policy_retry.is_some_and(|(at, _)| at <= now) && self.desired.is_complete() {
-            self.sync_policy(Count::Nothing);
+            self.sync_policy(Count::Nothing, None);
         }
         // Workload interfaces whose grace ended: look at their routes again.
         let grace = Duration::from_secs(self.cfg.workload_grace_s);
@@ -969,7 +971,21 @@ impl Agent {
 
     /// Each family's table: IPv4's whenever NAT is on, IPv6's only while IPv6 pools are
     /// desired (see `nat`).
-    fn sync_nat(&mut self, count: Count) {
+    /// The namespace's nftables tables, listed once for a full sync's NAT and policy tables
+    /// (`None`: neither is on, or the listing failed and each reads its own).
+    fn nft_tables(&self) -> Option<Tables> {
+        let runner = match (&self.nft, &self.policy) {
+            (Some(n), _) => &n.runner,
+            (None, Some(p)) => &p.runner,
+            (None, None) => return None,
+        };
+        runner
+            .tables()
+            .inspect_err(|e| debug!("listing the nftables tables: {e}; each is read on its own"))
+            .ok()
+    }
+
+    fn sync_nat(&mut self, count: Count, known: Option<&Tables>) {
         let Some(nft) = self.nft.as_mut() else {
             return;
         };
@@ -979,7 +995,7 @@ impl Agent {
         for f in Family::ALL {
             let wanted = f == Family::V4 || pools.keys().any(|n| Family::of(n.addr()) == f);
             let desired = wanted.then(|| nat::desired_from_pools(pools, f));
-            match nft.sync(f, desired.as_ref()) {
+            match nft.sync(f, desired.as_ref(), known) {
                 Ok(true) => repaired.push(f),
                 Ok(false) => {}
                 Err(e) => errors.push(format!("natOutgoing of {} not programmed: {e}", f.name())),
@@ -1002,13 +1018,13 @@ impl Agent {
 
     /// The network-policy table (see `policy`): written only where it differs from what the
     /// desired state renders; a refused write leaves the previous ruleset in force.
-    fn sync_policy(&mut self, count: Count) {
+    fn sync_policy(&mut self, count: Count, known: Option<&Tables>) {
         let Some(table) = self.policy.as_mut() else {
             return;
         };
         // A full sync (start, the periodic resync, a repair) reads the table back for drift;
         // a change from the stream is planned against the last write.
-        let result = table.sync(self.desired.policy(), count != Count::Nothing);
+        let result = table.sync(self.desired.policy(), count != Count::Nothing, known);
         let (endpoints, rules, sets) = self.desired.policy().counts();
         let refused = result.as_ref().err().map(|e| e.to_string());
         self.metrics.update(|s| {

@@ -25,7 +25,7 @@ use ipnet::IpNet;
 use serde_json::Value;
 
 pub use super::nft::{Interval, NftError as NatError, merge};
-use super::nft::{NftRunner, addr_type, elements, interval_of, set_intervals};
+use super::nft::{NftRunner, Tables, addr_type, elements, interval_of, set_intervals};
 use super::routes::Family;
 
 pub const ALL_SET: &str = "all-pools";
@@ -272,8 +272,15 @@ impl Nft {
     }
 
     /// Reads, plans and applies one family's table; true when something was written.
-    pub fn sync(&mut self, family: Family, desired: Option<&NatDesired>) -> Result<bool, NatError> {
-        let actual = self.read(family)?;
+    /// `known`: the namespace's tables, when the caller listed them (one absent is not read).
+    pub fn sync(
+        &mut self,
+        family: Family,
+        desired: Option<&NatDesired>,
+        known: Option<&Tables>,
+    ) -> Result<bool, NatError> {
+        let absent = known.is_some_and(|t| !t.contains(nft_family(family), &self.table));
+        let actual = if absent { None } else { self.read(family)? };
         match plan(&self.table, family, desired, actual.as_ref()) {
             None => Ok(false),
             Some(script) => {

@@ -51,6 +51,24 @@ impl NftRunner {
         }
     }
 
+    /// `nft -j list tables`: every table of the namespace, by family and name. A full sync
+    /// asks this once and lists only the tables that exist: a node without them (a fresh
+    /// one) runs nft once to learn it, not once per table routewriter owns.
+    pub fn tables(&self) -> Result<Tables, NftError> {
+        let out = Command::new(&self.binary)
+            .args(["-j", "list", "tables"])
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| self.no_nft(e))?;
+        if !out.status.success() {
+            return Err(NftError::Nft {
+                args: "-j list tables".into(),
+                stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+            });
+        }
+        Tables::parse(&String::from_utf8_lossy(&out.stdout)).map_err(NftError::Parse)
+    }
+
     /// `nft -j list table FAMILY TABLE`; `None` when the table does not exist.
     pub fn list_table(&self, family: &str, table: &str) -> Result<Option<String>, NftError> {
         let out = Command::new(&self.binary)
@@ -97,6 +115,31 @@ impl NftRunner {
                 stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
             })
         }
+    }
+}
+
+/// The tables of a namespace, as `nft -j list tables` showed them at one moment.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Tables(std::collections::BTreeSet<(String, String)>);
+
+impl Tables {
+    pub fn parse(json: &str) -> Result<Tables, String> {
+        let v: Value = serde_json::from_str(json).map_err(|e| e.to_string())?;
+        let items = v["nftables"]
+            .as_array()
+            .ok_or("no \"nftables\" list in nft's answer")?;
+        let mut out = std::collections::BTreeSet::new();
+        for t in items.iter().filter_map(|i| i.get("table")) {
+            match (t["family"].as_str(), t["name"].as_str()) {
+                (Some(f), Some(n)) => out.insert((f.to_owned(), n.to_owned())),
+                _ => return Err(format!("a table without family or name: {t}")),
+            };
+        }
+        Ok(Tables(out))
+    }
+
+    pub fn contains(&self, family: &str, name: &str) -> bool {
+        self.0.contains(&(family.to_owned(), name.to_owned()))
     }
 }
 
@@ -199,4 +242,28 @@ pub fn set_intervals(set: &Value, family: Family) -> Vec<Interval> {
             })
             .unwrap_or_default(),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What nft 1.0.6 answers to `nft -j list tables`.
+    #[test]
+    fn tables_are_read_by_family_and_name() {
+        let none = r#"{"nftables": [{"metainfo": {"version": "1.0.6", "release_name": "Lester Gooch #5", "json_schema_version": 1}}]}"#;
+        assert_eq!(Tables::parse(none).unwrap(), Tables::default());
+        let some = r#"{"nftables": [{"metainfo": {"version": "1.0.6", "release_name": "Lester Gooch #5", "json_schema_version": 1}},
+          {"table": {"family": "ip", "name": "margay", "handle": 1}},
+          {"table": {"family": "inet", "name": "margay-policy", "handle": 2}}]}"#;
+        let t = Tables::parse(some).unwrap();
+        assert!(t.contains("ip", "margay"));
+        assert!(t.contains("inet", "margay-policy"));
+        assert!(
+            !t.contains("ip6", "margay"),
+            "another family's table is another table"
+        );
+        assert!(Tables::parse("{}").is_err());
+        assert!(Tables::parse(r#"{"nftables": [{"table": {"name": "x"}}]}"#).is_err());
+    }
 }

@@ -88,6 +88,9 @@ pub enum Change {
     Cluster,
     /// This node's own: its node, its blocks and affinities, an address it borrowed.
     Own,
+    /// Which pools carry VXLAN changed, so which of other nodes' blocks the cache must keep:
+    /// the cache is to be built again from a new listing.
+    Relist,
 }
 
 impl Item {
@@ -107,7 +110,8 @@ impl Item {
 
 /// The cluster state by key, decoded once per change: a watch event decodes one value, where
 /// relisting would decode every value of the cluster on every change (O(N²) per node while
-/// N nodes start). Blocks are kept as far as node `me` needs them (see [`slim`]).
+/// N nodes start). Blocks are kept as far as node `me` needs them (see [`slim`]); other
+/// nodes' blocks and affinities outside VXLAN pools not at all (see [`StateCache::keeps`]).
 #[derive(Debug)]
 pub struct StateCache {
     me: String,
@@ -135,6 +139,13 @@ fn slim(mut b: Block, me: &str) -> Block {
     b
 }
 
+/// Whether the JSON `v` holds the string `s` as a whole string (`"s"`): a block that names a
+/// node does so that way. Names are checked when stored (DNS labels): no escapes to miss.
+fn contains_quoted(v: &[u8], s: &str) -> bool {
+    let quoted = format!("\"{s}\"");
+    v.windows(quoted.len()).any(|w| w == quoted.as_bytes())
+}
+
 impl StateCache {
     pub fn new(me: &str) -> Self {
         StateCache {
@@ -145,10 +156,47 @@ impl StateCache {
 
     pub fn from_listing(me: &str, listing: &Listing) -> Result<Self, IpamError> {
         let mut c = StateCache::new(me);
-        for kv in &listing.items {
+        // Pools first: they decide which blocks are kept.
+        let (pools, rest): (Vec<_>, Vec<_>) = listing
+            .items
+            .iter()
+            .partition(|kv| kv.key.starts_with(IpPool::PREFIX));
+        for kv in pools.into_iter().chain(rest) {
             c.apply(&kv.key, Some(&kv.value))?;
         }
         Ok(c)
+    }
+
+    /// The CIDRs of the pools with VXLAN on: other nodes' blocks there are routed from IPAM.
+    fn vxlan_pools(&self) -> impl Iterator<Item = IpNet> + '_ {
+        self.items
+            .range::<str, _>((
+                std::ops::Bound::Included(IpPool::PREFIX),
+                std::ops::Bound::Unbounded,
+            ))
+            .take_while(|(k, _)| k.starts_with(IpPool::PREFIX))
+            .filter_map(|(_, p)| match p {
+                Item::Pool(p) if p.vxlan_mode.is_on() => Some(p.cidr),
+                _ => None,
+            })
+    }
+
+    /// Whether this node keeps other nodes' blocks and affinities at `cidr`: only inside a
+    /// VXLAN pool, whose routes come from IPAM (`dataplane::desired`). Elsewhere their routes
+    /// come over BGP, and nothing else this node derives reads them (`origin` and the policy
+    /// read its own blocks): at a thousand nodes, four thousand blocks and as many affinities
+    /// no node but their owner needs, decoded and held on every node. A pool turning to VXLAN
+    /// (or from it) is a [`Change::Relist`].
+    fn keeps(&self, cidr: &IpNet) -> bool {
+        self.vxlan_pools().any(|p| p.contains(&cidr.network()))
+    }
+
+    /// Drops what the cache holds at `key`: what that change was.
+    fn forget(&mut self, key: &str) -> Change {
+        match self.items.remove(key) {
+            Some(old) => self.change(&old, None),
+            None => Change::None,
+        }
     }
 
     /// A key changed (`None`: deleted). Returns whether what the brain computes from
@@ -156,20 +204,44 @@ impl StateCache {
     /// (dropped by [`slim`]), leaves the state as it was, and the brain need not compute
     /// again.
     pub fn apply(&mut self, key: &str, value: Option<&[u8]>) -> Result<Change, IpamError> {
-        let Some(v) = value else {
-            return Ok(match self.items.remove(key) {
-                Some(old) => self.change(&old, None),
-                None => Change::None,
+        if key.starts_with(IpPool::PREFIX) {
+            // Which blocks are kept depends on the pools with VXLAN.
+            let before: Vec<IpNet> = self.vxlan_pools().collect();
+            let change = self.apply_item(key, value)?;
+            return Ok(if self.vxlan_pools().ne(before) {
+                Change::Relist
+            } else {
+                change
             });
+        }
+        self.apply_item(key, value)
+    }
+
+    fn apply_item(&mut self, key: &str, value: Option<&[u8]>) -> Result<Change, IpamError> {
+        let Some(v) = value else {
+            return Ok(self.forget(key));
         };
         let item = if key.starts_with(Node::PREFIX) {
             Item::Node(Box::new(decode(v)?))
         } else if key.starts_with(IpPool::PREFIX) {
             Item::Pool(Box::new(decode(v)?))
         } else if key.starts_with(Block::PREFIX) {
-            Item::Block(Box::new(slim(decode(v)?, &self.me)))
-        } else if key.starts_with(BlockAffinity::PREFIX) {
-            Item::Affinity(Box::new(decode(v)?))
+            // Another node's block outside VXLAN pools is not kept, nor decoded: one that
+            // concerns this node names it (its affinity, or an address of its own).
+            let named = contains_quoted(v, &self.me);
+            match ipam::block::cidr_of_key(key) {
+                Some(cidr) if !named && !self.keeps(&cidr) => return Ok(self.forget(key)),
+                _ => Item::Block(Box::new(slim(decode(v)?, &self.me))),
+            }
+        } else if let Some(of) = key.strip_prefix(BlockAffinity::PREFIX) {
+            // `<node>/<cidr>`: whose it is, from the key.
+            let theirs = !of
+                .strip_prefix(self.me.as_str())
+                .is_some_and(|rest| rest.starts_with('/'));
+            match ipam::block::cidr_of_key(key) {
+                Some(cidr) if theirs && !self.keeps(&cidr) => return Ok(self.forget(key)),
+                _ => Item::Affinity(Box::new(decode(v)?)),
+            }
         } else if key == BgpConfiguration::key(BgpConfiguration::NAME) {
             Item::Config(Box::new(decode(v)?))
         } else if key.starts_with(BgpPeer::PREFIX) {
@@ -186,10 +258,7 @@ impl StateCache {
                 Ok(r) => Item::PolicyDoc(Box::new(r)),
                 Err(e) => {
                     tracing::warn!(document = %at, "left out of the network policy: {e}");
-                    return Ok(match self.items.remove(key) {
-                        Some(old) => self.change(&old, None),
-                        None => Change::None,
-                    });
+                    return Ok(self.forget(key));
                 }
             }
         } else {
@@ -214,26 +283,14 @@ impl StateCache {
         }
     }
 
-    /// Whether this node computes anything from another node's `item`. Its blocks and
-    /// affinities count only inside a VXLAN pool, whose routes come from IPAM
-    /// (`dataplane::desired`); elsewhere their routes come over BGP, and nothing else this
-    /// node derives reads them (`origin` and the policy read its own blocks). They stay in
-    /// the cache all the same: a pool turned to VXLAN is a change, and its pass reads them.
+    /// Whether this node computes anything from another node's `item` (its blocks and
+    /// affinities: only where it keeps them, see [`Self::keeps`]).
     fn computed_from(&self, item: &Item) -> bool {
-        let cidr = match item {
-            Item::Block(b) => b.cidr,
-            Item::Affinity(a) => a.cidr,
-            _ => return true,
-        };
-        self.items
-            .range::<str, _>((
-                std::ops::Bound::Included(IpPool::PREFIX),
-                std::ops::Bound::Unbounded,
-            ))
-            .take_while(|(k, _)| k.starts_with(IpPool::PREFIX))
-            .any(|(_, p)| {
-                matches!(p, Item::Pool(p) if p.vxlan_mode.is_on() && p.cidr.contains(&cidr.network()))
-            })
+        match item {
+            Item::Block(b) => self.keeps(&b.cidr),
+            Item::Affinity(a) => self.keeps(&a.cidr),
+            _ => true,
+        }
     }
 
     fn change_to(&self, old: Option<&Item>, new: &Item) -> Change {
@@ -480,9 +537,9 @@ pub async fn run(
     }
 }
 
-/// Lists, computes, applies, then waits for the next change; returns to re-list.
 /// Lists once, then follows the watch: each change updates the cache, and each burst of
-/// changes is computed and applied once. Returns (to list again) when the watch ends.
+/// changes is computed and applied once. Returns (to list again) when the watch ends, or when
+/// the pools with VXLAN changed (which other nodes' blocks the cache keeps, [`Change::Relist`]).
 async fn follow(brain: &mut Brain, store: &Store, hub: &Hub) -> Result<(), FollowError> {
     let ipam = Ipam::new(store.clone());
     // The listing's bytes (every value, handles included) are dropped once decoded, and so
@@ -528,18 +585,24 @@ async fn follow(brain: &mut Brain, store: &Store, hub: &Hub) -> Result<(), Follo
                 brain.apply(&c).await?;
             }
         }
-        // Applies a change; says whether it was of this node's own (see DEBOUNCE).
-        let mut apply = |e: ipam::store::Event| -> Result<bool, FollowError> {
+        // Applies a change; says whether it was of this node's own (see DEBOUNCE), or that
+        // the cache is to be listed again (`None`).
+        let mut apply = |e: ipam::store::Event| -> Result<Option<bool>, FollowError> {
             let change = cache.apply(&e.key, e.value.as_deref())?;
+            if change == Change::Relist {
+                return Ok(None);
+            }
             let changed = change != Change::None;
             policy_changed |= changed && e.key.starts_with(ipam::documents::PREFIX);
             dirty |= changed;
-            Ok(change == Change::Own)
+            Ok(Some(change == Change::Own))
         };
-        let mut own = match watch.next().await {
+        let Some(mut own) = (match watch.next().await {
             Some(Ok(e)) => apply(e)?,
             Some(Err(e)) => return Err(e.into()),
             None => return Ok(()),
+        }) else {
+            return Ok(());
         };
         // Let a burst of changes settle (see DEBOUNCE).
         let latest = tokio::time::Instant::now() + DEBOUNCE;
@@ -551,7 +614,10 @@ async fn follow(brain: &mut Brain, store: &Store, hub: &Hub) -> Result<(), Follo
                 latest
             };
             match tokio::time::timeout_at(until, watch.next()).await {
-                Ok(Some(Ok(e))) => own |= apply(e)?,
+                Ok(Some(Ok(e))) => match apply(e)? {
+                    Some(o) => own |= o,
+                    None => return Ok(()),
+                },
                 Ok(Some(Err(e))) => return Err(e.into()),
                 Ok(None) => return Ok(()),
                 Err(_) => break,
@@ -606,9 +672,9 @@ mod tests {
         assert!(c.apply(&Node::key("b"), Some(b"{}")).is_err());
     }
 
-    /// A block is kept with what this node's computations read: the owner's own addresses
-    /// go (on every node but the owner), borrowed ones and this node's stay, and so do the
-    /// CIDR and the affinity; the free list goes.
+    /// A block (of a VXLAN pool) is kept with what this node's computations read: the
+    /// owner's own addresses go (on every node but the owner), borrowed ones and this node's
+    /// stay, and so do the CIDR and the affinity; the free list goes.
     #[test]
     fn the_cache_keeps_of_a_block_what_this_node_needs() {
         let mut b = Block::new("172.20.0.0/26".parse().unwrap(), "p", Some("a"), 0);
@@ -617,8 +683,11 @@ mod tests {
         let c1 = b.allocate(1, "pod-of-c", "c", &none)[0].0;
         let b1 = b.allocate(1, "pod-of-b", "b", &none)[0].0;
         let key = Block::key(&ipam::block::cidr_key(&b.cidr));
+        let mut pool = IpPool::new("p", "172.20.0.0/16".parse().unwrap());
+        pool.vxlan_mode = ipam::model::EncapMode::Always;
         let kept = |me: &str| {
             let mut c = StateCache::new(me);
+            c.apply(&IpPool::key("p"), Some(&encode(&pool))).unwrap();
             c.apply(&key, Some(&encode(&b))).unwrap();
             let s = c.state();
             assert_eq!(s.blocks.len(), 1);
@@ -649,7 +718,8 @@ mod tests {
         let pool_key = IpPool::key("p");
         assert_eq!(
             c.apply(&pool_key, Some(&encode(&pool))).unwrap(),
-            Change::Cluster
+            Change::Relist,
+            "a new VXLAN pool: other nodes' blocks in it are kept from now on"
         );
         let put = |c: &mut StateCache, b: &Block| c.apply(&key, Some(&encode(b))).unwrap();
         assert_eq!(
@@ -684,14 +754,18 @@ mod tests {
     }
 
     /// Another node's blocks and affinities outside VXLAN pools reach this node's kernel
-    /// over BGP: they are kept, but no pass runs for them, until a pool turns to VXLAN.
+    /// over BGP: they are neither kept nor a pass, unless they name this node; a pool that
+    /// turns to VXLAN (or from it) has the cache listed again.
     #[test]
-    fn other_nodes_blocks_outside_vxlan_pools_bring_no_pass() {
+    fn other_nodes_blocks_outside_vxlan_pools_are_not_kept() {
         let mut c = StateCache::new("b");
         let mut pool = IpPool::new("p", "172.20.0.0/16".parse().unwrap());
         let pool_key = IpPool::key("p");
-        c.apply(&pool_key, Some(&encode(&pool))).unwrap();
-        let theirs = Block::new("172.20.0.0/26".parse().unwrap(), "p", Some("a"), 0);
+        assert_eq!(
+            c.apply(&pool_key, Some(&encode(&pool))).unwrap(),
+            Change::Cluster
+        );
+        let mut theirs = Block::new("172.20.0.0/26".parse().unwrap(), "p", Some("a"), 0);
         let key = Block::key(&ipam::block::cidr_key(&theirs.cidr));
         assert_eq!(c.apply(&key, Some(&encode(&theirs))).unwrap(), Change::None);
         let aff = BlockAffinity {
@@ -704,33 +778,81 @@ mod tests {
             c.apply(&aff_key, Some(&encode(&aff))).unwrap(),
             Change::None
         );
-        // Outside every pool, the same.
-        let stray = Block::new("10.9.0.0/26".parse().unwrap(), "gone", Some("a"), 0);
+        // Outside every pool, the same; a node whose name begins like ours is another node.
+        let stray = Block::new("10.9.0.0/26".parse().unwrap(), "gone", Some("bb"), 0);
         let stray_key = Block::key(&ipam::block::cidr_key(&stray.cidr));
         assert_eq!(
             c.apply(&stray_key, Some(&encode(&stray))).unwrap(),
             Change::None
         );
+        let bb_aff_key = BlockAffinity::key_of("bb", &stray.cidr);
+        let bb_aff = BlockAffinity {
+            node: "bb".into(),
+            ..aff.clone()
+        };
         assert_eq!(
-            (c.state().blocks.len(), c.state().affinities.len()),
-            (2, 1),
-            "kept all the same"
+            c.apply(&bb_aff_key, Some(&encode(&bb_aff))).unwrap(),
+            Change::None
         );
-        // This node's own block in the same pool is a pass.
+        assert!(c.state().blocks.is_empty() && c.state().affinities.is_empty());
+        // An address this node borrowed from it names it: kept, and a pass; given back, gone.
+        let none = BTreeMap::new();
+        theirs.allocate(1, "pod-of-b", "b", &none);
+        assert_eq!(c.apply(&key, Some(&encode(&theirs))).unwrap(), Change::Own);
+        assert_eq!(c.state().blocks.len(), 1);
+        let held = theirs.slots.keys().next().copied().unwrap();
+        theirs.release(theirs.address(held), None, None, 1);
+        assert_eq!(c.apply(&key, Some(&encode(&theirs))).unwrap(), Change::Own);
+        assert!(c.state().blocks.is_empty());
+        // This node's own block and affinity in the same pool: kept, a pass.
         let mine = Block::new("172.20.0.64/26".parse().unwrap(), "p", Some("b"), 0);
         let mine_key = Block::key(&ipam::block::cidr_key(&mine.cidr));
         assert_eq!(
             c.apply(&mine_key, Some(&encode(&mine))).unwrap(),
             Change::Own
         );
-        // The pool turned to VXLAN: a pass, which reads the kept block; from then on another
-        // node's block there is one too.
+        let my_aff = BlockAffinity {
+            node: "b".into(),
+            cidr: mine.cidr,
+            ..aff.clone()
+        };
+        let my_aff_key = BlockAffinity::key_of("b", &mine.cidr);
+        assert_eq!(
+            c.apply(&my_aff_key, Some(&encode(&my_aff))).unwrap(),
+            Change::Own
+        );
+        // The pool turns to VXLAN: list again; a new cache from the same listing keeps them.
         pool.vxlan_mode = ipam::model::EncapMode::CrossSubnet;
+        assert_eq!(
+            c.apply(&pool_key, Some(&encode(&pool))).unwrap(),
+            Change::Relist
+        );
+        let listing = Listing {
+            items: [
+                (&aff_key, encode(&aff)),
+                (&key, encode(&theirs)),
+                (&mine_key, encode(&mine)),
+                (&pool_key, encode(&pool)),
+            ]
+            .into_iter()
+            .map(|(k, v)| ipam::store::KeyValue {
+                key: k.clone(),
+                value: v,
+                create_revision: ipam::store::Revision(1),
+                mod_revision: ipam::store::Revision(1),
+            })
+            .collect(),
+            revision: ipam::store::Revision(1),
+        };
+        let mut c = StateCache::from_listing("b", &listing).unwrap();
+        assert_eq!((c.state().blocks.len(), c.state().affinities.len()), (2, 1));
+        assert_eq!(c.apply(&key, None).unwrap(), Change::Cluster);
+        // A change of the pool that leaves VXLAN as it was is a pass, not a listing.
+        pool.nat_outgoing = !pool.nat_outgoing;
         assert_eq!(
             c.apply(&pool_key, Some(&encode(&pool))).unwrap(),
             Change::Cluster
         );
-        assert_eq!(c.apply(&key, None).unwrap(), Change::Cluster);
-        assert_eq!(c.apply(&stray_key, None).unwrap(), Change::None);
+        assert_eq!(c.apply(&pool_key, None).unwrap(), Change::Relist);
     }
 }

@@ -29,7 +29,7 @@ use std::path::Path;
 use ipnet::IpNet;
 use proto::v1 as pb;
 
-use super::nft::{Interval, NftError, NftRunner, interval_of, merge};
+use super::nft::{Interval, NftError, NftRunner, Tables, interval_of, merge};
 use super::routes::Family;
 
 /// The table's family and default name.
@@ -286,9 +286,18 @@ impl PolicyTable {
     /// Plans against the kernel's table (`read_back`, or when the last write is not known) or
     /// against the last write, and writes what differs in one transaction; true when
     /// something was written.
-    pub fn sync(&mut self, state: &PolicyState, read_back: bool) -> Result<bool, NftError> {
+    /// `known`: the namespace's tables, when the caller listed them (an absent table is not
+    /// read).
+    pub fn sync(
+        &mut self,
+        state: &PolicyState,
+        read_back: bool,
+        known: Option<&Tables>,
+    ) -> Result<bool, NftError> {
+        let absent = known.is_some_and(|t| !t.contains(FAMILY, &self.table));
         let actual = match (&self.written, read_back) {
             (Some(w), false) => Some(w.clone()),
+            _ if absent => None,
             _ => {
                 let json = self.runner.list_table(FAMILY, &self.table)?;
                 json.map(|j| actual::parse(&j))
