@@ -399,6 +399,35 @@ fn slot_of(base: u32, pool_len: u8, addr: u32, len: u8) -> Option<usize> {
     Some(((addr - base) >> (32 - BLOCK_LEN)) as usize)
 }
 
+/// An epoll instance with every socket of `sockets` registered for reading, its event data
+/// the socket's index (shared with the scale bench's kernel floor).
+pub fn epoll_of(sockets: &[Socket]) -> Result<std::os::fd::OwnedFd, String> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: a plain syscall; the descriptor is owned right away.
+    let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+    if ep < 0 {
+        return Err(format!(
+            "epoll_create1: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    // SAFETY: `ep` is a fresh descriptor nobody else owns.
+    let ep = unsafe { std::os::fd::OwnedFd::from_raw_fd(ep) };
+    for (i, s) in sockets.iter().enumerate() {
+        let mut ev = libc::epoll_event {
+            events: libc::EPOLLIN as u32,
+            u64: i as u64,
+        };
+        // SAFETY: registering our own socket with our own epoll instance.
+        if unsafe { libc::epoll_ctl(ep.as_raw_fd(), libc::EPOLL_CTL_ADD, s.as_raw_fd(), &mut ev) }
+            != 0
+        {
+            return Err(format!("epoll_ctl: {}", std::io::Error::last_os_error()));
+        }
+    }
+    Ok(ep)
+}
+
 /// A route socket in the calling thread's namespace, subscribed to IPv4 route changes,
 /// non-blocking.
 fn open_socket() -> std::io::Result<Socket> {
@@ -441,27 +470,12 @@ fn read_loop(
         st.failed = Some(e);
         shared.1.notify_all();
     };
-    // SAFETY: a new epoll instance owned by this function.
-    let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-    if ep < 0 {
-        return fail(format!(
-            "epoll_create1: {}",
-            std::io::Error::last_os_error()
-        ));
-    }
-    for (i, s) in sockets.iter().enumerate() {
-        let mut ev = libc::epoll_event {
-            events: libc::EPOLLIN as u32,
-            u64: i as u64,
-        };
-        // SAFETY: registering our own socket with our own epoll instance.
-        if unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, s.as_raw_fd(), &mut ev) } != 0 {
-            let e = std::io::Error::last_os_error();
-            // SAFETY: closing our own epoll fd.
-            unsafe { libc::close(ep) };
-            return fail(format!("epoll_ctl: {e}"));
-        }
-    }
+    // Closed when this function returns.
+    let epoll = match epoll_of(&sockets) {
+        Ok(ep) => ep,
+        Err(e) => return fail(e),
+    };
+    let ep = epoll.as_raw_fd();
     // epoll lists every ready socket in one wait: a socket it leaves out is empty.
     let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; sockets.len().max(1)];
     let mut buf = vec![0u8; 64 * 1024];
@@ -486,8 +500,6 @@ fn read_loop(
             if e.raw_os_error() == Some(libc::EINTR) {
                 continue;
             }
-            // SAFETY: closing our own epoll fd.
-            unsafe { libc::close(ep) };
             return fail(format!("epoll_wait: {e}"));
         }
         pass += 1;
@@ -553,8 +565,6 @@ fn read_loop(
             shared.1.notify_all();
         }
     }
-    // SAFETY: closing our own epoll fd.
-    unsafe { libc::close(ep) };
 }
 
 fn apply(t: &mut NodeTable, slot: usize, deleted: bool, at: u64, bound: u32) {

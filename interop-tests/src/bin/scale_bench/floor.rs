@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use interop_tests::bench::monotonic_ns;
+use interop_tests::lab::kernel_observer;
 use interop_tests::lab::mesh::{self, Mesh};
 use netlink_sys::{Socket, protocols::NETLINK_ROUTE};
 use routewriter::kernel::Kernel;
@@ -189,24 +190,9 @@ fn routes_of(addrs: &[std::net::Ipv4Addr], i: usize) -> Vec<RouteOp> {
 
 /// Reads every watch socket until `stop`, as a daemon reads its kernel's notifications.
 fn drain(sockets: Vec<Socket>, stop: &AtomicBool) -> Result<f64, String> {
-    // SAFETY: epoll_create1 has no preconditions.
-    let ep = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-    if ep < 0 {
-        return Err(format!("epoll: {}", std::io::Error::last_os_error()));
-    }
-    for (i, s) in sockets.iter().enumerate() {
-        let mut ev = libc::epoll_event {
-            events: libc::EPOLLIN as u32,
-            u64: i as u64,
-        };
-        // SAFETY: registers a socket we own with our epoll descriptor.
-        if unsafe { libc::epoll_ctl(ep, libc::EPOLL_CTL_ADD, s.as_raw_fd(), &mut ev) } != 0 {
-            let e = std::io::Error::last_os_error();
-            // SAFETY: closes the epoll descriptor we opened.
-            unsafe { libc::close(ep) };
-            return Err(format!("epoll_ctl: {e}"));
-        }
-    }
+    // Closed when this function returns.
+    let epoll = kernel_observer::epoll_of(&sockets)?;
+    let ep = epoll.as_raw_fd();
     let mut events = vec![libc::epoll_event { events: 0, u64: 0 }; 256];
     let mut buf = vec![0u8; 256 * 1024];
     while !stop.load(Ordering::SeqCst) {
@@ -234,7 +220,5 @@ fn drain(sockets: Vec<Socket>, stop: &AtomicBool) -> Result<f64, String> {
             }
         }
     }
-    // SAFETY: closes the epoll descriptor we opened.
-    unsafe { libc::close(ep) };
     Ok(thread_cpu_s())
 }
