@@ -11,8 +11,9 @@
 //! process and leaves everything in place, so traffic keeps flowing across a restart.
 //!
 //! The [`Agent`]'s methods are synchronous (netlink answers in microseconds, and a bulk load
-//! is best done without yielding); [`run`] calls them inside `block_in_place`, so it needs
-//! the multi-threaded runtime. Benchmarks and tests may drive an `Agent` directly.
+//! is best done without yielding); [`run`] calls them from its loop, on one thread: the
+//! stream waits in its socket meanwhile, and one thread means one wake-up per update instead
+//! of a hand-over between workers. Benchmarks and tests may drive an `Agent` directly.
 //!
 //! Both address families go through the same handlers: routes of both are one desired table
 //! diffed against a dump of each family; the VXLAN device, its address and its FDB and
@@ -1417,7 +1418,7 @@ async fn stream_loop(
     }
 }
 
-/// Runs routewriter until SIGTERM or SIGINT. Needs the multi-threaded runtime.
+/// Runs routewriter until SIGTERM or SIGINT, on any tokio runtime (the binary's has one thread).
 pub async fn run(config: Config) -> Result<(), AgentError> {
     use tokio::signal::unix::{SignalKind, signal};
     let cfg = config.routewriter.clone();
@@ -1473,7 +1474,7 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
                         Err(_) => break,
                     }
                 }
-                tokio::task::block_in_place(|| agent.apply_updates(&batch));
+                agent.apply_updates(&batch);
             }
             Some(ev) = events.recv() => {
                 let mut batch = vec![ev];
@@ -1483,10 +1484,10 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
                         Err(_) => break,
                     }
                 }
-                tokio::task::block_in_place(|| agent.handle_events(batch));
+                agent.handle_events(batch);
             }
-            _ = resync.tick() => tokio::task::block_in_place(|| agent.periodic_resync()),
-            _ = retry.tick() => tokio::task::block_in_place(|| agent.retry_due()),
+            _ = resync.tick() => agent.periodic_resync(),
+            _ = retry.tick() => agent.retry_due(),
         }
     }
     stream.abort();

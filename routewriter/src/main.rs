@@ -54,9 +54,9 @@ fn main() -> ExitCode {
         };
     }
     daemon_common::logging::init(&config.log);
-    // Two workers: kernel work blocks one (block_in_place) while the other keeps the stream.
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+    // One thread: an update from bgpd is read, decoded and written to the kernel without a
+    // hand-over between threads (the netlink watch has its own, `monitor`).
+    let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
     {
