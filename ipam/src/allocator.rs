@@ -1278,16 +1278,13 @@ impl<D: Datastore> Ipam<D> {
             ),
         };
         handle.add(&block.cidr, got.len() as u32);
-        let claim = rev.is_none().then(|| Self::claim_ops(&req.node, &block));
+        let (claimed, block_ops) = Self::block_ops(&req.node, &block, rev);
         let mut ops = vec![Self::put(handle_key, &handle, hrev)];
-        match &claim {
-            Some((_, claim_ops)) => ops.extend(claim_ops.iter().cloned()),
-            None => ops.push(Self::put(block_key(&block.cidr), &block, rev)),
-        }
+        ops.extend(block_ops);
         let written = match self.store.txn(ops).await {
             Ok(r) => r,
             Err(StoreError::Conflict { key, .. }) => {
-                if let Some((affinity, _)) = &claim {
+                if let Some(affinity) = &claimed {
                     self.claim_conflict(&req.node, &block, affinity, &key)
                         .await?;
                 }
@@ -1301,7 +1298,7 @@ impl<D: Datastore> Ipam<D> {
         }
         if let Some((pools, labels, mut checks)) = seed {
             // A claimed block's affinity was written with it: the fast path checks it there.
-            if let Some((affinity, _)) = claim {
+            if let Some(affinity) = claimed {
                 checks.push(Op::Check {
                     key: affinity,
                     expected: Some(written),
@@ -1332,6 +1329,22 @@ impl<D: Datastore> Ipam<D> {
                 })
                 .collect(),
         ))
+    }
+
+    /// The ops that write `block` as read at `rev`, or claim it for `node` where it is new
+    /// (`None`, [`Self::claim_ops`]); with the claimed affinity's key, to check or to name
+    /// the loser of a conflict.
+    fn block_ops(node: &str, block: &Block, rev: Option<Revision>) -> (Option<String>, Vec<Op>) {
+        match rev {
+            Some(rev) => (
+                None,
+                vec![Self::put(block_key(&block.cidr), block, Some(rev))],
+            ),
+            None => {
+                let (key, ops) = Self::claim_ops(node, block);
+                (Some(key), ops)
+            }
+        }
     }
 
     /// The ops that claim `block` (new, for `node`) in one transaction: the block and its
@@ -1501,15 +1514,12 @@ impl<D: Datastore> Ipam<D> {
                 ),
             };
             h.add(&cidr, 1);
-            let claim = rev.is_none().then(|| Self::claim_ops(node, &block));
+            let (claimed, block_ops) = Self::block_ops(node, &block, rev);
             let mut ops = vec![Self::put(handle_key, &h, hrev)];
-            match &claim {
-                Some((_, claim_ops)) => ops.extend(claim_ops.iter().cloned()),
-                None => ops.push(Self::put(block_key(&cidr), &block, rev)),
-            }
+            ops.extend(block_ops);
             match self.store.txn(ops).await {
                 Err(StoreError::Conflict { key, .. }) => {
-                    if let Some((affinity, _)) = &claim {
+                    if let Some(affinity) = &claimed {
                         self.claim_conflict(node, &block, affinity, &key).await?;
                     }
                     continue;

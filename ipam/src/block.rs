@@ -306,9 +306,10 @@ impl Handle {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
     #[test]
     fn keys_give_their_cidr_back() {
-        use super::*;
         for c in ["172.20.0.64/26", "fd00:20::c0/122", "10.0.0.0/8"] {
             let cidr: IpNet = c.parse().unwrap();
             assert_eq!(cidr_of_key(&Block::key(&cidr_key(&cidr))), Some(cidr));
@@ -320,8 +321,6 @@ mod tests {
         assert_eq!(cidr_of_key("/margay/v1/ipam/blocks/nonsense"), None);
         assert_eq!(cidr_of_key("/margay/v1/ipam/blocks/10.0.0.0-99"), None);
     }
-
-    use super::*;
 
     fn block() -> Block {
         Block::new("10.0.0.0/30".parse().unwrap(), "p", Some("n1"), 0)

@@ -4,9 +4,9 @@
 //! reports; the agent decides what is drift. Route changes routewriter made itself are not
 //! reported: the kernel stamps a change's notification with the port id of the socket that
 //! asked for it, and the agent's (`own`, set once it opened its socket) is skipped, so a
-//! route written costs no wake-up and no event (thousands at start-up, one per change after). When the kernel drops notifications (the socket's
-//! buffer overflowed) or the agent falls behind, it reports [`Event::Overflow`], and the agent
-//! resyncs everything instead.
+//! route written costs no wake-up and no event (thousands at start-up, one per change
+//! after). When the kernel drops notifications (the socket's buffer overflowed) or the agent
+//! falls behind, it reports [`Event::Overflow`], and the agent resyncs everything instead.
 
 use std::os::fd::AsRawFd;
 use std::sync::Arc;

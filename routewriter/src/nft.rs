@@ -1,7 +1,8 @@
 //! The `nft` binary as routewriter's tables use it (natOutgoing in `nat`, network policy in
-//! `policy`): `nft -j list table` to read one table, `nft -f -` to run a script as one atomic
-//! transaction (all of it or none: a refused script leaves the previous ruleset in force), and
-//! the interval-set elements both write and read back. Every run of a script is counted.
+//! `policy`): `nft -j list tables` to learn which exist, `nft -j list table` to read one,
+//! `nft -f -` to run a script as one atomic transaction (all of it or none: a refused script
+//! leaves the previous ruleset in force), and the interval-set elements both write and read
+//! back. Every run of a script is counted.
 //!
 //! The binary rather than netlink: nft's own parser and its JSON listing are the stable
 //! interface of nftables; the expressions' netlink encoding is not meant to be written by hand.
@@ -51,42 +52,44 @@ impl NftRunner {
         }
     }
 
+    /// `nft -j list ARGS`: its output, or what nft said when it refused.
+    fn list(&self, args: &[&str]) -> Result<Result<String, String>, NftError> {
+        let out = Command::new(&self.binary)
+            .args(["-j", "list"])
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| self.no_nft(e))?;
+        Ok(if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).trim().to_owned())
+        })
+    }
+
     /// `nft -j list tables`: every table of the namespace, by family and name. A full sync
     /// asks this once and lists only the tables that exist: a node without them (a fresh
     /// one) runs nft once to learn it, not once per table routewriter owns.
     pub fn tables(&self) -> Result<Tables, NftError> {
-        let out = Command::new(&self.binary)
-            .args(["-j", "list", "tables"])
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|e| self.no_nft(e))?;
-        if !out.status.success() {
-            return Err(NftError::Nft {
+        match self.list(&["tables"])? {
+            Ok(json) => Tables::parse(&json).map_err(NftError::Parse),
+            Err(stderr) => Err(NftError::Nft {
                 args: "-j list tables".into(),
-                stderr: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
-            });
+                stderr,
+            }),
         }
-        Tables::parse(&String::from_utf8_lossy(&out.stdout)).map_err(NftError::Parse)
     }
 
     /// `nft -j list table FAMILY TABLE`; `None` when the table does not exist.
     pub fn list_table(&self, family: &str, table: &str) -> Result<Option<String>, NftError> {
-        let out = Command::new(&self.binary)
-            .args(["-j", "list", "table", family, table])
-            .stdin(Stdio::null())
-            .output()
-            .map_err(|e| self.no_nft(e))?;
-        if !out.status.success() {
-            let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-            if stderr.contains("No such file or directory") {
-                return Ok(None);
-            }
-            return Err(NftError::Nft {
+        match self.list(&["table", family, table])? {
+            Ok(json) => Ok(Some(json)),
+            Err(stderr) if stderr.contains("No such file or directory") => Ok(None),
+            Err(stderr) => Err(NftError::Nft {
                 args: format!("-j list table {family} {table}"),
-                stderr: stderr.trim().to_owned(),
-            });
+                stderr,
+            }),
         }
-        Ok(Some(String::from_utf8_lossy(&out.stdout).into_owned()))
     }
 
     /// Runs one script as one atomic transaction.

@@ -194,7 +194,7 @@ impl StateCache {
     /// Drops what the cache holds at `key`: what that change was.
     fn forget(&mut self, key: &str) -> Change {
         match self.items.remove(key) {
-            Some(old) => self.change(&old, None),
+            Some(old) => self.change(Some(&old), None),
             None => Change::None,
         }
     }
@@ -267,16 +267,18 @@ impl StateCache {
         };
         let change = match self.items.get(key) {
             Some(old) if *old == item => return Ok(Change::None),
-            old => self.change_to(old, &item),
+            old => self.change(old, Some(&item)),
         };
         self.items.insert(key.to_owned(), item);
         Ok(change)
     }
 
-    fn change(&self, old: &Item, new: Option<&Item>) -> Change {
-        if old.concerns(&self.me) || new.is_some_and(|n| n.concerns(&self.me)) {
+    /// What replacing `old` with `new` (either absent) was.
+    fn change(&self, old: Option<&Item>, new: Option<&Item>) -> Change {
+        let items = || old.into_iter().chain(new);
+        if items().any(|i| i.concerns(&self.me)) {
             Change::Own
-        } else if self.computed_from(old) || new.is_some_and(|n| self.computed_from(n)) {
+        } else if items().any(|i| self.computed_from(i)) {
             Change::Cluster
         } else {
             Change::None
@@ -290,13 +292,6 @@ impl StateCache {
             Item::Block(b) => self.keeps(&b.cidr),
             Item::Affinity(a) => self.keeps(&a.cidr),
             _ => true,
-        }
-    }
-
-    fn change_to(&self, old: Option<&Item>, new: &Item) -> Change {
-        match old {
-            Some(old) => self.change(old, Some(new)),
-            None => self.change(new, None),
         }
     }
 
@@ -585,24 +580,21 @@ async fn follow(brain: &mut Brain, store: &Store, hub: &Hub) -> Result<(), Follo
                 brain.apply(&c).await?;
             }
         }
-        // Applies a change; says whether it was of this node's own (see DEBOUNCE), or that
-        // the cache is to be listed again (`None`).
-        let mut apply = |e: ipam::store::Event| -> Result<Option<bool>, FollowError> {
+        // Applies a change to the cache and says what it was.
+        let mut apply = |e: ipam::store::Event| -> Result<Change, FollowError> {
             let change = cache.apply(&e.key, e.value.as_deref())?;
-            if change == Change::Relist {
-                return Ok(None);
-            }
-            let changed = change != Change::None;
+            let changed = !matches!(change, Change::None | Change::Relist);
             policy_changed |= changed && e.key.starts_with(ipam::documents::PREFIX);
             dirty |= changed;
-            Ok(Some(change == Change::Own))
+            Ok(change)
         };
-        let Some(mut own) = (match watch.next().await {
-            Some(Ok(e)) => apply(e)?,
+        let mut own = match watch.next().await {
+            Some(Ok(e)) => match apply(e)? {
+                Change::Relist => return Ok(()),
+                c => c == Change::Own,
+            },
             Some(Err(e)) => return Err(e.into()),
             None => return Ok(()),
-        }) else {
-            return Ok(());
         };
         // Let a burst of changes settle (see DEBOUNCE).
         let latest = tokio::time::Instant::now() + DEBOUNCE;
@@ -615,8 +607,8 @@ async fn follow(brain: &mut Brain, store: &Store, hub: &Hub) -> Result<(), Follo
             };
             match tokio::time::timeout_at(until, watch.next()).await {
                 Ok(Some(Ok(e))) => match apply(e)? {
-                    Some(o) => own |= o,
-                    None => return Ok(()),
+                    Change::Relist => return Ok(()),
+                    c => own |= c == Change::Own,
                 },
                 Ok(Some(Err(e))) => return Err(e.into()),
                 Ok(None) => return Ok(()),

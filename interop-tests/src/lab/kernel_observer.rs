@@ -310,18 +310,16 @@ impl KernelObserver {
         })
     }
 
-    /// When each of the first `nodes` got its route for `block` (0: absent) and when it last
-    /// lost one (0: never), monotonic ns: where a change went first and last.
-    pub fn stamps(&self, block: ipnet::Ipv4Net, nodes: usize) -> Vec<(u64, u64)> {
+    /// When node `node` got its route for `block` (0: absent) and when it last lost one
+    /// (0: never), monotonic ns; (0, 0) for a block outside the pool or a node not observed.
+    pub fn stamp(&self, block: ipnet::Ipv4Net, node: usize) -> (u64, u64) {
         let Some(slot) = self.slot_of(block) else {
-            return Vec::new();
+            return (0, 0);
         };
         self.state()
             .nodes
-            .iter()
-            .take(nodes)
-            .map(|t| (t.slots[slot].since, t.slots[slot].gone_at))
-            .collect()
+            .get(node)
+            .map_or((0, 0), |t| (t.slots[slot].since, t.slots[slot].gone_at))
     }
 
     /// Nodes (of the first `nodes`) holding a route for `block` now.

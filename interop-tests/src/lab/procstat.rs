@@ -1,6 +1,18 @@
 //! What the kernel says about a process, for benchmarks: CPU time used so far and resident
-//! memory, read from /proc by PID. A process that is gone reads as zero (the caller decides
-//! whether that matters), so a measurement never panics on a race with an exiting process.
+//! memory, read from /proc by PID, and the calling thread's own CPU time. A process that is
+//! gone reads as zero (the caller decides whether that matters), so a measurement never
+//! panics on a race with an exiting process.
+
+/// CPU time the calling thread has used so far (user + system).
+pub fn thread_cpu() -> std::time::Duration {
+    let mut t = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a plain syscall writing to our timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
+    std::time::Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
+}
 
 /// CPU seconds (user + system) the process has used so far.
 ///
@@ -143,15 +155,6 @@ mod tests {
         std::thread::spawn(|| {
             // 30 ms of this thread's CPU time, not of the wall clock: on a loaded machine a
             // thread spinning 30 ms of wall time once ran for only 20 ms.
-            let thread_cpu = || {
-                let mut t = libc::timespec {
-                    tv_sec: 0,
-                    tv_nsec: 0,
-                };
-                // SAFETY: a plain syscall writing to our timespec.
-                unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut t) };
-                std::time::Duration::new(t.tv_sec as u64, t.tv_nsec as u32)
-            };
             let mut x = 0u64;
             while thread_cpu() < std::time::Duration::from_millis(30) {
                 x = std::hint::black_box(x.wrapping_add(1));

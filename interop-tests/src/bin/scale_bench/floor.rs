@@ -21,8 +21,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use interop_tests::bench::monotonic_ns;
-use interop_tests::lab::kernel_observer;
 use interop_tests::lab::mesh::{self, Mesh};
+use interop_tests::lab::{kernel_observer, procstat};
 use netlink_sys::{Socket, protocols::NETLINK_ROUTE};
 use routewriter::kernel::Kernel;
 use routewriter::reconcile::{RouteOp, Why};
@@ -63,17 +63,6 @@ impl Drop for Floor {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
     }
-}
-
-/// CPU time of the calling thread, seconds.
-fn thread_cpu_s() -> f64 {
-    let mut ts = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 0,
-    };
-    // SAFETY: clock_gettime writes one timespec we own.
-    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
-    ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
 }
 
 /// Opens the sockets (before t0), then starts the writers; (floor, t0).
@@ -149,7 +138,7 @@ fn write_all(
     loop {
         let i = next.fetch_add(1, Ordering::SeqCst);
         if i >= addrs.len() {
-            return Ok(thread_cpu_s());
+            return Ok(procstat::thread_cpu().as_secs_f64());
         }
         let ops = routes_of(addrs, i);
         let mut k = writers[i].lock().unwrap_or_else(|p| p.into_inner());
@@ -204,21 +193,13 @@ fn drain(sockets: Vec<Socket>, stop: &AtomicBool) -> Result<f64, String> {
             // Non-blocking: read until empty (an overflow's ENOBUFS is only counted by a
             // daemon; here it is one more error to read past).
             loop {
-                // SAFETY: recv into a buffer we own, of its length.
-                let got = unsafe {
-                    libc::recv(
-                        s.as_raw_fd(),
-                        buf.as_mut_ptr() as *mut libc::c_void,
-                        buf.len(),
-                        0,
-                    )
-                };
-                if got <= 0 && std::io::Error::last_os_error().raw_os_error() != Some(libc::ENOBUFS)
-                {
-                    break;
+                match s.recv(&mut &mut buf[..], 0) {
+                    Ok(got) if got > 0 => {}
+                    Err(e) if e.raw_os_error() == Some(libc::ENOBUFS) => {}
+                    _ => break,
                 }
             }
         }
     }
-    Ok(thread_cpu_s())
+    Ok(procstat::thread_cpu().as_secs_f64())
 }

@@ -31,14 +31,14 @@
 //! has its route, then release it and time until no kernel has it. margay: `Ipam.AssignIp` of
 //! an address of a free block (the claim a CNI ADD makes when the node's blocks are full),
 //! then `Ipam.ReleaseByHandle` of its handle (a CNI DEL's; the datastore is seeded with no
-//! empty-block grace, so the emptied block goes back to the pool with the address). Calico's way: what confd does, the
-//! node's bird.cfg rendered again with the block (its static blackhole and `calico_aggr`) and
-//! `configure` over BIRD's control socket; the release renders it without. CPU ms/chg: the
-//! CPU time every daemon of the cluster used per claim or release (all nodes share this
-//! machine's two cores, so work every node does for a change is done N times over on them),
-//! and the claiming node's daemons' alone; own claim / own release: the median time until the
-//! claiming node's own kernel had (no longer had) the block's blackhole, the part of a change
-//! before its route leaves the node. confd's own delay
+//! empty-block grace, so the emptied block goes back to the pool with the address). Calico's
+//! way: what confd does, the node's bird.cfg rendered again with the block (its static
+//! blackhole and `calico_aggr`) and `configure` over BIRD's control socket; the release
+//! renders it without. CPU ms/chg: the CPU time every daemon of the cluster used per claim or
+//! release (all nodes share this machine's two cores, so work every node does for a change is
+//! done N times over on them), and the claiming node's daemons' alone; own claim / own
+//! release: the median time until the claiming node's own kernel had (no longer had) the
+//! block's blackhole, the part of a change before its route leaves the node. confd's own delay
 //! (its watch of the datastore, its render) is not counted: the Calico figure is a lower bound.
 //!
 //! A run stops (and fails) when the machine's MemAvailable falls below
@@ -717,7 +717,7 @@ fn claims(
                 )
             })?;
         row.claim.push(Duration::from_nanos(at.at - t));
-        let own = observer.stamps(block, n)[node].0;
+        let (own, _) = observer.stamp(block, node);
         row.claim_own
             .push(Duration::from_nanos(own.saturating_sub(t)));
         row.resolution = row.resolution.max(at.bound);
@@ -734,7 +734,7 @@ fn claims(
                 )
             })?;
         row.release.push(Duration::from_nanos(at.at - t));
-        let own = observer.stamps(block, n)[node].1;
+        let (_, own) = observer.stamp(block, node);
         row.release_own
             .push(Duration::from_nanos(own.saturating_sub(t)));
         row.resolution = row.resolution.max(at.bound);
