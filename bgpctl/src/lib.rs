@@ -22,8 +22,8 @@ pub enum CtlError {
     Output(#[from] std::io::Error),
     #[error("{0} inconsistencies found")]
     Inconsistent(usize),
-    #[error("{0}")]
-    Routewriter(String),
+    #[error(transparent)]
+    Routewriter(#[from] daemon_common::observe::status::StatusError),
     /// A command line bgpctl refuses before asking bgpd.
     #[error("{0}")]
     Invalid(String),

@@ -8,6 +8,7 @@ use bgpctl::ipam::IpamCommand;
 use bgpctl::pool::PoolCommand;
 use bgpctl::{self as ctl, CtlError, Output};
 use clap::{Parser, Subcommand};
+use daemon_common::observe::status as routewriter_status;
 use proto::v1::GetStatusRequest;
 use proto::v1::daemon_client::DaemonClient;
 
@@ -101,11 +102,11 @@ async fn run(socket: PathBuf, command: Command) -> Result<(), CtlError> {
     let mut out = Output::stdout();
     // routewriter answers on its own listener, not through bgpd.
     if let Command::Routewriter { address, json } = command {
-        let body = routewriter::status::fetch_status(address).map_err(CtlError::Routewriter)?;
+        let body = routewriter_status::fetch(address)?;
         return if json {
             out.line(&body)
         } else {
-            out.text(&routewriter::status::render(&body).map_err(CtlError::Routewriter)?)
+            out.text(&routewriter_status::render(&body)?)
         };
     }
     let channel = ctl::connect_unix(&socket).await?;

@@ -8,15 +8,16 @@
 
 use std::net::IpAddr;
 
+use host_kernel::netlink::NlError;
+use host_kernel::sysctl::Sysctls;
 use netlink_packet_route::AddressFamily;
-use routewriter::sysctl::Sysctls;
 use tokio::runtime::Runtime;
 
 use crate::attachment::{host_ifname, open_netns};
 use crate::delegate;
 use crate::ipam_plugin;
 use crate::names::{GATEWAY_V4, GATEWAY_V6, HOST_MAC, format_mac};
-use crate::netlink::{Link, Netlink, NlError, RouteEntry};
+use crate::netlink::{Link, Netlink, RouteEntry};
 use crate::spec::NetConf;
 use crate::spec::env::{Command, Env};
 use crate::spec::error::{CniError, code};

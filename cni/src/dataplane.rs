@@ -13,10 +13,11 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use routewriter::sysctl::{SysctlError, Sysctls};
+use host_kernel::netlink::NlError;
+use host_kernel::sysctl::{FORWARDING_V4, FORWARDING_V6, SysctlError, Sysctls};
 
 use crate::names::{GATEWAY_V4, GATEWAY_V6, HOST_MAC, format_mac};
-use crate::netlink::{self, Link, Netlink, NlError};
+use crate::netlink::{self, Link, Netlink};
 use crate::netns::{Netns, NetnsError, netns_error};
 use crate::spec::config::Encap;
 use crate::spec::error::{CniError, code};
@@ -323,12 +324,12 @@ fn host_sysctls(ifname: &str, v6: bool) -> Result<(), SysctlError> {
 fn pod_sysctls(pod_if: &str, allow_ip_forwarding: bool, v6: bool) -> Result<(), SysctlError> {
     let mut s = Sysctls::default();
     let forward = if allow_ip_forwarding { "1" } else { "0" };
-    s.ensure("net/ipv4/ip_forward", forward)?;
+    s.ensure(FORWARDING_V4, forward)?;
     if v6 {
         let conf = format!("net/ipv6/conf/{pod_if}");
         s.ensure(&format!("{conf}/disable_ipv6"), "0")?;
         s.ensure(&format!("{conf}/accept_dad"), "0")?;
-        s.ensure("net/ipv6/conf/all/forwarding", forward)?;
+        s.ensure(FORWARDING_V6, forward)?;
     }
     Ok(())
 }

@@ -14,6 +14,7 @@ use std::io;
 use std::net::IpAddr;
 use std::os::fd::{AsRawFd, RawFd};
 
+use host_kernel::netlink::{NlError, Nlmsgerr};
 use netlink_packet_core::{
     NLM_F_ACK, NLM_F_CREATE, NLM_F_DUMP, NLM_F_EXCL, NLM_F_REQUEST, NetlinkHeader, NetlinkMessage,
     NetlinkPayload,
@@ -29,41 +30,6 @@ use netlink_packet_route::route::{
 };
 use netlink_packet_route::{AddressFamily, RouteNetlinkMessage};
 use netlink_sys::{Socket, protocols::NETLINK_ROUTE};
-
-#[derive(Debug, thiserror::Error)]
-pub enum NlError {
-    #[error("cannot open a netlink socket: {0} (the plugin needs root or CAP_NET_ADMIN)")]
-    Open(io::Error),
-    #[error("netlink I/O failed: {0}")]
-    Io(io::Error),
-    #[error("{what}: {}", describe(*errno, message))]
-    Refused {
-        what: String,
-        errno: i32,
-        message: String,
-    },
-    #[error("cannot read the kernel's answer to {what}: {reason}")]
-    Decode { what: String, reason: String },
-}
-
-fn describe(errno: i32, message: &str) -> String {
-    let os = io::Error::from_raw_os_error(errno);
-    if message.is_empty() {
-        os.to_string()
-    } else {
-        format!("{os}: {message}")
-    }
-}
-
-impl NlError {
-    /// The errno of a refusal.
-    pub fn errno(&self) -> Option<i32> {
-        match self {
-            NlError::Refused { errno, .. } => Some(*errno),
-            _ => None,
-        }
-    }
-}
 
 /// One request of a batch, with what it does in words (for errors).
 pub struct Request {
@@ -203,10 +169,12 @@ impl Netlink {
             })?;
             let seq = msg.header.sequence_number;
             let answer = match msg.payload {
-                NetlinkPayload::Error(e) if e.code.is_none() => Answer::Ack,
-                NetlinkPayload::Error(e) => {
-                    Answer::Refused(-e.raw_code(), ext_ack_message(&e.header))
-                }
+                // The shared decoding, from the bytes after the header: it reads the
+                // extended ACK's text where the header's flags say there is one.
+                NetlinkPayload::Error(_) => match Nlmsgerr::parse(msg.header.flags, &bytes[16..]) {
+                    None => Answer::Ack,
+                    Some(e) => Answer::Refused(e),
+                },
                 NetlinkPayload::Done(_) => Answer::Done,
                 NetlinkPayload::InnerMessage(m) => Answer::Message(m),
                 _ => Answer::Other,
@@ -234,14 +202,10 @@ impl Netlink {
                     continue;
                 };
                 let (_, what) = pending.remove(pos);
-                if let Answer::Refused(errno, message) = answer
+                if let Answer::Refused(error) = answer
                     && first_error.is_none()
                 {
-                    first_error = Some(NlError::Refused {
-                        what,
-                        errno,
-                        message,
-                    });
+                    first_error = Some(NlError::Refused { what, error });
                 }
             }
         }
@@ -264,11 +228,14 @@ impl Netlink {
                 }
                 return match answer {
                     Answer::Message(m) => Ok(Some(m)),
-                    Answer::Refused(libc::ENODEV | libc::ENOENT | libc::ESRCH, _) => Ok(None),
-                    Answer::Refused(errno, message) => Err(NlError::Refused {
+                    Answer::Refused(e)
+                        if matches!(e.errno, libc::ENODEV | libc::ENOENT | libc::ESRCH) =>
+                    {
+                        Ok(None)
+                    }
+                    Answer::Refused(error) => Err(NlError::Refused {
                         what: what.to_owned(),
-                        errno,
-                        message,
+                        error,
                     }),
                     _ => Err(NlError::Decode {
                         what: what.to_owned(),
@@ -296,11 +263,10 @@ impl Netlink {
                 match answer {
                     Answer::Message(m) => out.push(m),
                     Answer::Done => return Ok(out),
-                    Answer::Refused(errno, message) => {
+                    Answer::Refused(error) => {
                         return Err(NlError::Refused {
                             what: what.to_owned(),
-                            errno,
-                            message,
+                            error,
                         });
                     }
                     _ => {}
@@ -402,30 +368,10 @@ impl Netlink {
 
 enum Answer {
     Ack,
-    Refused(i32, String),
+    Refused(Nlmsgerr),
     Done,
     Message(RouteNetlinkMessage),
     Other,
-}
-
-/// The kernel's extended-ACK text (NLMSGERR_ATTR_MSG) after the echoed request header.
-fn ext_ack_message(payload: &[u8]) -> String {
-    // With NETLINK_CAP_ACK the payload is the request's 16-byte header, then attributes.
-    let mut off = 16;
-    while off + 4 <= payload.len() {
-        let len = u16::from_ne_bytes([payload[off], payload[off + 1]]) as usize;
-        let kind = u16::from_ne_bytes([payload[off + 2], payload[off + 3]]) & 0x3fff;
-        if len < 4 || off + len > payload.len() {
-            break;
-        }
-        if kind == 1 {
-            let text = &payload[off + 4..off + len];
-            let text = text.split(|b| *b == 0).next().unwrap_or_default();
-            return String::from_utf8_lossy(text).into_owned();
-        }
-        off += (len + 3) & !3;
-    }
-    String::new()
 }
 
 fn link_of(l: &LinkMessage) -> Link {
@@ -711,31 +657,5 @@ mod tests {
             default.what,
             "add route ::/0 via fe80::ecee:eeff:feee:eeee dev eth0"
         );
-    }
-
-    #[test]
-    fn extended_ack_text() {
-        let mut p = vec![0u8; 16];
-        let msg = b"Nexthop device is not up\0";
-        let len = (4 + msg.len()) as u16;
-        p.extend_from_slice(&len.to_ne_bytes());
-        p.extend_from_slice(&1u16.to_ne_bytes());
-        p.extend_from_slice(msg);
-        assert_eq!(ext_ack_message(&p), "Nexthop device is not up");
-        assert_eq!(ext_ack_message(&[0; 16]), "");
-        assert_eq!(ext_ack_message(&[0; 3]), "");
-        // A truncated attribute is ignored, not read past.
-        let mut bad = vec![0u8; 16];
-        bad.extend_from_slice(&200u16.to_ne_bytes());
-        bad.extend_from_slice(&1u16.to_ne_bytes());
-        assert_eq!(ext_ack_message(&bad), "");
-        let e = NlError::Refused {
-            what: "add route".into(),
-            errno: libc::ENETDOWN,
-            message: "Nexthop device is not up".into(),
-        };
-        assert!(e.to_string().starts_with("add route: "), "{e}");
-        assert!(e.to_string().ends_with("Nexthop device is not up"), "{e}");
-        assert_eq!(e.errno(), Some(libc::ENETDOWN));
     }
 }

@@ -3,8 +3,8 @@
 //! - `config`: the layered configuration (a TOML file under `MARGAY_` environment overrides)
 //!   and its `[log]` section;
 //! - `logging`: the tracing subscriber set up from that section and `RUST_LOG`;
-//! - `observe`: the HTTP listener for metrics, status and probes, and the Prometheus text
-//!   writer.
+//! - `observe`: the HTTP listener for metrics, status and probes, the Prometheus text
+//!   writer, and the client of routewriter's status (which bgpctl uses too).
 //!
 //! What each daemon reports, and its own sections of the configuration, stay with it. No
 //! crate of ours below this one: it knows neither the datastore, nor BGP, nor the kernel.

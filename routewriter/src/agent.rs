@@ -34,22 +34,23 @@ use tracing::{debug, error, info, warn};
 
 use super::config::{Config, RoutewriterConfig};
 use super::desired::{Defaults, DesiredState, DevId, Family, Kind, Prefix};
-use super::kernel::{Kernel, KernelError};
+use super::host::{Host, System};
+use super::kernel::Refusal;
 use super::metrics::{self, Metrics};
 use super::monitor::{self, Event};
-use super::nat::{self, Nft};
+use super::nat;
 use super::nft::Tables;
-use super::policy::PolicyTable;
 use super::reconcile::{
     self, ActualRoute, DeviceAction, DeviceSpec, RouteContext, RouteDiffer, RouteOp, Why,
 };
-use super::sysctl::Sysctls;
+use host_kernel::netlink::NlError;
+use host_kernel::sysctl::{FORWARDING_V4, FORWARDING_V6, Sysctls};
 use proto::mac::vtep_mac;
 
 #[derive(Debug, thiserror::Error)]
 pub enum AgentError {
     #[error(transparent)]
-    Kernel(#[from] KernelError),
+    Kernel(#[from] NlError),
     #[error("cannot watch netlink for changes: {0}")]
     Monitor(std::io::Error),
     #[error(
@@ -82,11 +83,11 @@ enum Count {
     NotMissing,
 }
 
-/// Owns everything routewriter writes.
-pub struct Agent {
+/// Owns everything routewriter writes, through `H` (the real host unless a test says so).
+pub struct Agent<H: Host = System> {
     cfg: RoutewriterConfig,
     node: String,
-    kernel: Kernel,
+    host: H,
     desired: DesiredState,
     /// Interface name → index, and back, kept from dumps and link events.
     links: HashMap<String, u32>,
@@ -103,9 +104,6 @@ pub struct Agent {
     /// Per family ([`Family::index`]): the VXLAN device's index and the uplink it runs over.
     vxlan_index: [Option<u32>; 2],
     uplink_name: [Option<String>; 2],
-    nft: Option<Nft>,
-    /// The network-policy table (`routewriter.policy`).
-    policy: Option<PolicyTable>,
     /// After nft refused the policy table: when to try again, and the backoff.
     policy_retry: Option<(Instant, Duration)>,
     sysctls: Sysctls,
@@ -116,26 +114,41 @@ pub struct Agent {
     need_full: bool,
 }
 
-impl Agent {
+impl Agent<System> {
     /// Opens the kernel socket in the calling thread's network namespace.
     pub fn new(
         cfg: RoutewriterConfig,
         node: String,
         metrics: Arc<Metrics>,
     ) -> Result<Agent, AgentError> {
-        let kernel = Kernel::open()?;
-        let nft = cfg.nat.then(|| Nft::new(&cfg.nft, &cfg.nat_table));
-        let policy = cfg
-            .policy
-            .then(|| PolicyTable::new(&cfg.nft, &cfg.policy_table));
+        let host = System::open(&cfg)?;
+        Ok(Agent::with_host(
+            cfg,
+            node,
+            metrics,
+            host,
+            Sysctls::default(),
+        ))
+    }
+}
+
+impl<H: Host> Agent<H> {
+    /// An agent writing through `host` and `sysctls`; nothing is read or written yet.
+    pub fn with_host(
+        cfg: RoutewriterConfig,
+        node: String,
+        metrics: Arc<Metrics>,
+        host: H,
+        sysctls: Sysctls,
+    ) -> Agent<H> {
         let defaults = Defaults {
             vxlan_device: cfg.vxlan_device.clone(),
             vxlan_device_v6: cfg.vxlan_device_v6.clone(),
             ipip_device: cfg.ipip_device.clone(),
         };
-        Ok(Agent {
+        Agent {
             node,
-            kernel,
+            host,
             desired: DesiredState::new(defaults),
             links: HashMap::new(),
             names: HashMap::new(),
@@ -146,15 +159,18 @@ impl Agent {
             ipip_missing: None,
             vxlan_index: [None, None],
             uplink_name: [None, None],
-            nft,
-            policy,
             policy_retry: None,
-            sysctls: Sysctls::default(),
+            sysctls,
             metrics,
             synced: false,
             need_full: false,
             cfg,
-        })
+        }
+    }
+
+    /// What the agent writes through.
+    pub fn host(&self) -> &H {
+        &self.host
     }
 
     pub fn desired(&self) -> &DesiredState {
@@ -163,12 +179,12 @@ impl Agent {
 
     /// Netlink writes so far.
     pub fn netlink_writes(&self) -> u64 {
-        self.kernel.writes()
+        self.host.netlink_writes()
     }
 
     /// Every write so far: netlink messages, nft transactions and sysctl values.
     pub fn writes(&self) -> u64 {
-        self.kernel.writes() + self.nft_writes() + self.sysctls.writes
+        self.host.netlink_writes() + self.nft_writes() + self.sysctls.writes
     }
 
     pub fn is_synced(&self) -> bool {
@@ -383,8 +399,8 @@ impl Agent {
         self.publish();
     }
 
-    fn refresh_links(&mut self) -> Result<(), KernelError> {
-        let links = self.kernel.links()?;
+    fn refresh_links(&mut self) -> Result<(), NlError> {
+        let links = self.host.links()?;
         self.links.clear();
         self.names.clear();
         for l in links {
@@ -399,10 +415,10 @@ impl Agent {
         self.metrics.error(message);
     }
 
-    fn kernel_error(&mut self, what: &str, e: KernelError) {
+    fn kernel_error(&mut self, what: &str, e: NlError) {
         if matches!(
             e,
-            KernelError::Overrun | KernelError::DumpInterrupted | KernelError::Io(_)
+            NlError::Overrun | NlError::DumpInterrupted | NlError::Io(_)
         ) {
             self.need_full = true;
         }
@@ -432,14 +448,14 @@ impl Agent {
             // Both families into one differ: a destination's routes come together either way.
             let dumped = Family::ALL
                 .into_iter()
-                .try_for_each(|f| self.kernel.routes(f, table, None, |r| differ.observe(r)));
+                .try_for_each(|f| self.host.routes(f, table, None, |r| differ.observe(r)));
             match dumped {
                 Ok(()) => {
                     let ops = differ.finish();
                     self.apply_route_ops(ops, count);
                     return;
                 }
-                Err(KernelError::DumpInterrupted) => continue,
+                Err(NlError::DumpInterrupted) => continue,
                 Err(e) => {
                     self.kernel_error("reading routes", e);
                     return;
@@ -460,7 +476,7 @@ impl Agent {
         let mut actual: Vec<ActualRoute> = Vec::new();
         for f in Family::ALL {
             if let Err(e) = self
-                .kernel
+                .host
                 .routes(f, self.cfg.table, Some(index), |r| actual.push(*r))
             {
                 self.kernel_error(&format!("reading routes through {name}"), e);
@@ -489,7 +505,7 @@ impl Agent {
         let mut stale = Vec::new();
         let desired = &self.desired;
         let res = Family::ALL.into_iter().try_for_each(|f| {
-            self.kernel.routes(f, self.cfg.table, Some(index), |r| {
+            self.host.routes(f, self.cfg.table, Some(index), |r| {
                 if r.protocol == self.cfg.protocol
                     && r.tos == 0
                     && (!r.at_own_metric() || desired.route(&r.prefix).is_none())
@@ -576,7 +592,7 @@ impl Agent {
         }
         let started = Instant::now();
         let refusals = match self
-            .kernel
+            .host
             .apply_routes(&writable, self.cfg.table, self.cfg.protocol)
         {
             Ok(r) => r,
@@ -689,7 +705,7 @@ impl Agent {
         if self.ipip_missing.is_some() {
             return None;
         }
-        match self.kernel.ensure_ipip(&name) {
+        match self.host.ensure_ipip(&name) {
             Ok(index) => {
                 self.links.insert(name.clone(), index);
                 self.names.insert(index, (name, true));
@@ -710,7 +726,7 @@ impl Agent {
     /// address of that family (the local VTEP's underlay address).
     fn find_uplink(&mut self, underlay: IpAddr) -> Result<(u32, u32, String), String> {
         if !self.cfg.uplink.is_empty() {
-            return match self.kernel.link(&self.cfg.uplink) {
+            return match self.host.link(&self.cfg.uplink) {
                 Ok(Some(l)) => Ok((l.index, l.mtu, l.name)),
                 Ok(None) => Err(format!(
                     "uplink {} (routewriter.uplink) does not exist",
@@ -720,11 +736,11 @@ impl Agent {
             };
         }
         let addrs = self
-            .kernel
+            .host
             .all_addresses(Family::of(underlay))
             .map_err(|e| format!("reading addresses: {e}"))?;
         let links = self
-            .kernel
+            .host
             .links()
             .map_err(|e| format!("reading links: {e}"))?;
         let vxlan = [&self.cfg.vxlan_device, &self.cfg.vxlan_device_v6];
@@ -773,14 +789,14 @@ impl Agent {
         let name = self.vxlan_name(family).to_owned();
         let Some(local) = self.desired.local_vtep(family).copied() else {
             // VXLAN of this family is not wanted: the device of that name is ours, remove it.
-            if let Ok(Some(l)) = self.kernel.link(&name)
+            if let Ok(Some(l)) = self.host.link(&name)
                 && l.kind.as_deref() == Some("vxlan")
             {
                 info!(
                     "removing {name}: no local {} VTEP is desired",
                     family.name()
                 );
-                if let Err(e) = self.kernel.delete_link(l.index) {
+                if let Err(e) = self.host.delete_link(l.index) {
                     self.kernel_error(&format!("removing {name}"), e);
                 }
             }
@@ -814,7 +830,7 @@ impl Agent {
                 .unwrap_or_else(|| vtep_mac(&self.node, family.to_proto())),
             mtu: self.vxlan_mtu(family, local.mtu, uplink_mtu),
         };
-        let actual = match self.kernel.link(&name) {
+        let actual = match self.host.link(&name) {
             Ok(a) => a,
             Err(e) => return self.kernel_error(&format!("reading {name}"), e),
         };
@@ -836,7 +852,7 @@ impl Agent {
                     self.metrics.correction("device", 1);
                 }
                 if let Some(a) = &actual
-                    && let Err(e) = self.kernel.delete_link(a.index)
+                    && let Err(e) = self.host.delete_link(a.index)
                 {
                     self.kernel_error(&format!("removing {name}"), e);
                     return;
@@ -851,7 +867,7 @@ impl Agent {
                 if count != Count::Nothing {
                     self.metrics.correction("device", 1);
                 }
-                match self.kernel.set_link(index, mtu, mac, up) {
+                match self.host.set_link(index, mtu, mac, up) {
                     Ok(()) => Some(index),
                     Err(e) => {
                         self.kernel_error(&format!("fixing {name}"), e);
@@ -867,11 +883,11 @@ impl Agent {
         self.vxlan_index[fi] = Some(index);
         self.links.insert(name.clone(), index);
         self.names.insert(index, (name.clone(), true));
-        match self.kernel.addresses(index, family) {
+        match self.host.addresses(index, family) {
             Ok(have) => {
                 let (add, del) = reconcile::diff_addresses(family, Some(local.tunnel), &have);
                 for (a, len) in del {
-                    if let Err(e) = self.kernel.del_address(index, a, len) {
+                    if let Err(e) = self.host.del_address(index, a, len) {
                         self.kernel_error(&format!("removing {a}/{len} from {name}"), e);
                     }
                 }
@@ -879,7 +895,7 @@ impl Agent {
                     if count != Count::Nothing {
                         self.metrics.correction("address", 1);
                     }
-                    if let Err(e) = self.kernel.add_address(index, a, len) {
+                    if let Err(e) = self.host.add_address(index, a, len) {
                         self.kernel_error(&format!("adding {a}/{len} to {name}"), e);
                     }
                 }
@@ -898,7 +914,7 @@ impl Agent {
             "creating {} vni {} port {} local {} mtu {}",
             spec.name, spec.vni, spec.port, spec.local, spec.mtu
         );
-        match self.kernel.create_vxlan(spec) {
+        match self.host.create_vxlan(spec) {
             Ok(i) => Some(i),
             Err(e) => {
                 self.kernel_error(&format!("creating {}", spec.name), e);
@@ -912,11 +928,11 @@ impl Agent {
             return;
         };
         let name = self.vxlan_name(family).to_owned();
-        let neigh = match self.kernel.neighbours(index, family) {
+        let neigh = match self.host.neighbours(index, family) {
             Ok(n) => n,
             Err(e) => return self.kernel_error(&format!("reading neighbours of {name}"), e),
         };
-        let fdb = match self.kernel.fdb(index) {
+        let fdb = match self.host.fdb(index) {
             Ok(f) => f,
             Err(e) => return self.kernel_error(&format!("reading the FDB of {name}"), e),
         };
@@ -924,12 +940,12 @@ impl Agent {
         let (nops, fops) =
             reconcile::diff_vteps(self.desired.vteps(family).values(), local, &neigh, &fdb);
         if !fops.is_empty() {
-            let result = self.kernel.apply_fdb(index, &fops);
+            let result = self.host.apply_fdb(index, &fops);
             let describe = |i: usize| super::kernel::describe_fdb(&fops[i]);
             self.report_vtep_writes(result, fops.len(), describe, &name, "fdb", count);
         }
         if !nops.is_empty() {
-            let result = self.kernel.apply_neighbours(index, &nops);
+            let result = self.host.apply_neighbours(index, &nops);
             let describe = |i: usize| super::kernel::describe_neigh(&nops[i]);
             self.report_vtep_writes(result, nops.len(), describe, &name, "neigh", count);
         }
@@ -939,7 +955,7 @@ impl Agent {
     /// each refusal is a failure, the rest count as corrections.
     fn report_vtep_writes(
         &mut self,
-        result: Result<Vec<super::kernel::Refusal>, KernelError>,
+        result: Result<Vec<Refusal>, NlError>,
         total: usize,
         describe: impl Fn(usize) -> String,
         name: &str,
@@ -975,28 +991,26 @@ impl Agent {
     /// The namespace's nftables tables, listed once for a full sync's NAT and policy tables
     /// (`None`: neither is on, or the listing failed and each reads its own).
     fn nft_tables(&self) -> Option<Tables> {
-        let runner = match (&self.nft, &self.policy) {
-            (Some(n), _) => &n.runner,
-            (None, Some(p)) => &p.runner,
-            (None, None) => return None,
-        };
-        runner
-            .tables()
+        if !self.cfg.nat && !self.cfg.policy {
+            return None;
+        }
+        self.host
+            .nft_tables()
             .inspect_err(|e| debug!("listing the nftables tables: {e}; each is read on its own"))
             .ok()
     }
 
     fn sync_nat(&mut self, count: Count, known: Option<&Tables>) {
-        let Some(nft) = self.nft.as_mut() else {
+        if !self.cfg.nat {
             return;
-        };
+        }
         let pools = self.desired.pools();
         let mut errors = Vec::new();
         let mut repaired = Vec::new();
         for f in Family::ALL {
             let wanted = f == Family::V4 || pools.keys().any(|n| Family::of(n.addr()) == f);
             let desired = wanted.then(|| nat::desired_from_pools(pools, f));
-            match nft.sync(f, desired.as_ref(), known) {
+            match self.host.sync_nat(f, desired.as_ref(), known) {
                 Ok(true) => repaired.push(f),
                 Ok(false) => {}
                 Err(e) => errors.push(format!("natOutgoing of {} not programmed: {e}", f.name())),
@@ -1020,12 +1034,14 @@ impl Agent {
     /// The network-policy table (see `policy`): written only where it differs from what the
     /// desired state renders; a refused write leaves the previous ruleset in force.
     fn sync_policy(&mut self, count: Count, known: Option<&Tables>) {
-        let Some(table) = self.policy.as_mut() else {
+        if !self.cfg.policy {
             return;
-        };
+        }
         // A full sync (start, the periodic resync, a repair) reads the table back for drift;
         // a change from the stream is planned against the last write.
-        let result = table.sync(self.desired.policy(), count != Count::Nothing, known);
+        let result = self
+            .host
+            .sync_policy(self.desired.policy(), count != Count::Nothing, known);
         let (endpoints, rules, sets) = self.desired.policy().counts();
         let refused = result.as_ref().err().map(|e| e.to_string());
         self.metrics.update(|s| {
@@ -1062,12 +1078,15 @@ impl Agent {
 
     /// nft transactions run, both tables.
     fn nft_writes(&self) -> u64 {
-        self.nft.as_ref().map_or(0, |n| n.writes())
-            + self.policy.as_ref().map_or(0, |p| p.runner.writes)
+        self.host.nft_writes()
     }
 
     fn ensure_forwarding(&mut self, family: Family) {
-        match self.sysctls.ensure_forwarding(family) {
+        let key = match family {
+            Family::V4 => FORWARDING_V4,
+            Family::V6 => FORWARDING_V6,
+        };
+        match self.sysctls.ensure(key, "1") {
             Ok(true) if self.synced => self.metrics.correction("sysctl", 1),
             Ok(_) => {}
             Err(e) => self.fail(e.to_string()),
@@ -1301,7 +1320,7 @@ impl Agent {
         let mut examples: Vec<String> = self.failing.values().map(|f| f.error.clone()).collect();
         examples.sort();
         examples.truncate(20);
-        let netlink = self.kernel.writes();
+        let netlink = self.host.netlink_writes();
         let nft = self.nft_writes();
         let sysctl = self.sysctls.writes;
         let vxlan: Vec<String> = Family::ALL
@@ -1436,7 +1455,7 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
     let own = Arc::new(AtomicU32::new(0));
     let mut events = monitor::start(cfg.table, 4096, own.clone()).map_err(AgentError::Monitor)?;
     let mut agent = Agent::new(cfg.clone(), config.node.name.clone(), metrics.clone())?;
-    own.store(agent.kernel.port_id(), Ordering::Relaxed);
+    own.store(agent.host().kernel.port_id(), Ordering::Relaxed);
     let (tx, mut updates) = mpsc::channel(64);
     let stream = tokio::spawn(stream_loop(
         cfg.socket.clone(),
@@ -1493,3 +1512,6 @@ pub async fn run(config: Config) -> Result<(), AgentError> {
     stream.abort();
     Ok(())
 }
+
+#[cfg(test)]
+mod tests;

@@ -46,6 +46,7 @@ use super::reconcile::{
     ActualFdb, ActualLink, ActualNeigh, ActualRoute, DeviceSpec, FdbOp, NeighOp, RouteOp,
     VxlanParams, own_metric, route_scope,
 };
+use host_kernel::netlink::{NlError, Nlmsgerr};
 use proto::mac::{Mac, format_mac};
 
 // Message types and flags (linux/rtnetlink.h, linux/netlink.h).
@@ -67,69 +68,21 @@ const NLMSG_DONE: u16 = 3;
 const NLM_F_REQUEST: u16 = 1;
 const NLM_F_ACK: u16 = 4;
 const NLM_F_DUMP_INTR: u16 = 16;
-const NLM_F_ACK_TLVS: u16 = 0x200;
 const NLM_F_DUMP: u16 = 0x300;
 const NLM_F_REPLACE: u16 = 0x100;
 const NLM_F_EXCL: u16 = 0x200;
 const NLM_F_CREATE: u16 = 0x400;
-const NLMSGERR_ATTR_MSG: u16 = 1;
 const HDR: usize = 16;
 /// One sendmsg carries at most this much (the socket's send buffer is larger).
 const BATCH_BYTES: usize = 60 * 1024;
 /// Room for a whole dump datagram (the kernel fills up to 32 KiB) and for batched refusals.
 const RECV_BYTES: usize = 256 * 1024;
 
-#[derive(Debug, thiserror::Error)]
-pub enum KernelError {
-    #[error("cannot open a netlink socket: {0} (routewriter needs root or CAP_NET_ADMIN)")]
-    Open(io::Error),
-    #[error("netlink I/O failed: {0}")]
-    Io(io::Error),
-    #[error(
-        "the kernel's answers overflowed the netlink receive buffer: what happened is unknown until the next full resync"
-    )]
-    Overrun,
-    #[error("the kernel changed the table during a dump; try again")]
-    DumpInterrupted,
-    #[error("{what}: {error}")]
-    Refused { what: String, error: NlError },
-    #[error("kernel has no {feature} support (module {module}): {consequence}")]
-    Missing {
-        feature: &'static str,
-        module: &'static str,
-        consequence: &'static str,
-    },
-}
-
-/// The kernel's refusal of one request: errno and, when it says more, its extended message.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct NlError {
-    pub errno: i32,
-    pub message: String,
-}
-
-impl NlError {
-    fn new(errno: i32, message: String) -> Self {
-        NlError { errno, message }
-    }
-}
-
-impl std::fmt::Display for NlError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let os = io::Error::from_raw_os_error(self.errno);
-        if self.message.is_empty() {
-            write!(f, "{os}")
-        } else {
-            write!(f, "{os}: {}", self.message)
-        }
-    }
-}
-
 /// A refused request of a batch: which one (its index in the batch) and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {
     pub index: usize,
-    pub error: NlError,
+    pub error: Nlmsgerr,
 }
 
 /// One open rtnetlink socket with a write counter.
@@ -146,14 +99,14 @@ pub struct Kernel {
 
 impl Kernel {
     /// Opens a socket in the calling thread's network namespace.
-    pub fn open() -> Result<Kernel, KernelError> {
-        let mut sock = Socket::new(NETLINK_ROUTE).map_err(KernelError::Open)?;
-        let port = sock.bind_auto().map_err(KernelError::Open)?.port_number();
+    pub fn open() -> Result<Kernel, NlError> {
+        let mut sock = Socket::new(NETLINK_ROUTE).map_err(NlError::Open)?;
+        let port = sock.bind_auto().map_err(NlError::Open)?.port_number();
         // Failures name the bad attribute; filtered dumps (table, interface) need strict checks.
         let _ = sock.set_ext_ack(true);
         let _ = sock.set_cap_ack(true);
         sock.set_netlink_get_strict_chk(true)
-            .map_err(KernelError::Open)?;
+            .map_err(NlError::Open)?;
         // Room for many answers at once; as root the limit can be passed (RCVBUFFORCE).
         set_buf(&sock, libc::SO_RCVBUFFORCE, libc::SO_RCVBUF, 8 << 20);
         set_buf(&sock, libc::SO_SNDBUFFORCE, libc::SO_SNDBUF, 1 << 20);
@@ -200,7 +153,7 @@ impl Kernel {
         self.seq
     }
 
-    fn send_tx(&mut self) -> Result<(), KernelError> {
+    fn send_tx(&mut self) -> Result<(), NlError> {
         let mut off = 0;
         while off < self.tx.len() {
             // SAFETY: sending from our own buffer on our own socket.
@@ -217,7 +170,7 @@ impl Kernel {
                 if e.kind() == io::ErrorKind::Interrupted {
                     continue;
                 }
-                return Err(KernelError::Io(e));
+                return Err(NlError::Io(e));
             }
             // Netlink takes a datagram whole or not at all.
             off = self.tx.len();
@@ -226,7 +179,7 @@ impl Kernel {
     }
 
     /// Receives one datagram into `rx`; its length.
-    fn recv(&mut self) -> Result<usize, KernelError> {
+    fn recv(&mut self) -> Result<usize, NlError> {
         loop {
             // SAFETY: receiving into our own buffer on our own socket.
             let n = unsafe {
@@ -243,8 +196,8 @@ impl Kernel {
             let e = io::Error::last_os_error();
             match e.raw_os_error() {
                 Some(libc::EINTR) => continue,
-                Some(libc::ENOBUFS) => return Err(KernelError::Overrun),
-                _ => return Err(KernelError::Io(e)),
+                Some(libc::ENOBUFS) => return Err(NlError::Overrun),
+                _ => return Err(NlError::Io(e)),
             }
         }
     }
@@ -255,7 +208,7 @@ impl Kernel {
         msg_type: u16,
         payload: &dyn Emitable,
         mut f: impl FnMut(u16, &[u8]),
-    ) -> Result<(), KernelError> {
+    ) -> Result<(), NlError> {
         let seq = self.next_seq();
         self.tx.clear();
         push_msg(
@@ -279,15 +232,15 @@ impl Kernel {
                 match hdr.msg_type {
                     NLMSG_DONE => {
                         return if interrupted {
-                            Err(KernelError::DumpInterrupted)
+                            Err(NlError::DumpInterrupted)
                         } else {
                             Ok(())
                         };
                     }
                     NLMSG_ERROR => {
-                        let err = parse_error(hdr.flags, payload);
+                        let err = Nlmsgerr::parse(hdr.flags, payload);
                         if let Some(e) = err {
-                            return Err(KernelError::Refused {
+                            return Err(NlError::Refused {
                                 what: format!("dump (message type {msg_type})"),
                                 error: e,
                             });
@@ -306,13 +259,13 @@ impl Kernel {
         flags: u16,
         payload: &dyn Emitable,
         what: impl FnOnce() -> String,
-    ) -> Result<(), KernelError> {
+    ) -> Result<(), NlError> {
         let mut batch = Batch::new(self);
         batch.push(msg_type, flags, payload)?;
         let refusals = batch.finish()?;
         match refusals.into_iter().next() {
             None => Ok(()),
-            Some(r) => Err(KernelError::Refused {
+            Some(r) => Err(NlError::Refused {
                 what: what(),
                 error: r.error,
             }),
@@ -324,7 +277,7 @@ impl Kernel {
         &mut self,
         msg_type: u16,
         payload: &dyn Emitable,
-    ) -> Result<Option<Vec<u8>>, KernelError> {
+    ) -> Result<Option<Vec<u8>>, NlError> {
         let seq = self.next_seq();
         self.tx.clear();
         push_msg(&mut self.tx, msg_type, NLM_F_REQUEST, seq, payload);
@@ -338,9 +291,9 @@ impl Kernel {
                     continue;
                 }
                 if hdr.msg_type == NLMSG_ERROR {
-                    return match parse_error(hdr.flags, payload) {
+                    return match Nlmsgerr::parse(hdr.flags, payload) {
                         Some(e) if e.errno == libc::ENODEV || e.errno == libc::ENOENT => Ok(None),
-                        Some(e) => Err(KernelError::Refused {
+                        Some(e) => Err(NlError::Refused {
                             what: "get".into(),
                             error: e,
                         }),
@@ -362,7 +315,7 @@ impl Kernel {
         table: u32,
         oif: Option<u32>,
         mut f: impl FnMut(&ActualRoute),
-    ) -> Result<(), KernelError> {
+    ) -> Result<(), NlError> {
         let mut req = RouteMessage::default();
         req.header.address_family = address_family(family);
         req.header.table = table_u8(table);
@@ -395,7 +348,7 @@ impl Kernel {
         ops: &[RouteOp],
         table: u32,
         protocol: u8,
-    ) -> Result<Vec<Refusal>, KernelError> {
+    ) -> Result<Vec<Refusal>, NlError> {
         let mut batch = Batch::new(self);
         let mut index_of = Vec::with_capacity(ops.len());
         for (i, op) in ops.iter().enumerate() {
@@ -492,7 +445,7 @@ impl Kernel {
     // Links
 
     /// Every link.
-    pub fn links(&mut self) -> Result<Vec<ActualLink>, KernelError> {
+    pub fn links(&mut self) -> Result<Vec<ActualLink>, NlError> {
         let mut out = Vec::new();
         let req = LinkMessage::default();
         self.dump(RTM_GETLINK, &req, |t, payload| {
@@ -506,7 +459,7 @@ impl Kernel {
     }
 
     /// One link by name.
-    pub fn link(&mut self, name: &str) -> Result<Option<ActualLink>, KernelError> {
+    pub fn link(&mut self, name: &str) -> Result<Option<ActualLink>, NlError> {
         let mut req = LinkMessage::default();
         req.attributes.push(LinkAttribute::IfName(name.to_owned()));
         Ok(self
@@ -516,7 +469,7 @@ impl Kernel {
     }
 
     /// Creates a VXLAN device (of the family of its local address), up; its interface index.
-    pub fn create_vxlan(&mut self, spec: &DeviceSpec) -> Result<u32, KernelError> {
+    pub fn create_vxlan(&mut self, spec: &DeviceSpec) -> Result<u32, NlError> {
         let b = rtnetlink::LinkVxlan::new(&spec.name, spec.vni)
             .dev(spec.link)
             .port(spec.port);
@@ -535,9 +488,12 @@ impl Kernel {
         })?;
         self.link(&spec.name)?
             .map(|l| l.index)
-            .ok_or_else(|| KernelError::Refused {
+            .ok_or_else(|| NlError::Refused {
                 what: format!("create VXLAN device {}", spec.name),
-                error: NlError::new(libc::ENODEV, "created but not found".into()),
+                error: Nlmsgerr {
+                    errno: libc::ENODEV,
+                    message: "created but not found".into(),
+                },
             })
     }
 
@@ -548,7 +504,7 @@ impl Kernel {
         mtu: Option<u32>,
         mac: Option<Mac>,
         up: bool,
-    ) -> Result<(), KernelError> {
+    ) -> Result<(), NlError> {
         let mut b = rtnetlink::LinkUnspec::new_with_index(index);
         if let Some(mtu) = mtu {
             b = b.mtu(mtu);
@@ -563,15 +519,15 @@ impl Kernel {
         self.write_one(RTM_NEWLINK, 0, &msg, || format!("change link {index}"))
     }
 
-    pub fn delete_link(&mut self, index: u32) -> Result<(), KernelError> {
+    pub fn delete_link(&mut self, index: u32) -> Result<(), NlError> {
         let mut msg = LinkMessage::default();
         msg.header.index = index;
         self.write_one(RTM_DELLINK, 0, &msg, || format!("delete link {index}"))
     }
 
     /// Makes sure the IPIP device exists (creating it loads the `ipip` module where that can
-    /// be done); its index, or [`KernelError::Missing`] when the kernel has no IPIP.
-    pub fn ensure_ipip(&mut self, name: &str) -> Result<u32, KernelError> {
+    /// be done); its index, or [`NlError::Missing`] when the kernel has no IPIP.
+    pub fn ensure_ipip(&mut self, name: &str) -> Result<u32, NlError> {
         if let Some(l) = self.link(name)? {
             return Ok(l.index);
         }
@@ -580,13 +536,13 @@ impl Kernel {
             format!("create IPIP device {name}")
         }) {
             Ok(()) => {}
-            Err(KernelError::Refused { error, .. })
+            Err(NlError::Refused { error, .. })
                 if error.errno == libc::EOPNOTSUPP || error.errno == libc::ENOENT =>
             {
                 return Err(ipip_missing());
             }
             // The fallback device appeared meanwhile.
-            Err(KernelError::Refused { error, .. }) if error.errno == libc::EEXIST => {}
+            Err(NlError::Refused { error, .. }) if error.errno == libc::EEXIST => {}
             Err(e) => return Err(e),
         }
         self.link(name)?.map(|l| l.index).ok_or_else(ipip_missing)
@@ -595,22 +551,8 @@ impl Kernel {
     // -----------------------------------------------------------------------------------------
     // Addresses
 
-    /// Addresses of `family` on interface `index`.
-    pub fn addresses(
-        &mut self,
-        index: u32,
-        family: Family,
-    ) -> Result<Vec<(IpAddr, u8)>, KernelError> {
-        Ok(self
-            .all_addresses(family)?
-            .into_iter()
-            .filter(|(i, _, _)| *i == index)
-            .map(|(_, a, l)| (a, l))
-            .collect())
-    }
-
     /// Every address of `family`: interface index, address, prefix length.
-    pub fn all_addresses(&mut self, family: Family) -> Result<Vec<(u32, IpAddr, u8)>, KernelError> {
+    pub fn all_addresses(&mut self, family: Family) -> Result<Vec<(u32, IpAddr, u8)>, NlError> {
         let mut req = AddressMessage::default();
         req.header.family = address_family(family);
         let mut out = Vec::new();
@@ -643,19 +585,19 @@ impl Kernel {
         Ok(out)
     }
 
-    pub fn add_address(&mut self, index: u32, addr: IpAddr, len: u8) -> Result<(), KernelError> {
+    pub fn add_address(&mut self, index: u32, addr: IpAddr, len: u8) -> Result<(), NlError> {
         let msg = address_msg(index, addr, len);
         self.write_one(RTM_NEWADDR, NLM_F_CREATE | NLM_F_REPLACE, &msg, || {
             format!("add address {addr}/{len} to link {index}")
         })
     }
 
-    pub fn del_address(&mut self, index: u32, addr: IpAddr, len: u8) -> Result<(), KernelError> {
+    pub fn del_address(&mut self, index: u32, addr: IpAddr, len: u8) -> Result<(), NlError> {
         let msg = address_msg(index, addr, len);
         match self.write_one(RTM_DELADDR, 0, &msg, || {
             format!("delete address {addr}/{len} from link {index}")
         }) {
-            Err(KernelError::Refused { error, .. }) if error.errno == libc::EADDRNOTAVAIL => Ok(()),
+            Err(NlError::Refused { error, .. }) if error.errno == libc::EADDRNOTAVAIL => Ok(()),
             r => r,
         }
     }
@@ -664,11 +606,7 @@ impl Kernel {
     // Neighbours and FDB
 
     /// Neighbour entries of `family` (ARP, NDP) on interface `index`.
-    pub fn neighbours(
-        &mut self,
-        index: u32,
-        family: Family,
-    ) -> Result<Vec<ActualNeigh>, KernelError> {
+    pub fn neighbours(&mut self, index: u32, family: Family) -> Result<Vec<ActualNeigh>, NlError> {
         let mut req = NeighbourMessage::default();
         req.header.family = address_family(family);
         let mut out = Vec::new();
@@ -696,7 +634,7 @@ impl Kernel {
 
     /// Bridge FDB entries of interface `index` (the VXLAN device's own table), with remotes of
     /// either family.
-    pub fn fdb(&mut self, index: u32) -> Result<Vec<ActualFdb>, KernelError> {
+    pub fn fdb(&mut self, index: u32) -> Result<Vec<ActualFdb>, NlError> {
         let mut req = NeighbourMessage::default();
         req.header.family = AddressFamily::Bridge;
         let mut out = Vec::new();
@@ -727,7 +665,7 @@ impl Kernel {
         &mut self,
         index: u32,
         ops: &[NeighOp],
-    ) -> Result<Vec<Refusal>, KernelError> {
+    ) -> Result<Vec<Refusal>, NlError> {
         let mut batch = Batch::new(self);
         for op in ops {
             let mut m = NeighbourMessage::default();
@@ -757,7 +695,7 @@ impl Kernel {
     }
 
     /// Applies FDB operations on interface `index`; refusals by index into `ops`.
-    pub fn apply_fdb(&mut self, index: u32, ops: &[FdbOp]) -> Result<Vec<Refusal>, KernelError> {
+    pub fn apply_fdb(&mut self, index: u32, ops: &[FdbOp]) -> Result<Vec<Refusal>, NlError> {
         let mut batch = Batch::new(self);
         for op in ops {
             let mut m = NeighbourMessage::default();
@@ -795,8 +733,8 @@ impl Kernel {
     }
 }
 
-fn ipip_missing() -> KernelError {
-    KernelError::Missing {
+fn ipip_missing() -> NlError {
+    NlError::Missing {
         feature: "ipip",
         module: "ipip",
         consequence: "pools in IPIP mode cannot be programmed",
@@ -850,7 +788,7 @@ impl<'k> Batch<'k> {
         msg_type: u16,
         flags: u16,
         payload: &dyn Emitable,
-    ) -> Result<(), KernelError> {
+    ) -> Result<(), NlError> {
         let seq = self.base.wrapping_add(self.count as u32);
         self.k.seq = seq;
         push_msg(
@@ -868,7 +806,7 @@ impl<'k> Batch<'k> {
         Ok(())
     }
 
-    fn flush(&mut self) -> Result<(), KernelError> {
+    fn flush(&mut self) -> Result<(), NlError> {
         if self.count == self.pending_from {
             return Ok(());
         }
@@ -901,7 +839,7 @@ impl<'k> Batch<'k> {
                 }
                 let index = hdr.seq.wrapping_sub(self.base) as usize;
                 if index < self.count
-                    && let Some(error) = parse_error(hdr.flags, payload)
+                    && let Some(error) = Nlmsgerr::parse(hdr.flags, payload)
                 {
                     self.refusals.push(Refusal { index, error });
                 }
@@ -915,7 +853,7 @@ impl<'k> Batch<'k> {
     }
 
     /// Sends what is left and returns every refusal, by request index.
-    pub fn finish(mut self) -> Result<Vec<Refusal>, KernelError> {
+    pub fn finish(mut self) -> Result<Vec<Refusal>, NlError> {
         self.flush()?;
         self.k.seq = self
             .base
@@ -965,42 +903,6 @@ fn next_msg(data: &[u8], off: usize) -> Option<(Hdr, &[u8], usize)> {
         seq: u32::from_ne_bytes([h[8], h[9], h[10], h[11]]),
     };
     Some((hdr, &data[off + HDR..off + len], off + ((len + 3) & !3)))
-}
-
-/// An NLMSG_ERROR payload: `None` for an ACK, the error with its extended message otherwise.
-fn parse_error(flags: u16, payload: &[u8]) -> Option<NlError> {
-    let code = i32::from_ne_bytes(payload.get(0..4)?.try_into().ok()?);
-    if code == 0 {
-        return None;
-    }
-    let mut message = String::new();
-    if flags & NLM_F_ACK_TLVS != 0 {
-        // After the code: the request's header (capped: no payload) and then attributes.
-        let orig_len = payload
-            .get(4..8)
-            .map(|b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]) as usize)
-            .unwrap_or(HDR);
-        let tlv_start = if flags & 0x100 != 0 {
-            4 + HDR
-        } else {
-            4 + orig_len
-        };
-        let mut off = (tlv_start + 3) & !3;
-        while let Some(h) = payload.get(off..off + 4) {
-            let len = u16::from_ne_bytes([h[0], h[1]]) as usize;
-            let kind = u16::from_ne_bytes([h[2], h[3]]) & 0x3fff;
-            if len < 4 || off + len > payload.len() {
-                break;
-            }
-            if kind == NLMSGERR_ATTR_MSG {
-                let v = &payload[off + 4..off + len];
-                message =
-                    String::from_utf8_lossy(v.split(|b| *b == 0).next().unwrap_or(v)).into_owned();
-            }
-            off += (len + 3) & !3;
-        }
-    }
-    Some(NlError::new(-code, message))
 }
 
 fn table_u8(table: u32) -> u8 {
@@ -1324,24 +1226,5 @@ mod tests {
         let mut bad = buf.clone();
         bad[0..4].copy_from_slice(&4u32.to_ne_bytes());
         assert!(next_msg(&bad, 0).is_none());
-    }
-
-    #[test]
-    fn errors_carry_the_kernels_message() {
-        let mut p = Vec::new();
-        p.extend_from_slice(&(-libc::ENETUNREACH).to_ne_bytes());
-        // Capped original header (16 bytes).
-        p.extend_from_slice(&[16, 0, 0, 0, 24, 0, 5, 0, 1, 0, 0, 0, 0, 0, 0, 0]);
-        let text = b"Nexthop has invalid gateway\0";
-        let nla_len = 4 + text.len();
-        p.extend_from_slice(&(nla_len as u16).to_ne_bytes());
-        p.extend_from_slice(&NLMSGERR_ATTR_MSG.to_ne_bytes());
-        p.extend_from_slice(text);
-        let e = parse_error(NLM_F_ACK_TLVS | 0x100, &p).unwrap();
-        assert_eq!(e.errno, libc::ENETUNREACH);
-        assert_eq!(e.message, "Nexthop has invalid gateway");
-        assert!(e.to_string().contains("Nexthop has invalid gateway"));
-        assert_eq!(parse_error(0, &0i32.to_ne_bytes()), None);
-        assert_eq!(parse_error(0, &[1, 2]), None);
     }
 }

@@ -12,21 +12,22 @@
 //! - `desired`: the desired state built from the stream (sans-IO), with its revision for resume.
 //! - `reconcile`: the pure diff of desired against actual, as lists of operations (sans-IO).
 //! - `kernel`: rtnetlink reads and batched writes, every write counted.
+//! - `host`: what the agent asks of the host (`kernel`, `nat`, `policy`) as one trait, so its
+//!   event handling is unit-tested against a recording fake.
 //! - `monitor`: the netlink multicast listener that reports changes made by others.
 //! - `nft`: the `nft` binary (list a table, run an atomic script) and interval-set elements.
 //! - `nat`: natOutgoing's tables.
 //! - `policy`: network policy of the pod interfaces, enforced in `table inet margay-policy`.
-//! - `sysctl`: forwarding and the per-workload-interface settings.
-//! - `metrics`: the counters and the Prometheus text / status listener.
+//! - `metrics`: the counters and the Prometheus text / status listener (its client and the
+//!   status's text are `daemon_common::observe::status`, which bgpctl shares).
 //! - `agent`: the tokio wiring: stream client, monitor, periodic resync, signals.
-//! - `status`: a running agent's status, fetched from its listener and rendered (for
-//!   `routewriter status` and `bgpctl routewriter`).
 //!
 //! It talks to bgpd only over the API (`proto`), never to the datastore.
 
 pub mod agent;
 pub mod config;
 pub mod desired;
+pub mod host;
 pub mod kernel;
 pub mod metrics;
 pub mod monitor;
@@ -35,5 +36,3 @@ pub mod nft;
 pub mod policy;
 pub mod reconcile;
 pub mod routes;
-pub mod status;
-pub mod sysctl;

@@ -13,6 +13,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use daemon_common::observe::status::{fetch, render};
 use routewriter::config::Config;
 
 #[derive(Parser)]
@@ -80,11 +81,11 @@ fn status(config: &Config, json: bool) -> Result<(), String> {
     let Some(addr) = config.routewriter.metrics_listen else {
         return Err("routewriter.metrics_listen is not set: the agent serves no status".into());
     };
-    let body = routewriter::status::fetch_status(addr)?;
+    let body = fetch(addr).map_err(|e| e.to_string())?;
     if json {
         println!("{body}");
     } else {
-        print!("{}", routewriter::status::render(&body)?);
+        print!("{}", render(&body).map_err(|e| e.to_string())?);
     }
     Ok(())
 }

@@ -1,18 +1,23 @@
-//! The sysctls Calico keeps: forwarding on per family (`net.ipv4.ip_forward`, and
-//! `net.ipv6.conf.all.forwarding` where IPv6 is desired), and on each workload (`cali*`)
-//! interface proxy ARP (pods reach 169.254.1.1 through it), forwarding, route_localnet, no
-//! proxy delay, and rp_filter as the host's default; for a workload with IPv6, IPv6 on, no
-//! DAD, proxy NDP and forwarding on its interface (what the CNI plugin sets on the host side).
-//! A value is written only when it differs, so a restart with nothing changed writes nothing.
+//! `/proc/sys` values as margay keeps them: a value is written only when it differs, so a
+//! restart with nothing changed writes nothing, and every write is counted. The settings of a
+//! workload (`cali*`) interface's host end are Calico's, set by the CNI plugin on ADD and
+//! kept by routewriter: proxy ARP (pods reach 169.254.1.1 through it), forwarding,
+//! route_localnet, no proxy delay, rp_filter as the host's default; with IPv6, IPv6 on, no
+//! DAD, proxy NDP and forwarding.
 //!
-//! Paths are read in the network namespace of the process (what /proc/sys/net shows).
+//! Paths are read in the network namespace of the calling thread (what /proc/sys/net shows).
 
 use std::path::{Path, PathBuf};
 
-use super::routes::Family;
+/// Host-wide forwarding of IPv4.
+pub const FORWARDING_V4: &str = "net/ipv4/ip_forward";
+/// Host-wide forwarding of IPv6.
+pub const FORWARDING_V6: &str = "net/ipv6/conf/all/forwarding";
 
 #[derive(Debug, thiserror::Error)]
-#[error("cannot set {path} to {value}: {source} (routewriter needs root and a writable /proc/sys)")]
+#[error(
+    "cannot set {path} to {value}: {source} (this needs root and /proc/sys mounted writable in this network namespace)"
+)]
 pub struct SysctlError {
     pub path: String,
     pub value: String,
@@ -33,6 +38,7 @@ impl Default for Sysctls {
 }
 
 impl Sysctls {
+    /// Values under `root` (`/proc/sys`, or a directory standing in for it in tests).
     pub fn new(root: &Path) -> Self {
         Sysctls {
             root: root.to_owned(),
@@ -55,14 +61,6 @@ impl Sysctls {
         std::fs::write(&path, value).map_err(err)?;
         self.writes += 1;
         Ok(true)
-    }
-
-    /// Forwarding of one family on, for the whole host.
-    pub fn ensure_forwarding(&mut self, family: Family) -> Result<bool, SysctlError> {
-        match family {
-            Family::V4 => self.ensure("net/ipv4/ip_forward", "1"),
-            Family::V6 => self.ensure("net/ipv6/conf/all/forwarding", "1"),
-        }
     }
 
     /// The per-interface settings of a workload interface; how many were written.
@@ -117,7 +115,7 @@ mod tests {
         std::fs::create_dir_all(root.join("net/ipv4/conf/cali1")).unwrap();
         std::fs::create_dir_all(root.join("net/ipv4/conf/default")).unwrap();
         std::fs::create_dir_all(root.join("net/ipv4/neigh/cali1")).unwrap();
-        std::fs::write(root.join("net/ipv4/ip_forward"), "0\n").unwrap();
+        std::fs::write(root.join(FORWARDING_V4), "0\n").unwrap();
         std::fs::write(root.join("net/ipv4/conf/default/rp_filter"), "2\n").unwrap();
         for k in ["route_localnet", "proxy_arp", "forwarding", "rp_filter"] {
             std::fs::write(root.join(format!("net/ipv4/conf/cali1/{k}")), "0\n").unwrap();
@@ -125,7 +123,7 @@ mod tests {
         std::fs::write(root.join("net/ipv4/neigh/cali1/proxy_delay"), "80\n").unwrap();
         std::fs::create_dir_all(root.join("net/ipv6/conf/all")).unwrap();
         std::fs::create_dir_all(root.join("net/ipv6/conf/cali1")).unwrap();
-        std::fs::write(root.join("net/ipv6/conf/all/forwarding"), "0\n").unwrap();
+        std::fs::write(root.join(FORWARDING_V6), "0\n").unwrap();
         for (k, v) in [
             ("disable_ipv6", "1"),
             ("accept_dad", "1"),
@@ -135,12 +133,12 @@ mod tests {
             std::fs::write(root.join(format!("net/ipv6/conf/cali1/{k}")), v).unwrap();
         }
         let mut s = Sysctls::new(root);
-        assert!(s.ensure_forwarding(Family::V4).unwrap());
-        assert!(!s.ensure_forwarding(Family::V4).unwrap());
-        assert!(s.ensure_forwarding(Family::V6).unwrap());
-        assert!(!s.ensure_forwarding(Family::V6).unwrap());
+        assert!(s.ensure(FORWARDING_V4, "1").unwrap());
+        assert!(!s.ensure(FORWARDING_V4, "1").unwrap());
+        assert!(s.ensure(FORWARDING_V6, "1").unwrap());
+        assert!(!s.ensure(FORWARDING_V6, "1").unwrap());
         assert_eq!(
-            std::fs::read_to_string(root.join("net/ipv6/conf/all/forwarding")).unwrap(),
+            std::fs::read_to_string(root.join(FORWARDING_V6)).unwrap(),
             "1"
         );
         assert_eq!(s.ensure_workload("cali1").unwrap(), 5);
@@ -155,5 +153,7 @@ mod tests {
         );
         let e = s.ensure_workload("missing").unwrap_err();
         assert!(e.to_string().contains("missing"), "{e}");
+        assert!(e.to_string().contains("needs root"), "{e}");
+        assert_eq!(e.source.kind(), std::io::ErrorKind::NotFound);
     }
 }

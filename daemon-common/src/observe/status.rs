@@ -1,17 +1,34 @@
-//! routewriter's status as bgpctl and `routewriter status` show it: fetched from the running
-//! agent's own listener (`routewriter.metrics_listen`, `GET /status`), rendered as text.
+//! routewriter's status as `routewriter status` and `bgpctl routewriter` show it: the client
+//! of the agent's own listener (`routewriter.metrics_listen`, `GET /status`, served by
+//! [`super::http`]) and the text people read. What the fields mean is routewriter's; the
+//! client sits beside its server so that bgpctl reads the status without linking the agent.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
-/// The agent's status object (JSON text).
-pub fn fetch_status(addr: SocketAddr) -> Result<String, String> {
-    let fail = |e: std::io::Error| {
-        format!(
-            "cannot reach routewriter at {addr}: {e} (is it running, in this network namespace?)"
-        )
-    };
+#[derive(Debug, thiserror::Error)]
+pub enum StatusError {
+    #[error(
+        "cannot reach routewriter at {addr}: {source} (is it running, in this network namespace? routewriter.metrics_listen says where it listens)"
+    )]
+    Unreachable {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error(
+        "{addr} answered `{status}` to GET /status, not routewriter's status (is routewriter.metrics_listen this address?)"
+    )]
+    NotStatus { addr: SocketAddr, status: String },
+    #[error(
+        "routewriter's status is not JSON: {0} (is routewriter.metrics_listen this address? a newer routewriter than this client?)"
+    )]
+    NotJson(serde_json::Error),
+}
+
+/// The agent's status object (JSON text), from its listener at `addr`.
+pub fn fetch(addr: SocketAddr) -> Result<String, StatusError> {
+    let fail = |source| StatusError::Unreachable { addr, source };
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(2)).map_err(fail)?;
     s.set_read_timeout(Some(Duration::from_secs(5)))
         .map_err(fail)?;
@@ -19,15 +36,19 @@ pub fn fetch_status(addr: SocketAddr) -> Result<String, String> {
         .map_err(fail)?;
     let mut out = String::new();
     s.read_to_string(&mut out).map_err(fail)?;
-    out.split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .ok_or_else(|| "routewriter answered without a body".to_owned())
+    let status = out.lines().next().unwrap_or_default();
+    match out.split_once("\r\n\r\n") {
+        Some((_, body)) if status.split(' ').nth(1) == Some("200") => Ok(body.to_owned()),
+        _ => Err(StatusError::NotStatus {
+            addr,
+            status: status.to_owned(),
+        }),
+    }
 }
 
 /// The status as lines for people.
-pub fn render(body: &str) -> Result<String, String> {
-    let v: serde_json::Value =
-        serde_json::from_str(body).map_err(|e| format!("routewriter's status is not JSON: {e}"))?;
+pub fn render(body: &str) -> Result<String, StatusError> {
+    let v: serde_json::Value = serde_json::from_str(body).map_err(StatusError::NotJson)?;
     let n = |k: &str| v[k].as_u64().unwrap_or(0);
     let yes = |k: &str| if v[k] == true { "yes" } else { "no" };
     let map = |k: &str| {
@@ -133,6 +154,62 @@ pub fn render(body: &str) -> Result<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use crate::observe::http::{self, Request, Response};
+
+    #[tokio::test]
+    async fn fetches_the_status_from_the_listener() {
+        let l = http::bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let task = tokio::spawn(http::serve(l, |r: Request| async move {
+            match r.path.as_str() {
+                "/status" => Response::new(200, http::JSON, r#"{"revision": 7}"#),
+                _ => Response::not_found(&["/status"]),
+            }
+        }));
+        let body = tokio::task::spawn_blocking(move || fetch(addr))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(body, r#"{"revision": 7}"#);
+        assert!(
+            render(&body)
+                .unwrap()
+                .starts_with("revision            7\n")
+        );
+        task.abort();
+
+        // Nobody there any more: the error says where it looked and what to check.
+        let _ = task.await;
+        let e = tokio::task::spawn_blocking(move || fetch(addr))
+            .await
+            .unwrap()
+            .unwrap_err();
+        assert!(matches!(e, StatusError::Unreachable { .. }), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with(&format!("cannot reach routewriter at {addr}: ")),
+            "{e}"
+        );
+    }
+
+    #[tokio::test]
+    async fn another_listener_is_not_taken_for_routewriter() {
+        let l = http::bind("127.0.0.1:0".parse().unwrap()).await.unwrap();
+        let addr = l.local_addr().unwrap();
+        let task = tokio::spawn(http::serve(l, |_r: Request| async {
+            Response::not_found(&["/metrics"])
+        }));
+        let e = tokio::task::spawn_blocking(move || fetch(addr))
+            .await
+            .unwrap()
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("answered `HTTP/1.1 404 Not Found`"),
+            "{e}"
+        );
+        task.abort();
+    }
 
     #[test]
     fn renders_both_families() {
