@@ -13,54 +13,16 @@
 //!
 //! Routes of pools without VXLAN come from BGP, not from here (the cluster-brain issue).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;
 
+use ::datastore::model::{EncapMode, IpFamily, IpPool, Node};
 use ipam::block::{AffinityState, Block, BlockAffinity};
-use ipam::model::{EncapMode, IpFamily, IpPool, Node};
 use ipnet::IpNet;
-use proto::v1 as pb;
 
-/// Identifies one desired item, so that changes are upserts and removals by key.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
-pub enum ItemKey {
-    Route(IpNet),
-    Vtep(String, IpFamily),
-    LocalVtep(IpFamily),
-    NatPool(IpNet),
-    /// A pod interface's network policy, and an address set its rules name (`policy`).
-    EndpointPolicy(String),
-    PolicySet(String),
-}
-
-/// The contract's name of a family.
-pub fn pb_family(f: IpFamily) -> pb::IpFamily {
-    match f {
-        IpFamily::V4 => pb::IpFamily::V4,
-        IpFamily::V6 => pb::IpFamily::V6,
-    }
-}
-
-impl ItemKey {
-    pub fn to_proto(&self) -> pb::DesiredKey {
-        use pb::desired_key::Key;
-        pb::DesiredKey {
-            key: Some(match self {
-                ItemKey::Route(n) => Key::Route(n.to_string()),
-                ItemKey::Vtep(n, f) => Key::Vtep(pb::VtepKey {
-                    node: n.clone(),
-                    family: pb_family(*f).into(),
-                }),
-                ItemKey::LocalVtep(f) => Key::LocalVtep(pb_family(*f).into()),
-                ItemKey::NatPool(n) => Key::NatPool(n.to_string()),
-                ItemKey::EndpointPolicy(i) => Key::EndpointPolicy(i.clone()),
-                ItemKey::PolicySet(s) => Key::PolicySet(s.clone()),
-            }),
-        }
-    }
-}
-
-pub type Desired = BTreeMap<ItemKey, pb::DesiredItem>;
+use super::item::{Desired, DesiredItem, ItemKey, KernelRoute, LocalVtep, NatPool, Via, Vtep};
+// Where `cluster::tunnel` finds it: it derives its VTEP MAC with the contract's family.
+pub use super::item::pb_family;
 
 /// The allocation attribute the CNI plugin sets to the workload's host-side interface.
 pub const WORKLOAD_INTERFACE: &str = "interface";
@@ -80,32 +42,16 @@ pub struct Inputs<'a> {
     pub peer_gateways: &'a [(IpAddr, IpAddr, String)],
 }
 
-fn route(
-    dest: IpNet,
-    kind: pb::RouteKind,
-    gateway: Option<IpAddr>,
-    onlink: bool,
-    source: String,
-) -> pb::DesiredItem {
-    pb::DesiredItem {
-        item: Some(pb::desired_item::Item::Route(pb::KernelRoute {
-            destination: dest.to_string(),
-            kind: kind.into(),
-            gateway: gateway.map(|g| g.to_string()).unwrap_or_default(),
-            device: String::new(),
-            onlink,
-            source,
-        })),
-    }
+fn route(destination: IpNet, via: Via, source: String) -> DesiredItem {
+    DesiredItem::Route(KernelRoute {
+        destination,
+        via,
+        source,
+    })
 }
 
 /// How traffic to `node` for a block of `pool` is carried, if this module decides it.
-fn remote_route(
-    dest: IpNet,
-    pool: &IpPool,
-    me: Option<&Node>,
-    node: &Node,
-) -> Option<pb::DesiredItem> {
+fn remote_route(dest: IpNet, pool: &IpPool, me: Option<&Node>, node: &Node) -> Option<DesiredItem> {
     if !pool.vxlan_mode.is_on() {
         return None;
     }
@@ -118,9 +64,7 @@ fn remote_route(
     if pool.vxlan_mode == EncapMode::CrossSubnet && same_subnet {
         return Some(route(
             dest,
-            pb::RouteKind::Gateway,
-            Some(theirs.addr()),
-            false,
+            Via::Gateway(theirs.addr()),
             format!(
                 "block of {} (pool {} CrossSubnet, same subnet)",
                 node.name, pool.name
@@ -130,9 +74,7 @@ fn remote_route(
     let (tunnel, _) = node.vxlan_tunnel(family)?;
     Some(route(
         dest,
-        pb::RouteKind::Vxlan,
-        Some(tunnel),
-        true,
+        Via::Vxlan(tunnel),
         format!("block of {} (pool {} VXLAN)", node.name, pool.name),
     ))
 }
@@ -163,9 +105,7 @@ pub fn compute(inputs: &Inputs<'_>) -> Desired {
                 ItemKey::Route(block.cidr),
                 route(
                     block.cidr,
-                    pb::RouteKind::Blackhole,
-                    None,
-                    false,
+                    Via::Blackhole,
                     format!("own block (pool {})", pool.name),
                 ),
             );
@@ -188,16 +128,13 @@ pub fn compute(inputs: &Inputs<'_>) -> Desired {
                     };
                     out.insert(
                         ItemKey::Route(host),
-                        pb::DesiredItem {
-                            item: Some(pb::desired_item::Item::Route(pb::KernelRoute {
-                                destination: host.to_string(),
-                                kind: pb::RouteKind::Workload.into(),
-                                gateway: String::new(),
+                        route(
+                            host,
+                            Via::Workload {
                                 device: dev.clone(),
-                                onlink: false,
-                                source: format!("workload {who}"),
-                            })),
-                        },
+                            },
+                            format!("workload {who}"),
+                        ),
                     );
                 }
                 continue;
@@ -231,10 +168,10 @@ pub fn compute(inputs: &Inputs<'_>) -> Desired {
             let (key, item) = if n.name == inputs.me {
                 (
                     ItemKey::LocalVtep(family),
-                    pb::desired_item::Item::LocalVtep(pb::LocalVtep {
-                        underlay_address: ip.addr().to_string(),
+                    DesiredItem::LocalVtep(LocalVtep {
+                        underlay_address: ip.addr(),
                         mac: mac.to_owned(),
-                        tunnel_address: tunnel.to_string(),
+                        tunnel_address: tunnel,
                         vni: VXLAN_VNI,
                         port: VXLAN_PORT,
                         mtu: 0,
@@ -243,15 +180,15 @@ pub fn compute(inputs: &Inputs<'_>) -> Desired {
             } else {
                 (
                     ItemKey::Vtep(n.name.clone(), family),
-                    pb::desired_item::Item::Vtep(pb::Vtep {
+                    DesiredItem::Vtep(Vtep {
                         node: n.name.clone(),
-                        underlay_address: ip.addr().to_string(),
+                        underlay_address: ip.addr(),
                         mac: mac.to_owned(),
-                        tunnel_address: tunnel.to_string(),
+                        tunnel_address: tunnel,
                     }),
                 )
             };
-            out.insert(key, pb::DesiredItem { item: Some(item) });
+            out.insert(key, item);
         }
     }
 
@@ -263,9 +200,7 @@ pub fn compute(inputs: &Inputs<'_>) -> Desired {
             ItemKey::Route(dest),
             route(
                 dest,
-                pb::RouteKind::Gateway,
-                Some(*gateway),
-                false,
+                Via::Gateway(*gateway),
                 format!("BGPPeer {name} reachableBy"),
             ),
         );
@@ -274,12 +209,10 @@ pub fn compute(inputs: &Inputs<'_>) -> Desired {
     for p in inputs.pools {
         out.insert(
             ItemKey::NatPool(p.cidr),
-            pb::DesiredItem {
-                item: Some(pb::desired_item::Item::NatPool(pb::NatPool {
-                    cidr: p.cidr.to_string(),
-                    nat_outgoing: p.nat_outgoing,
-                })),
-            },
+            DesiredItem::NatPool(NatPool {
+                cidr: p.cidr,
+                nat_outgoing: p.nat_outgoing,
+            }),
         );
     }
     out
@@ -297,13 +230,13 @@ pub fn changed_keys(old: &Desired, new: &Desired) -> Vec<ItemKey> {
 }
 
 /// The changes from `old` to `new`: items to upsert and keys to remove.
-pub fn diff(old: &Desired, new: &Desired) -> (Vec<pb::DesiredItem>, Vec<pb::DesiredKey>) {
+pub fn diff(old: &Desired, new: &Desired) -> (Vec<DesiredItem>, Vec<ItemKey>) {
     let mut upsert = Vec::new();
     let mut remove = Vec::new();
     for k in changed_keys(old, new) {
         match new.get(&k) {
             Some(v) => upsert.push(v.clone()),
-            None => remove.push(k.to_proto()),
+            None => remove.push(k),
         }
     }
     (upsert, remove)

@@ -5,20 +5,31 @@
 //! changes, with the node's network policy (`policy`) beside it (the cluster brain's task
 //! calls [`Hub::publish`]), and the BGP part, routes the
 //! kernel policy lets through from the Loc-RIB (the speaker calls the hub as its
-//! [`crate::speaker::KernelSink`]). The `Hub` merges them, keeps the current state and a bounded
-//! history, so a client that reconnects with its last revision gets only what changed (or a
-//! snapshot when that revision is too old or from an earlier bgpd).
+//! [`KernelSink`]). Both hand it typed items (`item`); the `Hub` merges them, keeps the current
+//! state and a bounded history of the updates it sent (in the contract's form, converted once
+//! per update), so a client that reconnects with its last revision gets only what changed (or
+//! a snapshot when that revision is too old or from an earlier bgpd).
 
 pub mod desired;
+pub mod item;
 pub mod policy;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
+use ipnet::IpNet;
 use proto::v1 as pb;
 use tokio::sync::broadcast;
 
-use desired::{Desired, ItemKey};
+use item::{Desired, DesiredItem, ItemKey, KernelRoute};
+
+/// Receives the BGP part of the desired kernel state, the speaker's output (the `Hub`; a
+/// trait so that the speaker names no more of the dataplane than this and its routes).
+pub trait KernelSink: Send + Sync {
+    /// Routes to add or replace (`Some`) or remove (`None`), by destination. With `replace`
+    /// the list is the whole BGP part (what is not in it goes).
+    fn bgp_routes(&self, changes: Vec<(IpNet, Option<KernelRoute>)>, replace: bool);
+}
 
 /// Updates kept for clients that resume, at most.
 const HISTORY: usize = 1024;
@@ -57,12 +68,12 @@ impl HubState {
     /// What clients are told for `k`: the IPAM part over the BGP part (IPAM wins a
     /// destination both name, e.g. an own block's blackhole). Kept as the two parts only, not
     /// merged a third time: a big mesh's routes are most of a node's heap.
-    fn effective(&self, k: &ItemKey) -> Option<&pb::DesiredItem> {
+    fn effective(&self, k: &ItemKey) -> Option<&DesiredItem> {
         self.ipam.get(k).or(self.bgp.get(k))
     }
 
     /// The whole state clients are told, in key order.
-    fn merged(&self) -> impl Iterator<Item = (&ItemKey, &pb::DesiredItem)> {
+    fn merged(&self) -> impl Iterator<Item = (&ItemKey, &DesiredItem)> {
         let mut ipam = self.ipam.iter().peekable();
         let mut bgp = self.bgp.iter().peekable();
         std::iter::from_fn(move || match (ipam.peek(), bgp.peek()) {
@@ -120,15 +131,22 @@ impl Hub {
         pb::DataplaneUpdate {
             revision: state.revision,
             snapshot: true,
-            upsert: state.merged().map(|(_, v)| v.clone()).collect(),
+            upsert: state.merged().map(|(_, v)| v.to_proto()).collect(),
             remove: vec![],
         }
     }
 
-    /// The current desired state.
-    pub fn current(&self) -> (Desired, u64) {
+    /// The current desired state, typed.
+    pub fn items(&self) -> (Desired, u64) {
         let s = self.lock();
         let merged = s.merged().map(|(k, v)| (k.clone(), v.clone())).collect();
+        (merged, s.revision)
+    }
+
+    /// The current desired state as the contract has it, for the API (`show route kernel`).
+    pub fn current(&self) -> (BTreeMap<ItemKey, pb::DesiredItem>, u64) {
+        let s = self.lock();
+        let merged = s.merged().map(|(k, v)| (k.clone(), v.to_proto())).collect();
         (merged, s.revision)
     }
 
@@ -177,10 +195,10 @@ impl Hub {
     }
 
     /// Applies changes to the BGP part.
-    fn apply_bgp(&self, changes: Vec<(ItemKey, Option<pb::DesiredItem>)>, replace: bool) {
+    fn apply_bgp(&self, changes: Vec<(ItemKey, Option<DesiredItem>)>, replace: bool) {
         let mut s = self.lock();
         // The BGP part as it was, for the keys that change.
-        let mut before: BTreeMap<ItemKey, Option<pb::DesiredItem>> = BTreeMap::new();
+        let mut before: BTreeMap<ItemKey, Option<DesiredItem>> = BTreeMap::new();
         if replace {
             let new: Desired = changes
                 .into_iter()
@@ -224,7 +242,7 @@ impl Hub {
         keys: Vec<ItemKey>,
         first: bool,
         part: Part,
-        was: impl Fn(&ItemKey) -> Option<&'a pb::DesiredItem>,
+        was: impl Fn(&ItemKey) -> Option<&'a DesiredItem>,
     ) {
         let mut upsert = Vec::new();
         let mut remove = Vec::new();
@@ -234,7 +252,7 @@ impl Hub {
                 Part::Bgp => s.ipam.get(&k).or(was(&k)),
             };
             match s.effective(&k) {
-                Some(v) if before != Some(v) => upsert.push(v.clone()),
+                Some(v) if before != Some(v) => upsert.push(v.to_proto()),
                 Some(_) => {}
                 None if before.is_some() => remove.push(k.to_proto()),
                 None => {}
@@ -267,12 +285,12 @@ impl Hub {
     }
 }
 
-impl crate::speaker::KernelSink for Hub {
-    fn bgp_routes(&self, changes: Vec<(ipnet::IpNet, Option<pb::DesiredItem>)>, replace: bool) {
+impl KernelSink for Hub {
+    fn bgp_routes(&self, changes: Vec<(IpNet, Option<KernelRoute>)>, replace: bool) {
         self.apply_bgp(
             changes
                 .into_iter()
-                .map(|(n, v)| (desired::ItemKey::Route(n), v))
+                .map(|(n, r)| (ItemKey::Route(n), r.map(DesiredItem::Route)))
                 .collect(),
             replace,
         );
@@ -287,14 +305,12 @@ mod tests {
         ItemKey::Route(dest.parse().unwrap())
     }
 
-    fn route(dest: &str, source: &str) -> pb::DesiredItem {
-        pb::DesiredItem {
-            item: Some(pb::desired_item::Item::Route(pb::KernelRoute {
-                destination: dest.into(),
-                source: source.into(),
-                ..Default::default()
-            })),
-        }
+    fn route(dest: &str, source: &str) -> DesiredItem {
+        DesiredItem::Route(KernelRoute {
+            destination: dest.parse().unwrap(),
+            via: item::Via::Blackhole,
+            source: source.into(),
+        })
     }
 
     fn ipam(items: &[(&str, &str)]) -> Desired {
@@ -351,11 +367,11 @@ mod tests {
     fn ipam_wins_a_destination_both_parts_name_and_the_other_shows_when_it_leaves() {
         let hub = Hub::new();
         hub.publish(ipam(&[("10.0.0.0/26", "blackhole")]));
-        let (_, r0) = hub.current();
+        let (_, r0) = hub.items();
         bgp(&hub, &[("10.0.0.0/26", Some("bgp a"))], false);
-        assert_eq!(hub.current().1, r0, "hidden by IPAM's item: no update");
+        assert_eq!(hub.items().1, r0, "hidden by IPAM's item: no update");
         hub.publish(ipam(&[]));
-        let (state, r1) = hub.current();
+        let (state, r1) = hub.items();
         assert_eq!(r1, r0 + 1);
         assert_eq!(
             state.get(&key("10.0.0.0/26")),

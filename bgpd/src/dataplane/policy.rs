@@ -6,7 +6,7 @@ use policy::compile::{AddrMatch, EndpointPolicy, NodePolicy, PortRange, Rule};
 use policy::resource::{Action, Direction, IpVersion};
 use proto::v1 as pb;
 
-use super::desired::{Desired, ItemKey};
+use super::item::{Desired, DesiredItem, ItemKey};
 
 fn ranges(p: &[PortRange]) -> Vec<pb::PortRange> {
     p.iter()
@@ -79,27 +79,22 @@ fn endpoint(interface: &str, e: &EndpointPolicy) -> pb::EndpointPolicy {
 /// Adds the node's policy to `desired`: only interfaces some policy selects (the others need
 /// nothing written), and every set their rules name.
 pub fn extend(desired: &mut Desired, np: &NodePolicy) {
-    use pb::desired_item::Item;
     for (interface, e) in &np.endpoints {
         if e.ingress.is_none() && e.egress.is_none() {
             continue;
         }
         desired.insert(
             ItemKey::EndpointPolicy(interface.clone()),
-            pb::DesiredItem {
-                item: Some(Item::EndpointPolicy(endpoint(interface, e))),
-            },
+            DesiredItem::EndpointPolicy(endpoint(interface, e)),
         );
     }
     for (name, members) in &np.sets {
         desired.insert(
             ItemKey::PolicySet(name.0.clone()),
-            pb::DesiredItem {
-                item: Some(Item::PolicySet(pb::PolicySet {
-                    name: name.0.clone(),
-                    members: members.nets().map(|n| n.to_string()).collect(),
-                })),
-            },
+            DesiredItem::PolicySet(pb::PolicySet {
+                name: name.0.clone(),
+                members: members.nets().map(|n| n.to_string()).collect(),
+            }),
         );
     }
 }
@@ -141,9 +136,8 @@ mod tests {
         extend(&mut d, &compile(&cluster, "n1"));
         let keys: Vec<&ItemKey> = d.keys().collect();
         assert_eq!(keys.len(), 2, "{keys:?}");
-        let Some(pb::DesiredItem {
-            item: Some(pb::desired_item::Item::EndpointPolicy(e)),
-        }) = d.get(&ItemKey::EndpointPolicy("caliweb".into()))
+        let Some(DesiredItem::EndpointPolicy(e)) =
+            d.get(&ItemKey::EndpointPolicy("caliweb".into()))
         else {
             panic!("no policy for caliweb: {keys:?}");
         };
@@ -160,10 +154,7 @@ mod tests {
         );
         assert!(r.origin.ends_with("prod/web ingress[0]"), "{}", r.origin);
         let set = ItemKey::PolicySet(r.src_set.clone());
-        let Some(pb::DesiredItem {
-            item: Some(pb::desired_item::Item::PolicySet(s)),
-        }) = d.get(&set)
-        else {
+        let Some(DesiredItem::PolicySet(s)) = d.get(&set) else {
             panic!("the rule's set {} is not desired", r.src_set);
         };
         assert_eq!(s.members, vec!["10.0.1.2/32"]);

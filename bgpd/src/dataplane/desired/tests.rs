@@ -1,5 +1,7 @@
 use super::*;
-use ipam::model::Node;
+use crate::dataplane::item::{KernelRoute, Via};
+use ::datastore::model::Node;
+use std::collections::BTreeMap;
 
 fn node(name: &str, ip: &str, tunnel: &str) -> Node {
     let mut n = Node::new(name);
@@ -20,15 +22,15 @@ fn block(cidr: &str, owner: Option<&str>) -> (Block, Option<BlockAffinity>) {
     (b, a)
 }
 
-fn kernel_route(d: &Desired, dest: &str) -> Option<pb::KernelRoute> {
-    match d
-        .get(&ItemKey::Route(dest.parse().unwrap()))?
-        .item
-        .clone()?
-    {
-        pb::desired_item::Item::Route(r) => Some(r),
+fn kernel_route(d: &Desired, dest: &str) -> Option<KernelRoute> {
+    match d.get(&ItemKey::Route(dest.parse().unwrap()))? {
+        DesiredItem::Route(r) => Some(r.clone()),
         _ => None,
     }
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
 }
 
 struct World {
@@ -83,17 +85,11 @@ fn cross_subnet_is_direct_in_the_subnet_and_vxlan_beyond() {
     let w = World::new(EncapMode::CrossSubnet);
     let d = w.compute("a");
     let own = kernel_route(&d, "172.20.0.0/26").unwrap();
-    assert_eq!(own.kind(), pb::RouteKind::Blackhole);
+    assert_eq!(own.via, Via::Blackhole);
     let same = kernel_route(&d, "172.20.0.64/26").unwrap();
-    assert_eq!(
-        (same.kind(), same.gateway.as_str(), same.onlink),
-        (pb::RouteKind::Gateway, "10.0.0.2", false)
-    );
+    assert_eq!(same.via, Via::Gateway(ip("10.0.0.2")));
     let other = kernel_route(&d, "172.20.0.128/26").unwrap();
-    assert_eq!(
-        (other.kind(), other.gateway.as_str(), other.onlink),
-        (pb::RouteKind::Vxlan, "172.20.0.129", true)
-    );
+    assert_eq!(other.via, Via::Vxlan(ip("172.20.0.129")));
     assert!(
         d.contains_key(&ItemKey::Vtep("b".into(), IpFamily::V4))
             && d.contains_key(&ItemKey::Vtep("d".into(), IpFamily::V4))
@@ -103,12 +99,12 @@ fn cross_subnet_is_direct_in_the_subnet_and_vxlan_beyond() {
     // Both ways: d sees a and b over VXLAN.
     let from_d = w.compute("d");
     assert_eq!(
-        kernel_route(&from_d, "172.20.0.0/26").unwrap().kind(),
-        pb::RouteKind::Vxlan
+        kernel_route(&from_d, "172.20.0.0/26").unwrap().via,
+        Via::Vxlan(ip("172.20.0.1"))
     );
     assert_eq!(
-        kernel_route(&from_d, "172.20.0.64/26").unwrap().gateway,
-        "172.20.0.65"
+        kernel_route(&from_d, "172.20.0.64/26").unwrap().via,
+        Via::Vxlan(ip("172.20.0.65"))
     );
 }
 
@@ -146,45 +142,33 @@ fn ipv6_cross_subnet_follows_the_ipv6_subnets_with_a_vtep_per_family() {
     let w = dual_stack(EncapMode::CrossSubnet);
     let d = w.compute("a");
     assert_eq!(
-        kernel_route(&d, "fd00:20::/122").unwrap().kind(),
-        pb::RouteKind::Blackhole
+        kernel_route(&d, "fd00:20::/122").unwrap().via,
+        Via::Blackhole
     );
     let same = kernel_route(&d, "fd00:20::40/122").unwrap();
-    assert_eq!(
-        (same.kind(), same.gateway.as_str(), same.onlink),
-        (pb::RouteKind::Gateway, "fd00:10::2", false)
-    );
+    assert_eq!(same.via, Via::Gateway(ip("fd00:10::2")));
     let other = kernel_route(&d, "fd00:20::80/122").unwrap();
-    assert_eq!(
-        (other.kind(), other.gateway.as_str(), other.onlink),
-        (pb::RouteKind::Vxlan, "fd00:20::81", true)
-    );
+    assert_eq!(other.via, Via::Vxlan(ip("fd00:20::81")));
     // The IPv4 side is unchanged.
     assert_eq!(
-        kernel_route(&d, "172.20.0.64/26").unwrap().gateway,
-        "10.0.0.2"
+        kernel_route(&d, "172.20.0.64/26").unwrap().via,
+        Via::Gateway(ip("10.0.0.2"))
     );
     for f in IpFamily::ALL {
         assert!(d.contains_key(&ItemKey::LocalVtep(f)), "{f:?}");
         assert!(d.contains_key(&ItemKey::Vtep("d".into(), f)), "{f:?}");
     }
-    let Some(pb::desired_item::Item::Vtep(v6)) = d
-        .get(&ItemKey::Vtep("d".into(), IpFamily::V6))
-        .and_then(|i| i.item.clone())
-    else {
+    let Some(DesiredItem::Vtep(v6)) = d.get(&ItemKey::Vtep("d".into(), IpFamily::V6)) else {
         panic!("no IPv6 VTEP of d");
     };
     assert_eq!(
-        (v6.underlay_address.as_str(), v6.tunnel_address.as_str()),
-        ("fd00:11::4", "fd00:20::81")
+        (v6.underlay_address, v6.tunnel_address),
+        (ip("fd00:11::4"), ip("fd00:20::81"))
     );
-    let Some(pb::desired_item::Item::LocalVtep(mine)) = d
-        .get(&ItemKey::LocalVtep(IpFamily::V6))
-        .and_then(|i| i.item.clone())
-    else {
+    let Some(DesiredItem::LocalVtep(mine)) = d.get(&ItemKey::LocalVtep(IpFamily::V6)) else {
         panic!("no local IPv6 VTEP");
     };
-    assert_eq!(mine.underlay_address, "fd00:10::1");
+    assert_eq!(mine.underlay_address, ip("fd00:10::1"));
     assert!(d.contains_key(&ItemKey::NatPool("fd00:20::/48".parse().unwrap())));
 }
 
@@ -209,8 +193,8 @@ fn an_ipv6_block_is_not_routed_to_a_node_without_an_ipv6_vtep() {
 fn vxlan_always_tunnels_even_in_the_subnet() {
     let d = World::new(EncapMode::Always).compute("a");
     assert_eq!(
-        kernel_route(&d, "172.20.0.64/26").unwrap().kind(),
-        pb::RouteKind::Vxlan
+        kernel_route(&d, "172.20.0.64/26").unwrap().via,
+        Via::Vxlan(ip("172.20.0.65"))
     );
 }
 
@@ -218,8 +202,8 @@ fn vxlan_always_tunnels_even_in_the_subnet() {
 fn no_encapsulation_leaves_remote_blocks_to_bgp() {
     let d = World::new(EncapMode::Never).compute("a");
     assert_eq!(
-        kernel_route(&d, "172.20.0.0/26").unwrap().kind(),
-        pb::RouteKind::Blackhole
+        kernel_route(&d, "172.20.0.0/26").unwrap().via,
+        Via::Blackhole
     );
     assert!(kernel_route(&d, "172.20.0.64/26").is_none());
     assert!(
@@ -253,10 +237,7 @@ fn borrowed_addresses_get_a_host_route_to_their_holder() {
         .unwrap();
     let d = w.compute("a");
     let host = kernel_route(&d, "172.20.0.70/32").unwrap();
-    assert_eq!(
-        (host.kind(), host.gateway.as_str()),
-        (pb::RouteKind::Vxlan, "172.20.0.129")
-    );
+    assert_eq!(host.via, Via::Vxlan(ip("172.20.0.129")));
     // On d itself, its own borrowed address is its workload route, not ours.
     assert!(kernel_route(&w.compute("d"), "172.20.0.70/32").is_none());
 }
@@ -287,10 +268,11 @@ fn our_workloads_get_a_host_route_on_their_interface() {
         .unwrap();
     let r = kernel_route(&w.compute("a"), "172.20.0.5/32").unwrap();
     assert_eq!(
-        (r.kind(), r.device.as_str(), r.source.as_str()),
+        (r.via, r.source.as_str()),
         (
-            pb::RouteKind::Workload,
-            "cali0123456789a",
+            Via::Workload {
+                device: "cali0123456789a".into()
+            },
             "workload default/web-0"
         )
     );
@@ -325,12 +307,8 @@ fn a_peer_reachable_by_a_gateway_gets_a_route_through_it() {
     )];
     let r = kernel_route(&w.compute("a"), "192.0.2.1/32").unwrap();
     assert_eq!(
-        (r.kind(), r.gateway.as_str(), r.source.as_str()),
-        (
-            pb::RouteKind::Gateway,
-            "10.0.0.254",
-            "BGPPeer tor reachableBy"
-        )
+        (r.via, r.source.as_str()),
+        (Via::Gateway(ip("10.0.0.254")), "BGPPeer tor reachableBy")
     );
     w.peer_gateways.clear();
     assert!(kernel_route(&w.compute("a"), "192.0.2.1/32").is_none());
