@@ -18,7 +18,7 @@ pub enum DaemonError {
     #[error(transparent)]
     Api(#[from] ApiError),
     #[error("cannot open the datastore: {0}")]
-    Datastore(#[source] ipam::store::StoreError),
+    Datastore(#[source] ::datastore::contract::StoreError),
     #[error("cannot start BGP: {0}")]
     Bgp(#[from] crate::speaker::SpeakerError),
     #[error(transparent)]

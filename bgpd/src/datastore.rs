@@ -6,9 +6,12 @@
 
 use std::time::Duration;
 
-use ipam::store::etcd::{EtcdOptions, EtcdStore};
-use ipam::store::sqlite::{SqliteOptions, SqliteStore};
-use ipam::store::{Datastore, Store, StoreError};
+use ::datastore::Store;
+use ::datastore::contract::{Datastore, StoreError};
+use ::datastore::etcd::{EtcdOptions, EtcdStore};
+use ::datastore::model::BgpConfiguration;
+use ::datastore::resource::Resource;
+use ::datastore::sqlite::{SqliteOptions, SqliteStore};
 use tokio::sync::watch;
 
 use crate::config::{DatastoreConfig, DatastoreKind};
@@ -170,7 +173,10 @@ async fn supervise(tx: watch::Sender<Snapshot>, mut store: Option<Store>, config
             DatastoreKind::Etcd => PROBE_EVERY,
         })
         .await;
-        match tokio::time::timeout(PROBE_TIMEOUT, current.revision()).await {
+        // One read of one object: what every backend answers (the BGP configuration may
+        // not exist; the read still says the store is reachable).
+        let probe = current.get(BgpConfiguration::kind(), BgpConfiguration::NAME);
+        match tokio::time::timeout(PROBE_TIMEOUT, probe).await {
             Ok(Ok(_)) => publish(DatastoreState::Connected, Some(current)),
             Ok(Err(e)) => publish(DatastoreState::Unavailable(e.to_string()), Some(current)),
             Err(_) => publish(

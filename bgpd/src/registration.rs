@@ -10,10 +10,10 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
+use ::datastore::contract::{Atomic, Datastore};
+use ::datastore::model::Node;
 use ipam::IpamError;
 use ipam::allocator::Ipam;
-use ipam::model::Node;
-use ipam::store::Datastore;
 
 use crate::config::Config;
 use crate::datastore::{DatastoreHandle, DatastoreState};
@@ -71,7 +71,10 @@ pub async fn run(config: Config, mut datastore: DatastoreHandle, registered: wat
 }
 
 /// One registration pass.
-pub async fn register<D: Datastore>(config: &Config, ipam: &Ipam<D>) -> Result<(), IpamError> {
+pub async fn register<D: Datastore + Atomic>(
+    config: &Config,
+    ipam: &Ipam<D>,
+) -> Result<(), IpamError> {
     let name = &config.node.name;
     let mut node = match ipam.get_node(name).await {
         Ok((n, _)) => n,

@@ -11,9 +11,9 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::error::IpamError;
+use crate::contract::{Datastore, Kind, StoreError, Version};
+use crate::error::ResourceError;
 use crate::resource::{Resource, decode, encode};
-use crate::store::{Datastore, Op, Revision, StoreError};
 
 /// Where every document lives; the brain watches it with the rest of `/margay/v1/`.
 pub const PREFIX: &str = "/margay/v1/policy/";
@@ -62,6 +62,28 @@ impl DocKind {
     fn of_dir(dir: &str) -> Option<DocKind> {
         DocKind::ALL.into_iter().find(|k| k.dir() == dir)
     }
+
+    /// The kind as the datastore contract names it: a document's object name is
+    /// `<namespace>/<name>` for namespaced kinds, `<name>` for the others.
+    pub fn kind(self) -> Kind {
+        match self {
+            DocKind::K8sNetworkPolicy => Kind::new(
+                "NetworkPolicy (Kubernetes)",
+                "/margay/v1/policy/k8snetworkpolicies/",
+            ),
+            DocKind::NetworkPolicy => {
+                Kind::new("NetworkPolicy", "/margay/v1/policy/networkpolicies/")
+            }
+            DocKind::GlobalNetworkPolicy => Kind::new(
+                "GlobalNetworkPolicy",
+                "/margay/v1/policy/globalnetworkpolicies/",
+            ),
+            DocKind::WorkloadEndpoint => {
+                Kind::new("WorkloadEndpoint", "/margay/v1/policy/workloadendpoints/")
+            }
+            DocKind::Namespace => Kind::new("Namespace", "/margay/v1/policy/namespaces/"),
+        }
+    }
 }
 
 /// One document's identity.
@@ -86,18 +108,28 @@ impl DocRef {
         }
     }
 
-    /// The document's key; names and namespaces are checked by the `policy` crate (DNS
-    /// labels and subdomains), so they never hold a `/`.
-    pub fn key(&self) -> String {
+    /// The document's object name within its kind; names and namespaces are checked by the
+    /// `policy` crate (DNS labels and subdomains), so they never hold a `/`.
+    pub fn object_name(&self) -> String {
         if self.kind.namespaced() {
-            format!(
-                "{PREFIX}{}/{}/{}",
-                self.kind.dir(),
-                self.namespace,
-                self.name
-            )
+            format!("{}/{}", self.namespace, self.name)
         } else {
-            format!("{PREFIX}{}/{}", self.kind.dir(), self.name)
+            self.name.clone()
+        }
+    }
+
+    /// The document's key in the key-value backends.
+    pub fn key(&self) -> String {
+        self.kind.kind().key(&self.object_name())
+    }
+
+    /// The document of `kind` whose object name is `name`.
+    pub fn of_object(kind: DocKind, name: &str) -> Option<DocRef> {
+        if kind.namespaced() {
+            let (ns, name) = name.split_once('/')?;
+            Some(DocRef::new(kind, ns, name))
+        } else {
+            Some(DocRef::new(kind, "", name))
         }
     }
 
@@ -114,13 +146,12 @@ impl DocRef {
         }
     }
 
-    /// The prefix of every document of `kind` (in `namespace`, if given and the kind has one).
-    pub fn prefix(kind: DocKind, namespace: Option<&str>) -> String {
+    /// The object-name prefix of every document of `kind` in `namespace`, if given and the
+    /// kind has one ("" for all).
+    pub fn name_prefix(kind: DocKind, namespace: Option<&str>) -> String {
         match namespace {
-            Some(ns) if kind.namespaced() && !ns.is_empty() => {
-                format!("{PREFIX}{}/{ns}/", kind.dir())
-            }
-            _ => format!("{PREFIX}{}/", kind.dir()),
+            Some(ns) if kind.namespaced() && !ns.is_empty() => format!("{ns}/"),
+            _ => String::new(),
         }
     }
 }
@@ -147,12 +178,12 @@ impl Resource for Document {
     const PREFIX: &'static str = PREFIX;
 }
 
-/// A document read back, with the revision to write over.
+/// A document read back, with the version to write over.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StoredDoc {
     pub doc_ref: DocRef,
     pub json: Value,
-    pub revision: Revision,
+    pub version: Version,
 }
 
 /// The documents of a datastore.
@@ -165,15 +196,17 @@ impl<'a, D: Datastore> Documents<'a, D> {
         Documents { store }
     }
 
-    pub async fn get(&self, r: &DocRef) -> Result<Option<StoredDoc>, IpamError> {
-        Ok(match self.store.get(&r.key()).await? {
-            Some(kv) => Some(StoredDoc {
-                doc_ref: r.clone(),
-                json: decode::<Document>(&kv.value)?.json,
-                revision: kv.mod_revision,
-            }),
-            None => None,
-        })
+    pub async fn get(&self, r: &DocRef) -> Result<Option<StoredDoc>, ResourceError> {
+        Ok(
+            match self.store.get(r.kind.kind(), &r.object_name()).await? {
+                Some(o) => Some(StoredDoc {
+                    doc_ref: r.clone(),
+                    json: decode::<Document>(&o.value)?.json,
+                    version: o.version,
+                }),
+                None => None,
+            },
+        )
     }
 
     /// Every document of `kind` (in `namespace`, if given), sorted by namespace and name.
@@ -181,17 +214,19 @@ impl<'a, D: Datastore> Documents<'a, D> {
         &self,
         kind: DocKind,
         namespace: Option<&str>,
-    ) -> Result<Vec<StoredDoc>, IpamError> {
-        let listing = self.store.list(&DocRef::prefix(kind, namespace)).await?;
-        listing
-            .items
+    ) -> Result<Vec<StoredDoc>, ResourceError> {
+        let list = self
+            .store
+            .list(kind.kind(), &DocRef::name_prefix(kind, namespace))
+            .await?;
+        list.items
             .into_iter()
-            .filter_map(|kv| {
-                let r = DocRef::of_key(&kv.key).filter(|r| r.kind == kind)?;
-                Some(decode::<Document>(&kv.value).map(|d| StoredDoc {
+            .filter_map(|o| {
+                let r = DocRef::of_object(kind, &o.name)?;
+                Some(decode::<Document>(&o.value).map(|d| StoredDoc {
                     doc_ref: r,
                     json: d.json,
-                    revision: kv.mod_revision,
+                    version: o.version,
                 }))
             })
             .collect::<Result<_, _>>()
@@ -199,42 +234,37 @@ impl<'a, D: Datastore> Documents<'a, D> {
     }
 
     /// Creates or replaces a document (already checked by the caller). With `expected`, only
-    /// over that revision (`Stale` otherwise). Returns the write's revision and whether the
+    /// over that version (`Stale` otherwise). Returns the write's version and whether the
     /// document is new.
     pub async fn put(
         &self,
         r: &DocRef,
         json: &Value,
-        expected: Option<Revision>,
-    ) -> Result<(Revision, bool), IpamError> {
-        let key = r.key();
+        expected: Option<Version>,
+    ) -> Result<(Version, bool), ResourceError> {
+        let (kind, name) = (r.kind.kind(), r.object_name());
         let value = encode(&Document { json: json.clone() });
         for _ in 0..RETRIES {
-            let current = self.store.get(&key).await?.map(|kv| kv.mod_revision);
+            let current = self.store.get(kind, &name).await?.map(|o| o.version);
             if let Some(want) = expected
                 && current != Some(want)
             {
-                return Err(IpamError::Stale(r.to_string()));
+                return Err(ResourceError::Stale(r.to_string()));
             }
-            let op = match current {
-                None => Op::Create {
-                    key: key.clone(),
-                    value: value.clone(),
-                },
-                Some(rev) => Op::Update {
-                    key: key.clone(),
-                    value: value.clone(),
-                    expected: rev,
-                },
+            let written = match current {
+                None => self.store.create(kind, &name, value.clone()).await,
+                Some(v) => self.store.update(kind, &name, value.clone(), v).await,
             };
-            match self.store.txn(vec![op]).await {
-                Ok(rev) => return Ok((rev, current.is_none())),
+            match written {
+                Ok(v) => return Ok((v, current.is_none())),
                 Err(StoreError::Conflict { .. }) if expected.is_none() => continue,
-                Err(StoreError::Conflict { .. }) => return Err(IpamError::Stale(r.to_string())),
+                Err(StoreError::Conflict { .. }) => {
+                    return Err(ResourceError::Stale(r.to_string()));
+                }
                 Err(e) => return Err(e.into()),
             }
         }
-        Err(IpamError::Contention {
+        Err(ResourceError::Contention {
             what: r.to_string(),
             attempts: RETRIES,
         })
@@ -246,52 +276,46 @@ impl<'a, D: Datastore> Documents<'a, D> {
         &self,
         r: &DocRef,
         mut change: impl FnMut(&mut Value) -> Result<(), E>,
-    ) -> Result<Result<(Revision, Value), E>, IpamError> {
+    ) -> Result<Result<(Version, Value), E>, ResourceError> {
         for _ in 0..RETRIES {
             let Some(doc) = self.get(r).await? else {
-                return Err(IpamError::NotFound(r.to_string()));
+                return Err(ResourceError::NotFound(r.to_string()));
             };
             let mut json = doc.json;
             if let Err(e) = change(&mut json) {
                 return Ok(Err(e));
             }
-            let op = Op::Update {
-                key: r.key(),
-                value: encode(&Document { json: json.clone() }),
-                expected: doc.revision,
-            };
-            match self.store.txn(vec![op]).await {
-                Ok(rev) => return Ok(Ok((rev, json))),
+            let value = encode(&Document { json: json.clone() });
+            match self
+                .store
+                .update(r.kind.kind(), &r.object_name(), value, doc.version)
+                .await
+            {
+                Ok(v) => return Ok(Ok((v, json))),
                 Err(StoreError::Conflict { .. }) => continue,
                 Err(e) => return Err(e.into()),
             }
         }
-        Err(IpamError::Contention {
+        Err(ResourceError::Contention {
             what: r.to_string(),
             attempts: RETRIES,
         })
     }
 
     /// Deletes a document; `NotFound` if there is none.
-    pub async fn delete(&self, r: &DocRef) -> Result<(), IpamError> {
+    pub async fn delete(&self, r: &DocRef) -> Result<(), ResourceError> {
+        let (kind, name) = (r.kind.kind(), r.object_name());
         for _ in 0..RETRIES {
-            let Some(kv) = self.store.get(&r.key()).await? else {
-                return Err(IpamError::NotFound(r.to_string()));
+            let Some(o) = self.store.get(kind, &name).await? else {
+                return Err(ResourceError::NotFound(r.to_string()));
             };
-            match self
-                .store
-                .txn(vec![Op::Delete {
-                    key: kv.key,
-                    expected: kv.mod_revision,
-                }])
-                .await
-            {
-                Ok(_) => return Ok(()),
+            match self.store.delete(kind, &name, o.version).await {
+                Ok(()) => return Ok(()),
                 Err(StoreError::Conflict { .. }) => continue,
                 Err(e) => return Err(e.into()),
             }
         }
-        Err(IpamError::Contention {
+        Err(ResourceError::Contention {
             what: r.to_string(),
             attempts: RETRIES,
         })
@@ -301,7 +325,7 @@ impl<'a, D: Datastore> Documents<'a, D> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::store::sqlite::SqliteStore;
+    use crate::sqlite::SqliteStore;
     use serde_json::json;
 
     #[test]
@@ -318,9 +342,14 @@ mod tests {
         assert_eq!(DocRef::of_key("/margay/v1/policy/other/x"), None);
         assert_eq!(DocRef::of_key("/margay/v1/ippools/x"), None);
         assert_eq!(
-            DocRef::prefix(DocKind::WorkloadEndpoint, Some("ns1")),
+            DocKind::WorkloadEndpoint
+                .kind()
+                .key(&DocRef::name_prefix(DocKind::WorkloadEndpoint, Some("ns1"))),
             "/margay/v1/policy/workloadendpoints/ns1/"
         );
+        assert_eq!(DocRef::name_prefix(DocKind::Namespace, Some("ns1")), "");
+        let w = DocRef::new(DocKind::WorkloadEndpoint, "ns1", "pod");
+        assert_eq!(DocRef::of_object(w.kind, &w.object_name()), Some(w));
     }
 
     #[tokio::test]
@@ -340,7 +369,7 @@ mod tests {
         // A write over a revision that is no longer the stored one is refused.
         assert!(matches!(
             docs.put(&a, &json!({"v": 4}), Some(r1)).await,
-            Err(IpamError::Stale(_))
+            Err(ResourceError::Stale(_))
         ));
         assert_eq!(docs.get(&a).await.unwrap().unwrap().json, json!({"v": 3}));
         let all = docs.list(DocKind::NetworkPolicy, None).await.unwrap();
@@ -375,7 +404,10 @@ mod tests {
         assert_eq!(refused, Err("no".to_owned()));
         assert_eq!(docs.get(&a).await.unwrap().unwrap().json, json!({"v": 5}));
         docs.delete(&a).await.unwrap();
-        assert!(matches!(docs.delete(&a).await, Err(IpamError::NotFound(_))));
+        assert!(matches!(
+            docs.delete(&a).await,
+            Err(ResourceError::NotFound(_))
+        ));
         assert!(docs.get(&a).await.unwrap().is_none());
     }
 }

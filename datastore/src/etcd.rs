@@ -13,9 +13,9 @@ use etcd_client::{
 };
 use tokio::sync::mpsc;
 
-use super::{
-    Datastore, Event, KeyValue, Listing, Op, Read, ReadResult, Result, Revision, StoreError, Watch,
-    prefix_end, validate_key, validate_ops,
+use crate::contract::{
+    Atomic, Event, KeyValue, Listing, Op, Read, ReadResult, Result, Revision, StoreError, Version,
+    Watch, datastore_over_keys, prefix_end, validate_key, validate_ops,
 };
 
 /// Keys read per page of a `list`.
@@ -102,8 +102,7 @@ fn to_kv(kv: &etcd_client::KeyValue) -> Result<KeyValue> {
             .map_err(|e| StoreError::Backend(format!("a key in etcd is not UTF-8: {e}")))?
             .to_owned(),
         value: kv.value().to_vec(),
-        mod_revision: rev(kv.mod_revision()),
-        create_revision: rev(kv.create_revision()),
+        version: Version::of_revision(rev(kv.mod_revision())),
     })
 }
 
@@ -214,12 +213,14 @@ async fn tls_options(tls: &EtcdTls) -> Result<TlsOptions> {
 fn compare(op: &Op) -> Compare {
     match op.expected() {
         None => Compare::create_revision(op.key(), CompareOp::Equal, 0),
-        Some(r) => Compare::mod_revision(op.key(), CompareOp::Equal, r.0 as i64),
+        Some(v) => Compare::mod_revision(op.key(), CompareOp::Equal, v.revision().0 as i64),
     }
 }
 
-impl Datastore for EtcdStore {
-    async fn get(&self, key: &str) -> Result<Option<KeyValue>> {
+datastore_over_keys!(EtcdStore);
+
+impl Atomic for EtcdStore {
+    async fn get_key(&self, key: &str) -> Result<Option<KeyValue>> {
         validate_key(key)?;
         let resp = self
             .reach(|c| async move { c.kv_client().get(key, None).await })
@@ -228,7 +229,7 @@ impl Datastore for EtcdStore {
         resp.kvs().first().map(to_kv).transpose()
     }
 
-    async fn list(&self, prefix: &str) -> Result<Listing> {
+    async fn list_keys(&self, prefix: &str) -> Result<Listing> {
         let end = prefix_end(prefix).unwrap_or_else(|| "\u{7f}".to_owned());
         let mut items = Vec::new();
         let mut start = if prefix.is_empty() {
@@ -332,7 +333,10 @@ impl Datastore for EtcdStore {
         }
         for (op, answer) in ops.iter().zip(resp.op_responses()) {
             let actual = match answer {
-                TxnOpResponse::Get(g) => g.kvs().first().map(|kv| rev(kv.mod_revision())),
+                TxnOpResponse::Get(g) => g
+                    .kvs()
+                    .first()
+                    .map(|kv| Version::of_revision(rev(kv.mod_revision()))),
                 _ => continue,
             };
             if actual != op.expected() {
@@ -348,7 +352,7 @@ impl Datastore for EtcdStore {
         ))
     }
 
-    async fn watch(&self, prefix: &str, after: Revision) -> Result<Watch> {
+    async fn watch_keys(&self, prefix: &str, after: Revision) -> Result<Watch> {
         let end = prefix_end(prefix).unwrap_or_else(|| "\u{7f}".to_owned());
         let start = if prefix.is_empty() {
             " ".to_owned()
@@ -369,10 +373,7 @@ impl Datastore for EtcdStore {
         let first = stream.message().await.map_err(map_err)?;
         let refusal = move |resp: &etcd_client::WatchResponse| {
             if resp.compact_revision() > 0 {
-                Some(StoreError::Compacted {
-                    requested: after,
-                    compacted: rev(resp.compact_revision()),
-                })
+                Some(StoreError::too_old(after, rev(resp.compact_revision())))
             } else if resp.canceled() {
                 Some(StoreError::Unavailable(format!(
                     "etcd cancelled the watch: {}",
@@ -406,7 +407,7 @@ impl Datastore for EtcdStore {
                         let item = to_kv(kv).map(|kv| Event {
                             key: kv.key,
                             value: (!deleted).then_some(kv.value),
-                            revision: kv.mod_revision,
+                            revision: kv.version.revision(),
                         });
                         if tx.send(item).await.is_err() {
                             return;
@@ -464,8 +465,10 @@ impl Datastore for EtcdStore {
             Err(e) => Err(map_err(e)),
         }
     }
+}
 
-    fn describe(&self) -> String {
+impl EtcdStore {
+    fn describe_backend(&self) -> String {
         format!("etcd:{}", self.endpoints.join(","))
     }
 }

@@ -11,7 +11,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
-use crate::error::IpamError;
+use crate::error::ResourceError;
 use crate::resource::Resource;
 use crate::selector::Selector;
 
@@ -85,15 +85,15 @@ pub fn default_block_size(cidr: &IpNet) -> u8 {
     }
 }
 
-fn invalid(field: &'static str, reason: impl Into<String>) -> IpamError {
-    IpamError::InvalidArgument {
+fn invalid(field: &'static str, reason: impl Into<String>) -> ResourceError {
+    ResourceError::InvalidArgument {
         field,
         reason: reason.into(),
     }
 }
 
 /// A resource name: DNS-label-like, as Kubernetes names.
-pub fn validate_name(field: &'static str, name: &str) -> Result<(), IpamError> {
+pub fn validate_name(field: &'static str, name: &str) -> Result<(), ResourceError> {
     let ok = !name.is_empty()
         && name.len() <= 253
         && name
@@ -132,7 +132,7 @@ impl IpPool {
     }
 
     /// Checks the pool on its own (overlaps with other pools are checked by the caller).
-    pub fn validate(&self) -> Result<(), IpamError> {
+    pub fn validate(&self) -> Result<(), ResourceError> {
         validate_name("name", &self.name)?;
         if self.cidr.trunc() != self.cidr {
             return Err(invalid(
@@ -442,7 +442,7 @@ impl BgpConfiguration {
     pub const MAX_PREFIX_ADVERTISEMENTS: usize = 500;
     pub const MAX_COMMUNITIES_PER_PREFIX: usize = 50;
 
-    pub fn validate(&self) -> Result<(), IpamError> {
+    pub fn validate(&self) -> Result<(), ResourceError> {
         self.check().map_err(Into::into)
     }
 
@@ -548,7 +548,7 @@ impl BgpConfiguration {
         }
     }
 
-    fn check_scalars(&self) -> Result<(), IpamError> {
+    fn check_scalars(&self) -> Result<(), ResourceError> {
         if self.as_number == 0 || self.as_number == 23456 {
             return Err(invalid(
                 "as_number",
@@ -710,7 +710,7 @@ impl BgpFilter {
         ]
     }
 
-    pub fn validate(&self) -> Result<(), IpamError> {
+    pub fn validate(&self) -> Result<(), ResourceError> {
         self.check().map_err(Into::into)
     }
 
@@ -832,7 +832,7 @@ impl BgpFilterRule {
 }
 
 /// A refused field deep inside a resource: `path` names the list item (`exportV4[2].cidr`,
-/// `communities[1].value`); `head` is its top-level field, which [`IpamError`] names.
+/// `communities[1].value`); `head` is its top-level field, which [`ResourceError`] names.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid {path}: {reason}")]
 pub struct InvalidField {
@@ -851,35 +851,37 @@ impl InvalidField {
     }
 }
 
-impl From<IpamError> for InvalidField {
+impl From<ResourceError> for InvalidField {
     /// Only for the `InvalidArgument`s of this module's checks (their field is the path).
-    fn from(e: IpamError) -> Self {
+    fn from(e: ResourceError) -> Self {
         match e {
-            IpamError::InvalidArgument { field, reason } => InvalidField::new(field, field, reason),
+            ResourceError::InvalidArgument { field, reason } => {
+                InvalidField::new(field, field, reason)
+            }
             other => InvalidField::new("", "", other.to_string()),
         }
     }
 }
 
-impl From<InvalidField> for IpamError {
+impl From<InvalidField> for ResourceError {
     fn from(e: InvalidField) -> Self {
-        // IpamError names a static field: the top-level one; the reason starts with the full
+        // ResourceError names a static field: the top-level one; the reason starts with the full
         // path when it goes deeper.
         let reason = if e.path == e.head {
             e.reason
         } else {
             format!("{}: {}", e.path, e.reason)
         };
-        IpamError::InvalidArgument {
+        ResourceError::InvalidArgument {
             field: e.head,
             reason,
         }
     }
 }
 
-fn e_reason(e: IpamError) -> String {
+fn e_reason(e: ResourceError) -> String {
     match e {
-        IpamError::InvalidArgument { reason, .. } => reason,
+        ResourceError::InvalidArgument { reason, .. } => reason,
         other => other.to_string(),
     }
 }
@@ -950,7 +952,7 @@ impl BgpPeerBfd {
     pub const MIN_INTERVAL_MS: u32 = 10;
     pub const MAX_INTERVAL_MS: u32 = 60_000;
 
-    fn validate(&self) -> Result<(), IpamError> {
+    fn validate(&self) -> Result<(), ResourceError> {
         for (field, v) in [
             ("bfd.min_rx_ms", self.min_rx_ms),
             ("bfd.min_tx_ms", self.min_tx_ms),
@@ -1007,7 +1009,7 @@ impl BgpPeer {
         }
     }
 
-    pub fn validate(&self) -> Result<(), IpamError> {
+    pub fn validate(&self) -> Result<(), ResourceError> {
         self.check().map_err(Into::into)
     }
 
@@ -1067,7 +1069,7 @@ impl BgpPeer {
         Ok(())
     }
 
-    fn check_scalars(&self) -> Result<(), IpamError> {
+    fn check_scalars(&self) -> Result<(), ResourceError> {
         validate_name("name", &self.name)?;
         if !self.node.is_empty() {
             validate_name("node", &self.node)?;

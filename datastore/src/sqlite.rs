@@ -21,9 +21,9 @@ use std::time::Duration;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior, params};
 use tokio::sync::{mpsc, watch};
 
-use super::{
-    Datastore, Event, KeyValue, Listing, Op, Read, ReadResult, Result, Revision, StoreError, Watch,
-    prefix_end, validate_key, validate_ops,
+use crate::contract::{
+    Atomic, Event, KeyValue, Listing, Op, Read, ReadResult, Result, Revision, StoreError, Version,
+    Watch, datastore_over_keys, prefix_end, validate_key, validate_ops,
 };
 
 /// `PRAGMA application_id` of a margay store ("MRGY").
@@ -491,8 +491,7 @@ fn row_to_kv(r: &rusqlite::Row<'_>) -> rusqlite::Result<KeyValue> {
     Ok(KeyValue {
         key: r.get(0)?,
         value: r.get(1)?,
-        create_revision: Revision(r.get::<_, i64>(2)? as u64),
-        mod_revision: Revision(r.get::<_, i64>(3)? as u64),
+        version: Version::of_revision(Revision(r.get::<_, i64>(3)? as u64)),
     })
 }
 
@@ -511,7 +510,7 @@ fn apply_txn(conn: &mut Connection, ops: &[Op], history: u64) -> Result<(Revisio
                 .query_row([op.key()], |r| r.get::<_, i64>(0))
                 .optional()
                 .map_err(backend)?
-                .map(|v| Revision(v as u64));
+                .map(|v| Version::of_revision(Revision(v as u64)));
             if actual != op.expected() {
                 return Err(StoreError::Conflict {
                     key: op.key().to_owned(),
@@ -605,10 +604,7 @@ fn read_changes(
     let tx = conn.transaction().map_err(backend)?;
     let compacted = read_meta(&tx, "compacted").map_err(backend)?;
     if after.0 < compacted {
-        return Err(StoreError::Compacted {
-            requested: after,
-            compacted: Revision(compacted),
-        });
+        return Err(StoreError::too_old(after, Revision(compacted)));
     }
     let upto = read_revision(&tx).map_err(backend)?;
     if upto <= after {
@@ -634,8 +630,10 @@ fn read_changes(
     Ok((events, upto))
 }
 
-impl Datastore for SqliteStore {
-    async fn get(&self, key: &str) -> Result<Option<KeyValue>> {
+datastore_over_keys!(SqliteStore);
+
+impl Atomic for SqliteStore {
+    async fn get_key(&self, key: &str) -> Result<Option<KeyValue>> {
         validate_key(key)?;
         let key = key.to_owned();
         self.with_reader(move |conn| {
@@ -646,7 +644,7 @@ impl Datastore for SqliteStore {
         .await
     }
 
-    async fn list(&self, prefix: &str) -> Result<Listing> {
+    async fn list_keys(&self, prefix: &str) -> Result<Listing> {
         let start = prefix.to_owned();
         let end = prefix_end(prefix).unwrap_or_else(|| KEY_MAX.to_owned());
         self.with_reader(move |conn| {
@@ -726,7 +724,7 @@ impl Datastore for SqliteStore {
         Ok(rev)
     }
 
-    async fn watch(&self, prefix: &str, after: Revision) -> Result<Watch> {
+    async fn watch_keys(&self, prefix: &str, after: Revision) -> Result<Watch> {
         // Watches read through the shared reader connection: each look is one short read
         // transaction, and a connection of its own cost ~150 KiB of SQLite heap (schema,
         // statements, page cache, lookaside) per watch for as long as it ran.
@@ -805,8 +803,10 @@ impl Datastore for SqliteStore {
         })
         .await
     }
+}
 
-    fn describe(&self) -> String {
+impl SqliteStore {
+    fn describe_backend(&self) -> String {
         format!("sqlite:{}", self.inner.path.display())
     }
 }

@@ -1,7 +1,11 @@
 //! Files that are not a margay store are refused with their name, and left untouched.
 
-use ipam::store::StoreError;
-use ipam::store::sqlite::{SqliteOptions, SqliteStore};
+use datastore::contract::{Kind, StoreError};
+
+/// The kind the cases write.
+const K: Kind = Kind::new("Thing", "/k/");
+const X: Kind = Kind::new("Thing", "/x/");
+use datastore::sqlite::{SqliteOptions, SqliteStore};
 
 async fn refused(path: &std::path::Path) -> String {
     let before = std::fs::read(path).unwrap();
@@ -57,10 +61,10 @@ async fn a_corrupt_store_is_refused() {
         let store = SqliteStore::open(&path, SqliteOptions::default())
             .await
             .unwrap();
-        use ipam::store::Datastore;
+        use datastore::contract::Datastore;
         for i in 0..300 {
             store
-                .create(&format!("/k/{i:04}"), vec![7u8; 512])
+                .create(K, &format!("{i:04}"), vec![7u8; 512])
                 .await
                 .unwrap();
         }
@@ -94,7 +98,7 @@ async fn a_fresh_path_is_created_with_its_directory() {
     let store = SqliteStore::open(&path, SqliteOptions::default())
         .await
         .unwrap();
-    use ipam::store::Datastore;
+    use datastore::contract::{Atomic, Datastore};
     assert_eq!(store.describe(), format!("sqlite:{}", path.display()));
     assert_eq!(store.revision().await.unwrap().0, 0);
     drop(store);
@@ -134,8 +138,8 @@ fn many_processes_opening_a_fresh_file_at_once_all_succeed() {
 /// this one but the file) reaches a watch through inotify, long before the fallback poll.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_by_another_store_is_seen_at_once() {
-    use ipam::store::Datastore;
-    use ipam::store::sqlite::{FALLBACK_POLL, SqliteOptions, SqliteStore};
+    use datastore::contract::Datastore;
+    use datastore::sqlite::{FALLBACK_POLL, SqliteOptions, SqliteStore};
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("store.db");
     let watcher = SqliteStore::open(&path, SqliteOptions::default())
@@ -144,12 +148,12 @@ async fn a_write_by_another_store_is_seen_at_once() {
     let writer = SqliteStore::open(&path, SqliteOptions::default())
         .await
         .unwrap();
-    let from = watcher.revision().await.unwrap();
-    let mut watch = watcher.watch("/x/", from).await.unwrap();
+    let from = watcher.list(X, "").await.unwrap().version;
+    let mut watch = watcher.watch(X, from).await.unwrap();
     for i in 0..3 {
         let start = std::time::Instant::now();
         writer
-            .create(&format!("/x/{i}"), b"v".to_vec())
+            .create(X, &format!("{i}"), b"v".to_vec())
             .await
             .unwrap();
         let e = tokio::time::timeout(FALLBACK_POLL / 10, watch.next())
@@ -157,7 +161,7 @@ async fn a_write_by_another_store_is_seen_at_once() {
             .expect("the write was not seen through inotify")
             .unwrap()
             .unwrap();
-        assert_eq!(e.key, format!("/x/{i}"));
+        assert_eq!(e.name, format!("{i}"));
         assert!(start.elapsed() < std::time::Duration::from_secs(2));
     }
 }
@@ -166,7 +170,7 @@ async fn a_write_by_another_store_is_seen_at_once() {
 /// is woken by a write (inotify), so a commit per start costs a big lab quadratically.
 #[tokio::test]
 async fn opening_an_initialised_store_writes_nothing() {
-    use ipam::store::Datastore;
+    use datastore::contract::Datastore;
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("store.db");
     let wal = dir.path().join("store.db-wal");
@@ -174,12 +178,12 @@ async fn opening_an_initialised_store_writes_nothing() {
     let first = SqliteStore::open(&path, SqliteOptions::default())
         .await
         .unwrap();
-    first.create("/k/a", b"1".to_vec()).await.unwrap();
+    first.create(K, "a", b"1".to_vec()).await.unwrap();
     let before = (std::fs::read(&path).unwrap(), std::fs::read(&wal).unwrap());
     let second = SqliteStore::open(&path, SqliteOptions::default())
         .await
         .unwrap();
-    assert_eq!(second.get("/k/a").await.unwrap().unwrap().value, b"1");
+    assert_eq!(second.get(K, "a").await.unwrap().unwrap().value, b"1");
     let after = (std::fs::read(&path).unwrap(), std::fs::read(&wal).unwrap());
     assert!(before.0 == after.0, "the database file was written");
     assert!(

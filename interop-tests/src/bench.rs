@@ -5,15 +5,18 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ipam::store::{Datastore, StoreError};
+use datastore::contract::{Datastore, Kind, StoreError};
 
-/// Conditional updates of 1 KiB values: `writers` tasks, each on its own keys.
+/// Conditional updates of 1 KiB values: `writers` tasks, each on its own objects (of a kind
+/// kept under `prefix`), through the core contract.
 pub async fn cas_updates<D: Datastore>(
     store: Arc<D>,
     prefix: &str,
     writers: usize,
     total: usize,
 ) -> Result<f64, StoreError> {
+    // A kind of the run's own; the contract's kinds are static (a few bytes per run).
+    let kind = Kind::new("BenchThing", Box::leak(prefix.to_owned().into_boxed_str()));
     let each = total / writers;
     let value = vec![b'x'; 1024];
     // Each writer owns 8 keys (like a node owning blocks) and cycles through them.
@@ -21,9 +24,9 @@ pub async fn cas_updates<D: Datastore>(
     for w in 0..writers {
         let mut mine = Vec::new();
         for k in 0..8 {
-            let key = format!("{prefix}{w}/{k}");
-            let r = store.create(&key, value.clone()).await?;
-            mine.push((key, r));
+            let name = format!("{w}-{k}");
+            let v = store.create(kind, &name, value.clone()).await?;
+            mine.push((name, v));
         }
         revs.push(mine);
     }
@@ -34,9 +37,9 @@ pub async fn cas_updates<D: Datastore>(
         tasks.push(tokio::spawn(async move {
             for i in 0..each {
                 let slot = i % mine.len();
-                let (key, expected) = &mine[slot];
-                let r = store.update(key, value.clone(), *expected).await?;
-                mine[slot].1 = r;
+                let (name, expected) = &mine[slot];
+                let v = store.update(kind, name, value.clone(), *expected).await?;
+                mine[slot].1 = v;
             }
             Ok::<(), StoreError>(())
         }));

@@ -33,6 +33,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use IpFamily::{V4, V6};
+use datastore::model::{IpFamily, IpamConfig};
 use interop_tests::lab::bgp_peer::wait_until;
 use interop_tests::lab::bgpd::{bgpctl, runtime};
 use interop_tests::lab::calico_bird::{Dialect, NodeConfig, Pool, mesh_name};
@@ -42,7 +43,6 @@ use interop_tests::lab::netns::{Netns, NsProcess};
 use interop_tests::lab::segment::{Member, Segment};
 use interop_tests::lab::{binary, open_store};
 use ipam::allocator::Ipam;
-use ipam::model::{IpFamily, IpamConfig};
 use proto::v1 as pb;
 use tonic::transport::Channel;
 

@@ -12,6 +12,10 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use datastore::model::{
+    BgpConfiguration, BgpFilter, BgpFilterRule, BgpPeer, CommunityDef, FilterAction, IpPool,
+    MatchOperator, PrefixAdvertisement,
+};
 use interop_tests::lab::bgp_peer::wait_until;
 use interop_tests::lab::bgpd::runtime;
 use interop_tests::lab::frr::Frr;
@@ -19,10 +23,6 @@ use interop_tests::lab::open_store;
 use interop_tests::lab::segment::Segment;
 use interop_tests::lab::segment_node::{self, SegmentNode as Node};
 use ipam::allocator::{AssignRequest, Ipam};
-use ipam::model::{
-    BgpConfiguration, BgpFilter, BgpFilterRule, BgpPeer, CommunityDef, FilterAction, IpPool,
-    MatchOperator, PrefixAdvertisement,
-};
 
 const TOR: &str = "10.97.0.1";
 const POOL: &str = "172.22.0.0/16";

@@ -11,6 +11,8 @@
 
 use std::time::{Duration, Instant};
 
+use datastore::Store;
+use datastore::model::{BgpConfiguration, BgpPeer, EncapMode, IpPool};
 use interop_tests::lab::bgp_peer::wait_until;
 use interop_tests::lab::bgpd::{bgpctl, runtime};
 use interop_tests::lab::frr::{Frr, parse_route};
@@ -19,8 +21,6 @@ use interop_tests::lab::open_store;
 use interop_tests::lab::segment::Segment;
 use interop_tests::lab::segment_node::{SegmentNode as Node, context};
 use ipam::allocator::{AssignRequest, Ipam};
-use ipam::model::{BgpConfiguration, BgpPeer, EncapMode, IpPool};
-use ipam::store::Store;
 
 const TOR: &str = "10.98.0.1";
 const POOL: &str = "172.21.0.0/16";

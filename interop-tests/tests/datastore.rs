@@ -1,11 +1,13 @@
 //! The datastore conformance suite against both backends: SQLite on a temporary file and a real
-//! etcd on loopback.
+//! etcd on loopback; the per-object cases also with the extension hidden, as a store without
+//! one (the Kubernetes API) is used.
 
 use std::sync::Arc;
 
+use datastore::PerObjectOnly;
+use datastore::etcd::EtcdOptions;
+use datastore::sqlite::{SqliteOptions, SqliteStore};
 use interop_tests::{conformance, lab};
-use ipam::store::etcd::EtcdOptions;
-use ipam::store::sqlite::{SqliteOptions, SqliteStore};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sqlite_conforms() {
@@ -13,7 +15,11 @@ async fn sqlite_conforms() {
     let store = SqliteStore::open(dir.path().join("store.db"), SqliteOptions::default())
         .await
         .unwrap();
-    let failures = conformance::run(Arc::new(store), "/conformance/").await;
+    let mut failures = conformance::run_objects(Arc::new(store.clone()), "/objects/").await;
+    failures.extend(
+        conformance::run_objects(Arc::new(PerObjectOnly(store.clone())), "/per-object/").await,
+    );
+    failures.extend(conformance::run_atomic(Arc::new(store), "/conformance/").await);
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
@@ -21,6 +27,10 @@ async fn sqlite_conforms() {
 async fn etcd_conforms() {
     let etcd = lab::etcd::EtcdCluster::start(1);
     let store = etcd.store(EtcdOptions::default()).await;
-    let failures = conformance::run(Arc::new(store), "/conformance/").await;
+    let mut failures = conformance::run_objects(Arc::new(store.clone()), "/objects/").await;
+    failures.extend(
+        conformance::run_objects(Arc::new(PerObjectOnly(store.clone())), "/per-object/").await,
+    );
+    failures.extend(conformance::run_atomic(Arc::new(store), "/conformance/").await);
     assert!(failures.is_empty(), "{failures:#?}");
 }

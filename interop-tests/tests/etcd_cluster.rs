@@ -6,9 +6,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use datastore::contract::{Datastore, Kind, StoreError};
+use datastore::etcd::EtcdOptions;
 use interop_tests::lab::etcd::EtcdCluster;
-use ipam::store::etcd::EtcdOptions;
-use ipam::store::{Datastore, StoreError};
+
+/// The objects the writers create, one per acknowledged write.
+const ACK: Kind = Kind::new("Ack", "/ack/");
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writers_survive_a_member_being_killed_and_restarted() {
@@ -29,8 +32,8 @@ async fn writers_survive_a_member_being_killed_and_restarted() {
             let mut failures = 0usize;
             let mut n = 0usize;
             while !stop.load(Ordering::Relaxed) {
-                let key = format!("/ack/w{w}/{n:06}");
-                match store.create(&key, key.as_bytes().to_vec()).await {
+                let key = format!("w{w}-{n:06}");
+                match store.create(ACK, &key, key.as_bytes().to_vec()).await {
                     Ok(_) => {}
                     // An earlier attempt committed but its answer was lost: it is stored.
                     Err(StoreError::Conflict { .. }) => {}
@@ -82,12 +85,12 @@ async fn writers_survive_a_member_being_killed_and_restarted() {
     );
 
     let stored: BTreeSet<String> = store
-        .list("/ack/")
+        .list(ACK, "")
         .await
         .unwrap()
         .items
         .into_iter()
-        .map(|kv| kv.key)
+        .map(|o| o.name)
         .collect();
     let lost: Vec<_> = acknowledged.difference(&stored).collect();
     assert!(

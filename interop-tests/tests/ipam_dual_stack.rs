@@ -10,11 +10,11 @@
 
 use std::time::{Duration, Instant};
 
+use datastore::contract::Datastore;
+use datastore::resource::{Resource, decode, encode};
+use datastore::sqlite::{SqliteOptions, SqliteStore};
 use interop_tests::lab::bgpd::{Daemon, bgpctl, runtime, write_config_with_node};
 use ipam::block::{Block, Slot, cidr_key};
-use ipam::resource::{Resource, decode, encode};
-use ipam::store::Datastore;
-use ipam::store::sqlite::{SqliteOptions, SqliteStore};
 use proto::v1 as pb;
 use proto::v1::ipam_client::IpamClient;
 use proto::v1::nodes_client::NodesClient;
@@ -311,8 +311,8 @@ fn dual_stack_pools_assignments_show_check_and_gc() {
             .await
             .unwrap();
         let cidr: ipnet::IpNet = v6_cidr.parse().unwrap();
-        let key = format!("{}{}", Block::PREFIX, cidr_key(&cidr));
-        let kv = store.get(&key).await.unwrap().unwrap();
+        let name = cidr_key(&cidr);
+        let kv = store.get(Block::kind(), &name).await.unwrap().unwrap();
         let mut block: Block = decode(&kv.value).unwrap();
         let ordinal = block.free.pop_back().unwrap();
         block.slots.insert(
@@ -325,7 +325,7 @@ fn dual_stack_pools_assignments_show_check_and_gc() {
             },
         );
         store
-            .update(&key, encode(&block), kv.mod_revision)
+            .update(Block::kind(), &name, encode(&block), kv.version)
             .await
             .unwrap();
         block.address(ordinal).to_string()

@@ -7,10 +7,10 @@ use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use datastore::Store;
+use datastore::model::IpPool;
 use interop_tests::lab;
 use ipam::allocator::Ipam;
-use ipam::model::IpPool;
-use ipam::store::Store;
 
 fn worker(store: &str, node: &str, count: usize, prefix: &str) -> Child {
     Command::new(lab::binary("ipam-bench"))

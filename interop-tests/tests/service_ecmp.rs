@@ -16,6 +16,7 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
+use datastore::model::{BgpConfiguration, BgpPeer};
 use interop_tests::lab::bgp_peer::wait_until;
 use interop_tests::lab::bgpd::runtime;
 use interop_tests::lab::calico_node::add_ipv6;
@@ -25,7 +26,6 @@ use interop_tests::lab::open_store;
 use interop_tests::lab::segment::Segment;
 use interop_tests::lab::segment_node::{NodeOptions, SegmentNode as Node};
 use ipam::allocator::Ipam;
-use ipam::model::{BgpConfiguration, BgpPeer};
 
 const TOR: &str = "10.97.0.1";
 const TOR6: &str = "fd00:97::1";

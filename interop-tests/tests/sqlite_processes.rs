@@ -7,9 +7,9 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use datastore::contract::Atomic;
+use datastore::sqlite::{SqliteOptions, SqliteStore};
 use interop_tests::lab;
-use ipam::store::Datastore;
-use ipam::store::sqlite::{SqliteOptions, SqliteStore};
 
 fn writer(path: &std::path::Path, mode: &str, count: usize) -> Command {
     let mut c = Command::new(lab::binary("store-bench"));
@@ -34,7 +34,7 @@ async fn processes_share_one_file_without_losing_an_update() {
             .unwrap(),
     );
     let start = store.revision().await.unwrap();
-    let mut watch = store.watch("/counter", start).await.unwrap();
+    let mut watch = store.watch_keys("/counter", start).await.unwrap();
 
     const PROCS: usize = 4;
     const EACH: usize = 100;
@@ -58,7 +58,7 @@ async fn processes_share_one_file_without_losing_an_update() {
     for mut c in children {
         assert!(c.wait().unwrap().success());
     }
-    let kv = store.get("/counter").await.unwrap().unwrap();
+    let kv = store.get_key("/counter").await.unwrap().unwrap();
     assert_eq!(parse(&kv.value), (PROCS * EACH) as u64);
 }
 
@@ -113,12 +113,12 @@ async fn kill_9_mid_transaction_never_leaves_a_partial_one() {
             .await
             .unwrap_or_else(|e| panic!("round {round} (seed {seed}): {e}"));
         let generation = store
-            .get("/gen")
+            .get_key("/gen")
             .await
             .unwrap()
             .map(|kv| parse(&kv.value))
             .unwrap_or(0);
-        let listing = store.list("/k/").await.unwrap();
+        let listing = store.list_keys("/k/").await.unwrap();
         for kv in &listing.items {
             assert_eq!(
                 parse(&kv.value),

@@ -19,13 +19,13 @@ use ipnet::IpNet;
 
 use crate::block::{AffinityState, Block, BlockAffinity, Handle, Released, cidr_key};
 use crate::error::IpamError;
-use crate::model::{
+use datastore::contract::{Atomic, Datastore, Op, Read, ReadResult, Revision, StoreError, Version};
+use datastore::model::{
     AllowedUse, AssignmentMode, BgpConfiguration, BgpFilter, BgpPeer, IpFamily, IpPool, IpamConfig,
     Node, overlaps,
 };
-use crate::resource::{Resource, decode, encode};
-use crate::selector::Selector;
-use crate::store::{Datastore, Op, Read, ReadResult, Revision, StoreError};
+use datastore::resource::{Resource, decode, encode};
+use datastore::selector::Selector;
 
 /// How often a lost compare-and-swap is retried before giving up.
 pub const RETRIES: u32 = 100;
@@ -184,9 +184,9 @@ struct View {
     pools: Vec<IpPool>,
     labels: BTreeMap<String, String>,
     config: IpamConfig,
-    affinities: Vec<(BlockAffinity, Revision)>,
-    handle: Option<(Handle, Revision)>,
-    hinted: Option<(Block, Revision)>,
+    affinities: Vec<(BlockAffinity, Version)>,
+    handle: Option<(Handle, Version)>,
+    hinted: Option<(Block, Version)>,
     /// Checks that the pools, the node and the configuration are still as read.
     checks: Vec<Op>,
 }
@@ -206,10 +206,10 @@ struct Fast {
     labels: BTreeMap<String, String>,
     checks: Vec<Op>,
     block: Block,
-    block_rev: Revision,
+    block_rev: Version,
 }
 
-impl<D: Datastore> Ipam<D> {
+impl<D: Datastore + Atomic> Ipam<D> {
     pub fn new(store: D) -> Self {
         Self {
             store,
@@ -383,7 +383,7 @@ impl<D: Datastore> Ipam<D> {
         match self.store.txn(ops).await {
             Ok(rev) => {
                 for (_, state) in &mut states {
-                    state.block_rev = rev;
+                    state.block_rev = rev.version();
                 }
                 self.keep_fast(&node, states);
                 Ok(Some(got))
@@ -454,16 +454,16 @@ impl<D: Datastore> Ipam<D> {
         let affinities = next()?
             .into_list()
             .iter()
-            .map(|kv| Ok((decode(&kv.value)?, kv.mod_revision)))
+            .map(|kv| Ok((decode(&kv.value)?, kv.version)))
             .collect::<Result<_, IpamError>>()?;
         let handle = match next()?.into_get() {
-            Some(kv) => Some((decode::<Handle>(&kv.value)?, kv.mod_revision)),
+            Some(kv) => Some((decode::<Handle>(&kv.value)?, kv.version)),
             None => None,
         };
         let guard_kv = next()?.into_get();
-        let check = |key: &str, kv: &Option<crate::store::KeyValue>| Op::Check {
+        let check = |key: &str, kv: &Option<datastore::contract::KeyValue>| Op::Check {
             key: key.to_owned(),
-            expected: kv.as_ref().map(|kv| kv.mod_revision),
+            expected: kv.as_ref().map(|kv| kv.version),
         };
         let checks = vec![
             check(POOLS_GUARD, &guard_kv),
@@ -472,7 +472,7 @@ impl<D: Datastore> Ipam<D> {
         ];
         let hinted = match hint {
             Some(_) => match next()?.into_get() {
-                Some(kv) => Some((decode::<Block>(&kv.value)?, kv.mod_revision)),
+                Some(kv) => Some((decode::<Block>(&kv.value)?, kv.version)),
                 None => None,
             },
             None => None,
@@ -494,25 +494,25 @@ impl<D: Datastore> Ipam<D> {
 
     // ---- typed access ----
 
-    async fn get<T: Resource>(&self, key: &str) -> Result<Option<(T, Revision)>, IpamError> {
-        match self.store.get(key).await? {
-            Some(kv) => Ok(Some((decode(&kv.value)?, kv.mod_revision))),
+    async fn get<T: Resource>(&self, key: &str) -> Result<Option<(T, Version)>, IpamError> {
+        match self.store.get_key(key).await? {
+            Some(kv) => Ok(Some((decode(&kv.value)?, kv.version))),
             None => Ok(None),
         }
     }
 
-    async fn list<T: Resource>(&self, prefix: &str) -> Result<Vec<(T, Revision)>, IpamError> {
+    async fn list<T: Resource>(&self, prefix: &str) -> Result<Vec<(T, Version)>, IpamError> {
         self.store
-            .list(prefix)
+            .list_keys(prefix)
             .await?
             .items
             .into_iter()
-            .map(|kv| Ok((decode(&kv.value)?, kv.mod_revision)))
+            .map(|kv| Ok((decode(&kv.value)?, kv.version)))
             .collect()
     }
 
     /// An op writing `value` at `key`: create when `rev` is `None`, else update.
-    fn put<T: Resource>(key: String, value: &T, rev: Option<Revision>) -> Op {
+    fn put<T: Resource>(key: String, value: &T, rev: Option<Version>) -> Op {
         match rev {
             None => Op::Create {
                 key,
@@ -559,7 +559,7 @@ impl<D: Datastore> Ipam<D> {
     /// The cluster's BGP configuration, if one was stored.
     pub async fn bgp_configuration(
         &self,
-    ) -> Result<Option<(BgpConfiguration, Revision)>, IpamError> {
+    ) -> Result<Option<(BgpConfiguration, Version)>, IpamError> {
         self.get(&BgpConfiguration::key(BgpConfiguration::NAME))
             .await
     }
@@ -569,24 +569,24 @@ impl<D: Datastore> Ipam<D> {
     pub async fn set_bgp_configuration(
         &self,
         config: &BgpConfiguration,
-        expected: Option<Revision>,
-    ) -> Result<Revision, IpamError> {
+        expected: Option<Version>,
+    ) -> Result<Version, IpamError> {
         config.validate()?;
         let key = BgpConfiguration::key(BgpConfiguration::NAME);
         match self.store.txn(vec![Self::put(key, config, expected)]).await {
             Err(StoreError::Conflict { .. }) => Err(IpamError::Stale(
                 "the BGP configuration changed since it was read; read it again".into(),
             )),
-            other => other.map_err(Into::into),
+            other => other.map(Revision::version).map_err(Into::into),
         }
     }
 
-    pub async fn list_bgp_peers(&self) -> Result<Vec<(BgpPeer, Revision)>, IpamError> {
+    pub async fn list_bgp_peers(&self) -> Result<Vec<(BgpPeer, Version)>, IpamError> {
         self.list(BgpPeer::PREFIX).await
     }
 
     /// Creates or replaces a `BGPPeer` resource.
-    pub async fn put_bgp_peer(&self, peer: &BgpPeer) -> Result<Revision, IpamError> {
+    pub async fn put_bgp_peer(&self, peer: &BgpPeer) -> Result<Version, IpamError> {
         peer.validate()?;
         for _ in 0..RETRIES {
             let rev = self
@@ -599,7 +599,7 @@ impl<D: Datastore> Ipam<D> {
                 .await
             {
                 Err(StoreError::Conflict { .. }) => continue,
-                other => return other.map_err(Into::into),
+                other => return other.map(Revision::version).map_err(Into::into),
             }
         }
         Err(IpamError::Contention {
@@ -620,11 +620,11 @@ impl<D: Datastore> Ipam<D> {
         Ok(())
     }
 
-    pub async fn list_bgp_filters(&self) -> Result<Vec<(BgpFilter, Revision)>, IpamError> {
+    pub async fn list_bgp_filters(&self) -> Result<Vec<(BgpFilter, Version)>, IpamError> {
         self.list(BgpFilter::PREFIX).await
     }
 
-    pub async fn get_bgp_filter(&self, name: &str) -> Result<(BgpFilter, Revision), IpamError> {
+    pub async fn get_bgp_filter(&self, name: &str) -> Result<(BgpFilter, Version), IpamError> {
         self.get(&BgpFilter::key(name))
             .await?
             .ok_or_else(|| IpamError::NotFound(format!("BGP filter {name}")))
@@ -636,15 +636,15 @@ impl<D: Datastore> Ipam<D> {
     pub async fn put_bgp_filter(
         &self,
         filter: &BgpFilter,
-        expected: Option<Revision>,
-    ) -> Result<Revision, IpamError> {
+        expected: Option<Version>,
+    ) -> Result<Version, IpamError> {
         filter.validate()?;
         let key = BgpFilter::key(&filter.name);
         if let Some(rev) = expected {
             if self.get::<BgpFilter>(&key).await?.is_none() {
                 return Err(IpamError::NotFound(format!(
                     "BGP filter {} (at revision {})",
-                    filter.name, rev.0
+                    filter.name, rev
                 )));
             }
             return match self
@@ -655,7 +655,7 @@ impl<D: Datastore> Ipam<D> {
                 Err(StoreError::Conflict { .. }) => {
                     Err(IpamError::Stale(format!("BGP filter {}", filter.name)))
                 }
-                other => other.map_err(Into::into),
+                other => other.map(Revision::version).map_err(Into::into),
             };
         }
         for _ in 0..RETRIES {
@@ -666,7 +666,7 @@ impl<D: Datastore> Ipam<D> {
                 .await
             {
                 Err(StoreError::Conflict { .. }) => continue,
-                other => return other.map_err(Into::into),
+                other => return other.map(Revision::version).map_err(Into::into),
             }
         }
         Err(IpamError::Contention {
@@ -690,18 +690,18 @@ impl<D: Datastore> Ipam<D> {
 
     // ---- pools ----
 
-    pub async fn list_pools(&self) -> Result<Vec<(IpPool, Revision)>, IpamError> {
+    pub async fn list_pools(&self) -> Result<Vec<(IpPool, Version)>, IpamError> {
         self.list(IpPool::PREFIX).await
     }
 
-    pub async fn get_pool(&self, name: &str) -> Result<(IpPool, Revision), IpamError> {
+    pub async fn get_pool(&self, name: &str) -> Result<(IpPool, Version), IpamError> {
         self.get(&IpPool::key(name))
             .await?
             .ok_or_else(|| IpamError::NotFound(format!("pool {name}")))
     }
 
     async fn pools_guard(&self) -> Result<(Op, u64), IpamError> {
-        let current = self.store.get(POOLS_GUARD).await?;
+        let current = self.store.get_key(POOLS_GUARD).await?;
         let n = current
             .as_ref()
             .and_then(|kv| std::str::from_utf8(&kv.value).ok()?.parse::<u64>().ok())
@@ -715,13 +715,13 @@ impl<D: Datastore> Ipam<D> {
             Some(kv) => Op::Update {
                 key: POOLS_GUARD.into(),
                 value,
-                expected: kv.mod_revision,
+                expected: kv.version,
             },
         };
         Ok((op, n))
     }
 
-    fn check_overlap(pool: &IpPool, others: &[(IpPool, Revision)]) -> Result<(), IpamError> {
+    fn check_overlap(pool: &IpPool, others: &[(IpPool, Version)]) -> Result<(), IpamError> {
         for (other, _) in others {
             if other.name != pool.name && overlaps(&other.cidr, &pool.cidr) {
                 return Err(IpamError::InvalidArgument {
@@ -736,7 +736,7 @@ impl<D: Datastore> Ipam<D> {
         Ok(())
     }
 
-    pub async fn create_pool(&self, pool: &IpPool) -> Result<Revision, IpamError> {
+    pub async fn create_pool(&self, pool: &IpPool) -> Result<Version, IpamError> {
         pool.validate()?;
         for _ in 0..RETRIES {
             let (guard, _) = self.pools_guard().await?;
@@ -751,7 +751,7 @@ impl<D: Datastore> Ipam<D> {
                 .await
             {
                 Err(StoreError::Conflict { .. }) => continue,
-                other => return other.map_err(Into::into),
+                other => return other.map(Revision::version).map_err(Into::into),
             }
         }
         Err(IpamError::Contention {
@@ -764,8 +764,8 @@ impl<D: Datastore> Ipam<D> {
     pub async fn update_pool(
         &self,
         pool: &IpPool,
-        expected: Option<Revision>,
-    ) -> Result<Revision, IpamError> {
+        expected: Option<Version>,
+    ) -> Result<Version, IpamError> {
         pool.validate()?;
         for _ in 0..RETRIES {
             let (guard, _) = self.pools_guard().await?;
@@ -795,7 +795,7 @@ impl<D: Datastore> Ipam<D> {
                 .await
             {
                 Err(StoreError::Conflict { .. }) => continue,
-                other => return other.map_err(Into::into),
+                other => return other.map(Revision::version).map_err(Into::into),
             }
         }
         Err(IpamError::Contention {
@@ -841,19 +841,21 @@ impl<D: Datastore> Ipam<D> {
                 });
                 if let Some(node) = &b.affinity {
                     let key = BlockAffinity::key_of(node, &b.cidr);
-                    if let Some(kv) = self.store.get(&key).await? {
+                    if let Some(kv) = self.store.get_key(&key).await? {
                         ops.push(Op::Delete {
                             key,
-                            expected: kv.mod_revision,
+                            expected: kv.version,
                         });
                     }
                 }
             }
             // Keep each transaction within the store's limit; a pool with more empty blocks
             // than that is emptied over several rounds (the pool goes last).
-            if ops.len() > crate::store::MAX_TXN_OPS {
-                let mut chunk: Vec<Op> =
-                    ops.drain(2..).take(crate::store::MAX_TXN_OPS - 2).collect();
+            if ops.len() > datastore::contract::MAX_TXN_OPS {
+                let mut chunk: Vec<Op> = ops
+                    .drain(2..)
+                    .take(datastore::contract::MAX_TXN_OPS - 2)
+                    .collect();
                 chunk.retain(
                     |op| !matches!(op, Op::Delete { key, .. } if key == &IpPool::key(&pool.name)),
                 );
@@ -873,11 +875,11 @@ impl<D: Datastore> Ipam<D> {
         })
     }
 
-    async fn all_blocks(&self) -> Result<Vec<(Block, Revision)>, IpamError> {
+    async fn all_blocks(&self) -> Result<Vec<(Block, Version)>, IpamError> {
         self.list(Block::PREFIX).await
     }
 
-    async fn blocks_of_pool(&self, pool: &str) -> Result<Vec<(Block, Revision)>, IpamError> {
+    async fn blocks_of_pool(&self, pool: &str) -> Result<Vec<(Block, Version)>, IpamError> {
         Ok(self
             .all_blocks()
             .await?
@@ -891,9 +893,9 @@ impl<D: Datastore> Ipam<D> {
     pub async fn register_node(
         &self,
         node: &Node,
-        expected: Option<Revision>,
-    ) -> Result<Revision, IpamError> {
-        crate::model::validate_name("name", &node.name)?;
+        expected: Option<Version>,
+    ) -> Result<Version, IpamError> {
+        datastore::model::validate_name("name", &node.name)?;
         let key = Node::key(&node.name);
         for _ in 0..RETRIES {
             let current = self.get::<Node>(&key).await?;
@@ -918,7 +920,7 @@ impl<D: Datastore> Ipam<D> {
                 Err(StoreError::Conflict { .. }) => {
                     return Err(IpamError::Stale(format!("node {}", node.name)));
                 }
-                other => return other.map_err(Into::into),
+                other => return other.map(Revision::version).map_err(Into::into),
             }
         }
         Err(IpamError::Contention {
@@ -927,13 +929,13 @@ impl<D: Datastore> Ipam<D> {
         })
     }
 
-    pub async fn get_node(&self, name: &str) -> Result<(Node, Revision), IpamError> {
+    pub async fn get_node(&self, name: &str) -> Result<(Node, Version), IpamError> {
         self.get(&Node::key(name))
             .await?
             .ok_or_else(|| IpamError::NotFound(format!("node {name}")))
     }
 
-    pub async fn list_nodes(&self) -> Result<Vec<(Node, Revision)>, IpamError> {
+    pub async fn list_nodes(&self) -> Result<Vec<(Node, Version)>, IpamError> {
         self.list(Node::PREFIX).await
     }
 
@@ -943,7 +945,7 @@ impl<D: Datastore> Ipam<D> {
         for _ in 0..RETRIES {
             match self.get::<Node>(&Node::key(name)).await? {
                 None => return Ok(released),
-                Some((_, rev)) => match self.store.delete(&Node::key(name), rev).await {
+                Some((_, rev)) => match self.store.delete(Node::kind(), name, rev).await {
                     Err(StoreError::Conflict { .. }) => continue,
                     other => return other.map(|_| released).map_err(Into::into),
                 },
@@ -1185,7 +1187,7 @@ impl<D: Datastore> Ipam<D> {
                     return self
                         .allocate_in(
                             block,
-                            Some(kv.mod_revision),
+                            Some(kv.version),
                             n,
                             req,
                             handle,
@@ -1256,10 +1258,10 @@ impl<D: Datastore> Ipam<D> {
     async fn allocate_in(
         &self,
         mut block: Block,
-        rev: Option<Revision>,
+        rev: Option<Version>,
         n: usize,
         req: &AssignRequest,
-        handle: Option<(Handle, Revision)>,
+        handle: Option<(Handle, Version)>,
         seed: Option<FastSeed>,
     ) -> Result<Step, IpamError> {
         let got = block.allocate(n, &req.handle, &req.node, &req.attrs);
@@ -1282,7 +1284,7 @@ impl<D: Datastore> Ipam<D> {
         let mut ops = vec![Self::put(handle_key, &handle, hrev)];
         ops.extend(block_ops);
         let written = match self.store.txn(ops).await {
-            Ok(r) => r,
+            Ok(r) => r.version(),
             Err(StoreError::Conflict { key, .. }) => {
                 if let Some(affinity) = &claimed {
                     self.claim_conflict(&req.node, &block, affinity, &key)
@@ -1334,7 +1336,7 @@ impl<D: Datastore> Ipam<D> {
     /// The ops that write `block` as read at `rev`, or claim it for `node` where it is new
     /// (`None`, [`Self::claim_ops`]); with the claimed affinity's key, to check or to name
     /// the loser of a conflict.
-    fn block_ops(node: &str, block: &Block, rev: Option<Revision>) -> (Option<String>, Vec<Op>) {
+    fn block_ops(node: &str, block: &Block, rev: Option<Version>) -> (Option<String>, Vec<Op>) {
         match rev {
             Some(rev) => (
                 None,
@@ -1417,7 +1419,7 @@ impl<D: Datastore> Ipam<D> {
             Ok(_) => Ok(()),
             Err(StoreError::Conflict { key: lost, .. }) if lost == block_key(&cidr) => {
                 // Another node got the block first: withdraw our claim.
-                let _ = self.store.delete(&key, r).await;
+                let _ = self.store.txn(vec![Op::Delete { key, expected: r }]).await;
                 Ok(())
             }
             Err(StoreError::Conflict { .. }) => Ok(()),
@@ -1769,7 +1771,10 @@ impl<D: Datastore> Ipam<D> {
                                 state: AffinityState::Confirmed,
                                 ..aff
                             };
-                            let _ = self.store.update(&key, encode(&confirmed), arev).await;
+                            let _ = self
+                                .store
+                                .txn(vec![Self::put(key, &confirmed, Some(arev))])
+                                .await;
                         }
                         return Ok(false);
                     } else {
@@ -1856,7 +1861,7 @@ impl<D: Datastore> Ipam<D> {
             out.push((handle, freed));
         }
         // Claims that never finished (a crash between the steps of an older version's claim).
-        let unfinished: Vec<(BlockAffinity, Revision)> = self
+        let unfinished: Vec<(BlockAffinity, Version)> = self
             .list::<BlockAffinity>(&BlockAffinity::prefix_of(node))
             .await?
             .into_iter()
@@ -1873,9 +1878,10 @@ impl<D: Datastore> Ipam<D> {
         };
         for (aff, rev) in unfinished {
             if !existing.contains(&aff.cidr) {
+                let key = BlockAffinity::key_of(node, &aff.cidr);
                 let _ = self
                     .store
-                    .delete(&BlockAffinity::key_of(node, &aff.cidr), rev)
+                    .txn(vec![Op::Delete { key, expected: rev }])
                     .await;
             }
         }

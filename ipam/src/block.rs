@@ -14,7 +14,7 @@ use std::net::IpAddr;
 use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
-use crate::resource::Resource;
+use datastore::resource::Resource;
 
 /// One allocated address of a block.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

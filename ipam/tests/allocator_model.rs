@@ -6,10 +6,10 @@
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::IpAddr;
 
+use datastore::model::{IpFamily, IpPool};
+use datastore::sqlite::{SqliteOptions, SqliteStore};
 use ipam::IpamError;
 use ipam::allocator::{AssignRequest, Ipam, ReleaseRequest};
-use ipam::model::{IpFamily, IpPool};
-use ipam::store::sqlite::{SqliteOptions, SqliteStore};
 use proptest::prelude::*;
 
 const NODES: [&str; 3] = ["node-a", "node-b", "node-c"];
@@ -127,7 +127,7 @@ async fn run(families: &[IpFamily], actions: Vec<Action>) -> Result<(), TestCase
     let store = SqliteStore::open(
         dir.path().join("s.db"),
         SqliteOptions {
-            sync: ipam::store::sqlite::Sync::Normal,
+            sync: datastore::sqlite::Sync::Normal,
             ..Default::default()
         },
     )

@@ -12,13 +12,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use common::{
     assert_distinct_and_held, concurrent_requests, dual_pools, ipam, pick, pool, req, req_of,
 };
+use datastore::contract::{
+    Atomic, Datastore, KeyValue, Kind, Listing, Object, ObjectList, ObjectWatch, Op, Read,
+    ReadResult, Revision, StoreError, Version, Watch,
+};
+use datastore::model::{EncapMode, IpFamily, IpPool, IpamConfig, Node};
+use datastore::resource::{Resource, decode, encode};
+use datastore::sqlite::{SqliteOptions, SqliteStore};
 use ipam::IpamError;
 use ipam::allocator::{Ipam, is_tunnel_handle, tunnel_handle};
 use ipam::block::{Block, Handle, Slot, cidr_key};
-use ipam::model::{EncapMode, IpFamily, IpPool, IpamConfig, Node};
-use ipam::resource::{Resource, decode, encode};
-use ipam::store::sqlite::{SqliteOptions, SqliteStore};
-use ipam::store::{Datastore, Listing, Op, Read, ReadResult, Revision, StoreError, Watch};
 
 /// A store that counts the round trips made to it.
 struct Counting<D> {
@@ -39,14 +42,64 @@ impl<D> Counting<D> {
 
 type Result<T> = std::result::Result<T, StoreError>;
 
-impl<D: Datastore> Datastore for Counting<D> {
-    fn get(&self, key: &str) -> impl Future<Output = Result<Option<ipam::store::KeyValue>>> + Send {
+impl<D: Datastore + Atomic> Datastore for Counting<D> {
+    type Atomic = Self;
+
+    fn get(&self, kind: Kind, name: &str) -> impl Future<Output = Result<Option<Object>>> + Send {
         self.reads.fetch_add(1, Ordering::SeqCst);
-        self.inner.get(key)
+        self.inner.get(kind, name)
     }
-    fn list(&self, prefix: &str) -> impl Future<Output = Result<Listing>> + Send {
+    fn list(&self, kind: Kind, prefix: &str) -> impl Future<Output = Result<ObjectList>> + Send {
         self.reads.fetch_add(1, Ordering::SeqCst);
-        self.inner.list(prefix)
+        Datastore::list(&self.inner, kind, prefix)
+    }
+    fn create(
+        &self,
+        kind: Kind,
+        name: &str,
+        value: Vec<u8>,
+    ) -> impl Future<Output = Result<Version>> + Send {
+        self.txns.fetch_add(1, Ordering::SeqCst);
+        self.inner.create(kind, name, value)
+    }
+    fn update(
+        &self,
+        kind: Kind,
+        name: &str,
+        value: Vec<u8>,
+        expected: Version,
+    ) -> impl Future<Output = Result<Version>> + Send {
+        self.txns.fetch_add(1, Ordering::SeqCst);
+        self.inner.update(kind, name, value, expected)
+    }
+    fn delete(
+        &self,
+        kind: Kind,
+        name: &str,
+        expected: Version,
+    ) -> impl Future<Output = Result<()>> + Send {
+        self.txns.fetch_add(1, Ordering::SeqCst);
+        self.inner.delete(kind, name, expected)
+    }
+    fn watch(&self, kind: Kind, from: Version) -> impl Future<Output = Result<ObjectWatch>> + Send {
+        self.inner.watch(kind, from)
+    }
+    fn atomic(&self) -> Option<&Self> {
+        Some(self)
+    }
+    fn describe(&self) -> String {
+        self.inner.describe()
+    }
+}
+
+impl<D: Datastore + Atomic> Atomic for Counting<D> {
+    fn get_key(&self, key: &str) -> impl Future<Output = Result<Option<KeyValue>>> + Send {
+        self.reads.fetch_add(1, Ordering::SeqCst);
+        self.inner.get_key(key)
+    }
+    fn list_keys(&self, prefix: &str) -> impl Future<Output = Result<Listing>> + Send {
+        self.reads.fetch_add(1, Ordering::SeqCst);
+        self.inner.list_keys(prefix)
     }
     fn read(
         &self,
@@ -59,17 +112,18 @@ impl<D: Datastore> Datastore for Counting<D> {
         self.txns.fetch_add(1, Ordering::SeqCst);
         self.inner.txn(ops)
     }
-    fn watch(&self, prefix: &str, after: Revision) -> impl Future<Output = Result<Watch>> + Send {
-        self.inner.watch(prefix, after)
+    fn watch_keys(
+        &self,
+        prefix: &str,
+        after: Revision,
+    ) -> impl Future<Output = Result<Watch>> + Send {
+        self.inner.watch_keys(prefix, after)
     }
     fn revision(&self) -> impl Future<Output = Result<Revision>> + Send {
         self.inner.revision()
     }
     fn compact(&self, revision: Revision) -> impl Future<Output = Result<()>> + Send {
         self.inner.compact(revision)
-    }
-    fn describe(&self) -> String {
-        self.inner.describe()
     }
 }
 
@@ -402,8 +456,8 @@ async fn check_finds_leaks_duplicates_and_overlaps(f: IpFamily) {
     assert!(ipam.check().await.unwrap().problems.is_empty());
     let block = got[0].block;
     let store = ipam.store();
-    let key = format!("{}{}", Block::PREFIX, cidr_key(&block));
-    let kv = store.get(&key).await.unwrap().unwrap();
+    let name = cidr_key(&block);
+    let kv = store.get(Block::kind(), &name).await.unwrap().unwrap();
     let mut b: Block = decode(&kv.value).unwrap();
     // A leak: an address allocated under a handle that does not record it.
     let leaked = b.free.pop_back().unwrap();
@@ -420,7 +474,7 @@ async fn check_finds_leaks_duplicates_and_overlaps(f: IpFamily) {
     let dup = *b.slots.keys().next().unwrap();
     b.free.push_back(dup);
     store
-        .update(&key, encode(&b), kv.mod_revision)
+        .update(Block::kind(), &name, encode(&b), kv.version)
         .await
         .unwrap();
     // A handle recording addresses in a block that holds none of its.
@@ -429,17 +483,14 @@ async fn check_finds_leaks_duplicates_and_overlaps(f: IpFamily) {
         blocks: [(block.to_string(), 2)].into(),
     };
     store
-        .create(&Handle::key("ghost.y"), encode(&ghost))
+        .create(Handle::kind(), "ghost.y", encode(&ghost))
         .await
         .unwrap();
     // An overlapping block: a smaller one inside the node's block.
     let inner = ipnet::IpNet::new(block.network(), block.prefix_len() + 2).unwrap();
     let overlap = Block::new(inner, "p", None, 0);
     store
-        .create(
-            &format!("{}{}", Block::PREFIX, cidr_key(&inner)),
-            encode(&overlap),
-        )
+        .create(Block::kind(), &cidr_key(&inner), encode(&overlap))
         .await
         .unwrap();
     let problems = ipam.check().await.unwrap().problems;

@@ -23,9 +23,9 @@ use proto::v1::{
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
+use ::datastore::Store;
+use ::datastore::model;
 use ipam::allocator::Ipam;
-use ipam::model;
-use ipam::store::Store;
 use proto::v1::{FilterRule, FilterScope};
 
 use crate::api::convert;
@@ -480,7 +480,7 @@ impl Bgp for BgpService {
             .await
             .map_err(convert::status)?;
         Ok(Response::new(match stored {
-            Some((c, rev)) => config_message(&c, rev.0),
+            Some((c, rev)) => config_message(&c, rev.to_wire()),
             None => config_message(&model::BgpConfiguration::default(), 0),
         }))
     }
@@ -496,7 +496,7 @@ impl Bgp for BgpService {
         let c = config_from(&m)?;
         let ipam = self.ipam()?;
         let expected = if m.revision != 0 {
-            Some(ipam::store::Revision(m.revision))
+            Some(::datastore::Version::from_wire(m.revision))
         } else {
             ipam.bgp_configuration()
                 .await
@@ -507,7 +507,7 @@ impl Bgp for BgpService {
             .set_bgp_configuration(&c, expected)
             .await
             .map_err(convert::status)?;
-        Ok(Response::new(config_message(&c, rev.0)))
+        Ok(Response::new(config_message(&c, rev.to_wire())))
     }
 
     async fn add_peer(
@@ -860,7 +860,7 @@ impl Bgp for BgpService {
         let f = convert::filter_from(&m)?;
         f.check()
             .map_err(|e| convert::invalid_field("filter.", e))?;
-        let expected = (m.revision != 0).then_some(ipam::store::Revision(m.revision));
+        let expected = (m.revision != 0).then_some(::datastore::Version::from_wire(m.revision));
         let rev = self
             .ipam()?
             .put_bgp_filter(&f, expected)

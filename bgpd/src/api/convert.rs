@@ -5,16 +5,19 @@
 
 use std::net::IpAddr;
 
+use ::datastore::contract::{StoreError, Version};
+use ::datastore::model::{self, AllowedUse, AssignmentMode, EncapMode, IpPool, Node};
 use ipam::IpamError;
 use ipam::allocator::{Assigned, BlockUsage, PoolUsage};
 use ipam::block::AffinityState;
-use ipam::model::{self, AllowedUse, AssignmentMode, EncapMode, IpPool, Node};
-use ipam::store::{Revision, StoreError};
 use ipnet::IpNet;
 use proto::v1 as pb;
 use tonic::Status;
 
-pub fn status(e: IpamError) -> Status {
+/// The gRPC status of an IPAM or resource error (the resource layer's errors are IPAM's of
+/// the same name).
+pub fn status(e: impl Into<IpamError>) -> Status {
+    let e: IpamError = e.into();
     match &e {
         IpamError::InvalidArgument { .. } => Status::invalid_argument(e.to_string()),
         IpamError::NotFound(_) => Status::not_found(e.to_string()),
@@ -110,7 +113,7 @@ pub fn pool_from(p: &pb::IpPool) -> Result<IpPool, Status> {
     Ok(pool)
 }
 
-pub fn pool_to(p: &IpPool, rev: Revision) -> pb::IpPool {
+pub fn pool_to(p: &IpPool, rev: Version) -> pb::IpPool {
     pb::IpPool {
         name: p.name.clone(),
         cidr: p.cidr.to_string(),
@@ -133,7 +136,7 @@ pub fn pool_to(p: &IpPool, rev: Revision) -> pb::IpPool {
             AssignmentMode::Automatic => pb::AssignmentMode::Automatic.into(),
             AssignmentMode::Manual => pb::AssignmentMode::Manual.into(),
         },
-        revision: rev.0,
+        revision: rev.to_wire(),
     }
 }
 
@@ -198,7 +201,7 @@ pub fn node_from(n: &pb::Node) -> Result<Node, Status> {
     Ok(node)
 }
 
-pub fn node_to(n: &Node, rev: Revision) -> pb::Node {
+pub fn node_to(n: &Node, rev: Version) -> pb::Node {
     pb::Node {
         name: n.name.clone(),
         ipv4_address: n.ipv4.map(|a| a.to_string()).unwrap_or_default(),
@@ -219,7 +222,7 @@ pub fn node_to(n: &Node, rev: Revision) -> pb::Node {
             .route_reflector_cluster_id
             .map(|a| a.to_string())
             .unwrap_or_default(),
-        revision: rev.0,
+        revision: rev.to_wire(),
     }
 }
 
@@ -349,7 +352,7 @@ fn rule_from(path: &str, r: &pb::BgpFilterRule) -> Result<model::BgpFilterRule, 
     })
 }
 
-pub fn filter_to(f: &model::BgpFilter, rev: Revision) -> pb::BgpFilter {
+pub fn filter_to(f: &model::BgpFilter, rev: Version) -> pb::BgpFilter {
     let list = |rules: &[model::BgpFilterRule]| rules.iter().map(rule_to).collect();
     pb::BgpFilter {
         name: f.name.clone(),
@@ -357,7 +360,7 @@ pub fn filter_to(f: &model::BgpFilter, rev: Revision) -> pb::BgpFilter {
         import_v4: list(&f.import_v4),
         export_v6: list(&f.export_v6),
         import_v6: list(&f.import_v6),
-        revision: rev.0,
+        revision: rev.to_wire(),
     }
 }
 
@@ -481,7 +484,7 @@ mod tests {
             f.export_v4[1],
             model::BgpFilterRule::new(model::FilterAction::Reject)
         );
-        assert_eq!(filter_to(&f, Revision(4)), m);
+        assert_eq!(filter_to(&f, Version::from_wire(4)), m);
         for (change, want) in [
             (
                 rule("10.0.0.0/8", "Within", "Accept"),

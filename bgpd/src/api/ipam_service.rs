@@ -5,8 +5,8 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
+use ::datastore::{Store, Version};
 use ipam::allocator::{AssignRequest, Ipam, ReleaseRequest};
-use ipam::store::{Revision, Store};
 use proto::v1 as pb;
 use proto::v1::ipam_server::Ipam as IpamApi;
 use proto::v1::nodes_server::Nodes as NodesApi;
@@ -103,7 +103,7 @@ impl PoolsApi for IpamService {
             .pool
             .ok_or_else(|| invalid("pool", "missing"))?;
         let pool = convert::pool_from(&p)?;
-        let expected = (p.revision != 0).then_some(Revision(p.revision));
+        let expected = (p.revision != 0).then_some(Version::from_wire(p.revision));
         let rev = self
             .ipam()?
             .update_pool(&pool, expected)
@@ -148,7 +148,7 @@ impl NodesApi for IpamService {
             .node
             .ok_or_else(|| invalid("node", "missing"))?;
         let node = convert::node_from(&n)?;
-        let expected = (n.revision != 0).then_some(Revision(n.revision));
+        let expected = (n.revision != 0).then_some(Version::from_wire(n.revision));
         let rev = self
             .ipam()?
             .register_node(&node, expected)
@@ -334,7 +334,7 @@ impl IpamApi for IpamService {
     ) -> Reply<pb::GarbageCollectResponse> {
         let r = r.into_inner();
         if !r.node.is_empty() {
-            ipam::model::validate_name("node", &r.node).map_err(status)?;
+            ::datastore::model::validate_name("node", &r.node).map_err(status)?;
         }
         let node = self.node_or_default(&r.node).to_owned();
         let live: HashSet<String> = r.live_handles.into_iter().collect();

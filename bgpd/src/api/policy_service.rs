@@ -7,8 +7,8 @@
 
 use std::collections::BTreeMap;
 
-use ipam::documents::{DocKind, DocRef, Documents, StoredDoc};
-use ipam::store::Store;
+use ::datastore::Store;
+use ::datastore::documents::{DocKind, DocRef, Documents, StoredDoc};
 use policy::resource::parse_resource;
 use proto::v1 as pb;
 use proto::v1::policy_server::Policy as PolicyApi;
@@ -77,7 +77,7 @@ fn stored(d: StoredDoc) -> pb::StoredDocument {
     pb::StoredDocument {
         r#ref: Some(ref_to_pb(&d.doc_ref)),
         json: d.json.to_string(),
-        revision: d.revision.0,
+        revision: d.version.to_wire(),
     }
 }
 
@@ -157,8 +157,8 @@ pub async fn collect_endpoints(
         }
         if !live {
             match docs.delete(&d.doc_ref).await {
-                Ok(()) | Err(ipam::IpamError::NotFound(_)) => gone.push(d.doc_ref),
-                Err(e) => return Err(e),
+                Ok(()) | Err(::datastore::ResourceError::NotFound(_)) => gone.push(d.doc_ref),
+                Err(e) => return Err(e.into()),
             }
         }
     }
@@ -189,7 +189,7 @@ impl PolicyApi for PolicyService {
         Ok(Response::new(pb::ApplyDocumentResponse {
             r#ref: Some(ref_to_pb(&at)),
             created,
-            revision: rev.0,
+            revision: rev.to_wire(),
         }))
     }
 
@@ -257,7 +257,7 @@ impl PolicyApi for PolicyService {
         Ok(Response::new(pb::ApplyDocumentResponse {
             r#ref: Some(ref_to_pb(&at)),
             created: false,
-            revision: rev.0,
+            revision: rev.to_wire(),
         }))
     }
 

@@ -5,8 +5,8 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use ::datastore::model::BgpConfiguration;
 use ipam::allocator::Ipam;
-use ipam::model::BgpConfiguration;
 use proto::v1::services_server::Services;
 use proto::v1::{
     AnnounceServiceRequest, ListServicesRequest, ListServicesResponse, ServiceLease,

@@ -9,9 +9,11 @@
 
 use std::net::IpAddr;
 
+use ::datastore::model::{
+    self, BgpConfiguration, BgpFilter, BgpFilterRule, BgpPeer, CommunityValue,
+};
 use bgp::policy::{Advertisement, FilterRule, MatchOperator, PeerFilters};
 use bgp_wire::{Community, LargeCommunity, Prefix};
-use ipam::model::{self, BgpConfiguration, BgpFilter, BgpFilterRule, BgpPeer, CommunityValue};
 use ipnet::IpNet;
 
 use super::peers::effective_resources;
@@ -146,7 +148,7 @@ pub fn advertisements(c: &BgpConfiguration) -> Vec<Advertisement> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ipam::model::{CommunityDef, FilterAction, PrefixAdvertisement};
+    use ::datastore::model::{CommunityDef, FilterAction, PrefixAdvertisement};
 
     fn rule(cidr: Option<&str>, op: Option<model::MatchOperator>, accept: bool) -> BgpFilterRule {
         BgpFilterRule {

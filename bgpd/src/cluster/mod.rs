@@ -26,14 +26,17 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::time::Duration;
 
+use ::datastore::Store;
+use ::datastore::contract::{Kind, ObjectEvent, ObjectList};
+use ::datastore::documents::DocKind;
+use ::datastore::documents::{DocRef, Document};
+use ::datastore::model::{BgpConfiguration, BgpFilter, BgpPeer, IpFamily, IpPool, Node};
+use ::datastore::resource::{Resource, decode};
+use ::datastore::syncer;
 use bgp_wire::{Asn, Prefix};
 use ipam::IpamError;
 use ipam::allocator::Ipam;
 use ipam::block::{Block, BlockAffinity};
-use ipam::documents::{DocRef, Document};
-use ipam::model::{BgpConfiguration, BgpFilter, BgpPeer, IpFamily, IpPool, Node};
-use ipam::resource::{Resource, decode};
-use ipam::store::{Datastore, Listing, Store};
 use ipnet::IpNet;
 
 use crate::config::BgpConfig;
@@ -154,15 +157,15 @@ impl StateCache {
         }
     }
 
-    pub fn from_listing(me: &str, listing: &Listing) -> Result<Self, IpamError> {
+    /// The cache of the objects listed, kind by kind: pools first, for they decide which
+    /// blocks are kept (see [`followed_kinds`]).
+    pub fn from_lists(me: &str, lists: &[(Kind, ObjectList)]) -> Result<Self, IpamError> {
         let mut c = StateCache::new(me);
-        // Pools first: they decide which blocks are kept.
-        let (pools, rest): (Vec<_>, Vec<_>) = listing
-            .items
-            .iter()
-            .partition(|kv| kv.key.starts_with(IpPool::PREFIX));
-        for kv in pools.into_iter().chain(rest) {
-            c.apply(&kv.key, Some(&kv.value))?;
+        let (pools, rest): (Vec<_>, Vec<_>) = lists.iter().partition(|(k, _)| *k == IpPool::kind());
+        for (kind, list) in pools.into_iter().chain(rest) {
+            for o in &list.items {
+                c.apply(&kind.key(&o.name), Some(&o.value))?;
+            }
         }
         Ok(c)
     }
@@ -497,9 +500,25 @@ enum FollowError {
     #[error(transparent)]
     Ipam(#[from] IpamError),
     #[error(transparent)]
-    Store(#[from] ipam::store::StoreError),
+    Store(#[from] ::datastore::contract::StoreError),
     #[error("BGP: {0}")]
     Bgp(#[from] SpeakerError),
+}
+
+/// The kinds the brain follows, pools first (they decide which blocks the cache keeps).
+/// Handles are not among them: nothing the brain computes reads them.
+fn followed_kinds() -> Vec<Kind> {
+    let mut kinds = vec![
+        IpPool::kind(),
+        Node::kind(),
+        BgpConfiguration::kind(),
+        BgpPeer::kind(),
+        BgpFilter::kind(),
+        Block::kind(),
+        BlockAffinity::kind(),
+    ];
+    kinds.extend(DocKind::ALL.iter().map(|d| d.kind()));
+    kinds
 }
 
 /// Follows the cluster state for node `me` for as long as bgpd runs.
@@ -539,14 +558,10 @@ async fn follow(brain: &mut Brain, store: &Store, hub: &Hub) -> Result<(), Follo
     let ipam = Ipam::new(store.clone());
     // The listing's bytes (every value, handles included) are dropped once decoded, and so
     // is each pass's copy of the state before the wait: neither is kept while idle.
-    let (mut cache, revision) = {
-        let listing = store.list("/margay/v1/").await?;
-        (
-            StateCache::from_listing(&brain.me, &listing)?,
-            listing.revision,
-        )
+    let (mut cache, mut watch) = {
+        let (lists, watch) = syncer::list_and_watch(store, &followed_kinds()).await?;
+        (StateCache::from_lists(&brain.me, &lists)?, watch)
     };
-    let mut watch = store.watch("/margay/v1/", revision).await?;
     // The node's policy is compiled again only when a policy document changed (pods' blocks
     // and handles change far more often than policies and endpoints).
     let mut node_policy = ::policy::compile::NodePolicy::default();
@@ -581,10 +596,10 @@ async fn follow(brain: &mut Brain, store: &Store, hub: &Hub) -> Result<(), Follo
             }
         }
         // Applies a change to the cache and says what it was.
-        let mut apply = |e: ipam::store::Event| -> Result<Change, FollowError> {
-            let change = cache.apply(&e.key, e.value.as_deref())?;
+        let mut apply = |(kind, e): (Kind, ObjectEvent)| -> Result<Change, FollowError> {
+            let change = cache.apply(&kind.key(&e.name), e.value.as_deref())?;
             let changed = !matches!(change, Change::None | Change::Relist);
-            policy_changed |= changed && e.key.starts_with(ipam::documents::PREFIX);
+            policy_changed |= changed && DocKind::ALL.iter().any(|d| d.kind() == kind);
             dirty |= changed;
             Ok(change)
         };
@@ -619,11 +634,11 @@ async fn follow(brain: &mut Brain, store: &Store, hub: &Hub) -> Result<(), Follo
 }
 
 /// A datastore pool as the policy generator sees it.
-fn policy_pool(p: &ipam::model::IpPool) -> PolicyPool {
-    let encap = |m: ipam::model::EncapMode| match m {
-        ipam::model::EncapMode::Never => Encap::Never,
-        ipam::model::EncapMode::Always => Encap::Always,
-        ipam::model::EncapMode::CrossSubnet => Encap::CrossSubnet,
+fn policy_pool(p: &::datastore::model::IpPool) -> PolicyPool {
+    let encap = |m: ::datastore::model::EncapMode| match m {
+        ::datastore::model::EncapMode::Never => Encap::Never,
+        ::datastore::model::EncapMode::Always => Encap::Always,
+        ::datastore::model::EncapMode::CrossSubnet => Encap::CrossSubnet,
     };
     PolicyPool {
         name: p.name.clone(),
@@ -637,7 +652,7 @@ fn policy_pool(p: &ipam::model::IpPool) -> PolicyPool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ipam::resource::encode;
+    use ::datastore::resource::encode;
 
     #[test]
     fn the_cache_follows_puts_and_deletes_and_ignores_other_keys() {
@@ -676,7 +691,7 @@ mod tests {
         let b1 = b.allocate(1, "pod-of-b", "b", &none)[0].0;
         let key = Block::key(&ipam::block::cidr_key(&b.cidr));
         let mut pool = IpPool::new("p", "172.20.0.0/16".parse().unwrap());
-        pool.vxlan_mode = ipam::model::EncapMode::Always;
+        pool.vxlan_mode = ::datastore::model::EncapMode::Always;
         let kept = |me: &str| {
             let mut c = StateCache::new(me);
             c.apply(&IpPool::key("p"), Some(&encode(&pool))).unwrap();
@@ -706,7 +721,7 @@ mod tests {
         let none = BTreeMap::new();
         let mut c = StateCache::new("b");
         let mut pool = IpPool::new("p", "172.20.0.0/16".parse().unwrap());
-        pool.vxlan_mode = ipam::model::EncapMode::Always;
+        pool.vxlan_mode = ::datastore::model::EncapMode::Always;
         let pool_key = IpPool::key("p");
         assert_eq!(
             c.apply(&pool_key, Some(&encode(&pool))).unwrap(),
@@ -814,29 +829,39 @@ mod tests {
             Change::Own
         );
         // The pool turns to VXLAN: list again; a new cache from the same listing keeps them.
-        pool.vxlan_mode = ipam::model::EncapMode::CrossSubnet;
+        pool.vxlan_mode = ::datastore::model::EncapMode::CrossSubnet;
         assert_eq!(
             c.apply(&pool_key, Some(&encode(&pool))).unwrap(),
             Change::Relist
         );
-        let listing = Listing {
-            items: [
-                (&aff_key, encode(&aff)),
-                (&key, encode(&theirs)),
-                (&mine_key, encode(&mine)),
-                (&pool_key, encode(&pool)),
-            ]
-            .into_iter()
-            .map(|(k, v)| ipam::store::KeyValue {
-                key: k.clone(),
-                value: v,
-                create_revision: ipam::store::Revision(1),
-                mod_revision: ipam::store::Revision(1),
-            })
-            .collect(),
-            revision: ipam::store::Revision(1),
+        let one = ::datastore::Version::from_wire(1);
+        let list = |kind: Kind, items: Vec<(&String, Vec<u8>)>| {
+            let items = items
+                .into_iter()
+                .map(|(k, v)| ::datastore::Object {
+                    name: kind.name_of(k).unwrap().to_owned(),
+                    value: v,
+                    version: one,
+                })
+                .collect();
+            (
+                kind,
+                ObjectList {
+                    items,
+                    version: one,
+                },
+            )
         };
-        let mut c = StateCache::from_listing("b", &listing).unwrap();
+        // Pools listed last: the cache takes them first all the same.
+        let lists = [
+            list(BlockAffinity::kind(), vec![(&aff_key, encode(&aff))]),
+            list(
+                Block::kind(),
+                vec![(&key, encode(&theirs)), (&mine_key, encode(&mine))],
+            ),
+            list(IpPool::kind(), vec![(&pool_key, encode(&pool))]),
+        ];
+        let mut c = StateCache::from_lists("b", &lists).unwrap();
         assert_eq!((c.state().blocks.len(), c.state().affinities.len()), (2, 1));
         assert_eq!(c.apply(&key, None).unwrap(), Change::Cluster);
         // A change of the pool that leaves VXLAN as it was is a pass, not a listing.

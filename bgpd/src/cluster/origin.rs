@@ -63,8 +63,8 @@ pub fn originated(me: &str, c: &ClusterState, aggregate: bool) -> BTreeSet<Prefi
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ::datastore::model::IpPool;
     use ipam::block::{AffinityState, Block, BlockAffinity, Slot};
-    use ipam::model::IpPool;
 
     fn block(cidr: &str, owner: Option<&str>) -> Block {
         Block::new(cidr.parse().unwrap(), "default", owner, 0)

@@ -23,8 +23,8 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
+use ::datastore::model::{BgpConfiguration, BgpPeer, IpFamily, NextHopMode, Node};
 use bgp_wire::Asn;
-use ipam::model::{BgpConfiguration, BgpPeer, IpFamily, NextHopMode, Node};
 
 use crate::speaker::sockopt::{Password, Transport};
 use crate::speaker::{PeerOrigin, PeerSpec};

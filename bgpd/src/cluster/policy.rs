@@ -1,9 +1,9 @@
 //! Network-policy documents as the brain and the API read them: a stored document (the user's
-//! JSON, `ipam::documents`) parsed by the `policy` crate into a resource, and the identity
+//! JSON, `::datastore::documents`) parsed by the `policy` crate into a resource, and the identity
 //! each resource is stored under. One parse for both: what the API accepts is exactly what the
 //! brain computes from.
 
-use ipam::documents::{DocKind, DocRef};
+use ::datastore::documents::{DocKind, DocRef};
 use policy::resource::{
     FieldError, Namespace, Policy, PolicyKind, Resource, WorkloadEndpoint, parse_resource,
 };

@@ -3,11 +3,11 @@
 //! first on each pass; when it writes, the pass ends there and the node's own change brings
 //! the next one. It writes nothing else and computes nothing for the dataplane.
 
+use ::datastore::Store;
+use ::datastore::model::{AllowedUse, IpFamily};
+use ::datastore::selector::Selector;
 use ipam::IpamError;
 use ipam::allocator::{AssignRequest, Ipam, tunnel_handle};
-use ipam::model::{AllowedUse, IpFamily};
-use ipam::selector::Selector;
-use ipam::store::Store;
 
 use super::ClusterState;
 use crate::dataplane::desired;

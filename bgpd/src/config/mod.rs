@@ -63,9 +63,9 @@ pub struct DefaultPool {
     pub cidr: ipnet::IpNet,
     pub block_size: Option<u8>,
     #[serde(default)]
-    pub vxlan_mode: ipam::model::EncapMode,
+    pub vxlan_mode: ::datastore::model::EncapMode,
     #[serde(default)]
-    pub ipip_mode: ipam::model::EncapMode,
+    pub ipip_mode: ::datastore::model::EncapMode,
     #[serde(default)]
     pub nat_outgoing: bool,
     #[serde(default)]
@@ -75,8 +75,8 @@ pub struct DefaultPool {
 }
 
 impl DefaultPool {
-    pub fn to_pool(&self) -> ipam::model::IpPool {
-        let mut p = ipam::model::IpPool::new(&self.name, self.cidr);
+    pub fn to_pool(&self) -> ::datastore::model::IpPool {
+        let mut p = ::datastore::model::IpPool::new(&self.name, self.cidr);
         if let Some(size) = self.block_size {
             p.block_size = size;
         }
@@ -212,11 +212,11 @@ pub struct DatastoreConfig {
     pub path: PathBuf,
     /// SQLite: "full" (every commit on disk before it is acknowledged) or "normal" (survives
     /// a crash of bgpd, not necessarily a power loss).
-    pub sync: ipam::store::sqlite::Sync,
+    pub sync: ::datastore::sqlite::Sync,
     /// etcd endpoints, e.g. ["http://127.0.0.1:2379"]; a comma-separated list in the environment.
     pub endpoints: Vec<String>,
     /// etcd over TLS: `ca`, and `cert` + `key` when etcd wants client certificates.
-    pub tls: Option<ipam::store::etcd::EtcdTls>,
+    pub tls: Option<::datastore::etcd::EtcdTls>,
 }
 
 impl Default for DatastoreConfig {
@@ -224,7 +224,7 @@ impl Default for DatastoreConfig {
         Self {
             kind: DatastoreKind::Sqlite,
             path: PathBuf::from(DEFAULT_SQLITE_PATH),
-            sync: ipam::store::sqlite::Sync::Full,
+            sync: ::datastore::sqlite::Sync::Full,
             endpoints: vec!["http://127.0.0.1:2379".into()],
             tls: None,
         }
@@ -326,7 +326,7 @@ pub struct BgpPeerConfig {
     /// `"Auto"` (ours to eBGP peers, the route's to iBGP), `"Self"` or `"Keep"` (Calico's
     /// `nextHopMode`).
     #[serde(default)]
-    pub next_hop: ipam::model::NextHopMode,
+    pub next_hop: ::datastore::model::NextHopMode,
 }
 
 /// A peer's BFD parameters; FRR's defaults (300 ms × 3) where a key is left out.
@@ -458,7 +458,7 @@ impl Config {
                 "must not be empty (set it or give the host a name)",
             ));
         }
-        ipam::model::validate_name("node.name", &self.node.name)
+        ::datastore::model::validate_name("node.name", &self.node.name)
             .map_err(|e| field("node.name", e.to_string()))?;
         if self.api.socket.as_os_str().is_empty() {
             return Err(field("api.socket", "must not be empty"));

@@ -27,7 +27,7 @@ fn the_sample_configuration_loads() {
     assert_eq!(c.bgp.router_id, Some(Ipv4Addr::new(10, 0, 0, 5)));
     let pool = &c.ipam.default_pools[0];
     assert_eq!(pool.cidr.to_string(), "172.20.0.0/16");
-    assert_eq!(pool.vxlan_mode, ipam::model::EncapMode::CrossSubnet);
+    assert_eq!(pool.vxlan_mode, ::datastore::model::EncapMode::CrossSubnet);
     assert!(pool.nat_outgoing);
 }
 
@@ -147,7 +147,7 @@ fn bgp_peers_and_announcements_load_and_are_checked() {
     // Defaults of the session options a BGPPeer resource also has.
     assert_eq!(
         (p.local_as, p.allow_local_as, p.next_hop),
-        (None, 0, ipam::model::NextHopMode::Auto)
+        (None, 0, ::datastore::model::NextHopMode::Auto)
     );
     let f = write(
         "[[bgp.peers]]\naddress = \"10.0.0.3\"\nas = 65000\nlocal_as = 65010\nallow_local_as = 2\n\
@@ -157,7 +157,7 @@ fn bgp_peers_and_announcements_load_and_are_checked() {
     let p = &c.bgp.peers[0];
     assert_eq!(
         (p.local_as, p.allow_local_as, p.next_hop),
-        (Some(65010), 2, ipam::model::NextHopMode::SelfNextHop)
+        (Some(65010), 2, ::datastore::model::NextHopMode::SelfNextHop)
     );
     for (bad, needle) in [
         ("[[bgp.peers]]\naddress = \"10.0.0.2\"\nas = 0\n", "AS 0"),

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::{Duration, Instant};
 
-use ipam::model::BgpConfiguration;
+use ::datastore::model::BgpConfiguration;
 
 /// The TTL of a request that gives none (`ttl_s` 0), seconds.
 pub const DEFAULT_TTL_S: u32 = 60;

@@ -9,7 +9,7 @@ fn validation_names_the_field() {
     let mut p = pool("172.20.0.1/16");
     assert!(matches!(
         p.validate(),
-        Err(IpamError::InvalidArgument { field: "cidr", .. })
+        Err(ResourceError::InvalidArgument { field: "cidr", .. })
     ));
     p = pool("172.20.0.0/16");
     p.validate().unwrap();
@@ -52,7 +52,7 @@ fn validation_names_the_field() {
     both.ipip_mode = EncapMode::CrossSubnet;
     assert!(matches!(
         both.validate(),
-        Err(IpamError::InvalidArgument {
+        Err(ResourceError::InvalidArgument {
             field: "ipip_mode",
             ..
         })
@@ -95,7 +95,7 @@ fn a_bgp_peer_may_be_ipv6_but_not_link_local() {
     global.validate().unwrap();
     let ll = BgpPeer::new("tor6", "", "fe80::1".parse().unwrap(), 65000);
     match ll.validate() {
-        Err(IpamError::InvalidArgument { field, reason }) => {
+        Err(ResourceError::InvalidArgument { field, reason }) => {
             assert_eq!(field, "peer_address");
             assert!(reason.contains("link-local"), "{reason}");
         }
@@ -129,7 +129,7 @@ fn a_bgp_peers_bfd_is_checked_and_optional_in_storage() {
             multiplier: bfd.2,
         });
         match p.validate() {
-            Err(IpamError::InvalidArgument { field, .. }) => assert_eq!(field, want, "{bfd:?}"),
+            Err(ResourceError::InvalidArgument { field, .. }) => assert_eq!(field, want, "{bfd:?}"),
             other => panic!("{bfd:?}: {other:?}"),
         }
     }
@@ -166,10 +166,10 @@ fn filter() -> BgpFilter {
     }
 }
 
-/// The path of the refused field, and the full error as IpamError prints it.
+/// The path of the refused field, and the full error as ResourceError prints it.
 fn filter_refusal(f: &BgpFilter) -> (String, String) {
     let e = f.check().unwrap_err();
-    let ipam = IpamError::from(e.clone());
+    let ipam = ResourceError::from(e.clone());
     assert_eq!(f.validate().unwrap_err(), ipam);
     (e.path, ipam.to_string())
 }
@@ -337,7 +337,7 @@ fn config() -> BgpConfiguration {
 
 fn config_refusal(c: &BgpConfiguration) -> (String, String) {
     let e = c.check().unwrap_err();
-    assert_eq!(c.validate().unwrap_err(), IpamError::from(e.clone()));
+    assert_eq!(c.validate().unwrap_err(), ResourceError::from(e.clone()));
     (e.path.clone(), e.to_string())
 }
 
@@ -568,7 +568,7 @@ fn bgp_peer_calico_session_options() {
         let mut q = p.clone();
         change(&mut q);
         let e = q.check().unwrap_err();
-        assert_eq!(q.validate().unwrap_err(), IpamError::from(e.clone()));
+        assert_eq!(q.validate().unwrap_err(), ResourceError::from(e.clone()));
         assert_eq!(e.path, path, "{e}");
         assert!(e.to_string().contains(reason), "{path}: {e}");
     }

@@ -12,13 +12,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
+use datastore::contract::{Atomic, Datastore};
+use datastore::etcd::EtcdOptions;
+use datastore::model::IpPool;
+use datastore::sqlite::{SqliteOptions, SqliteStore};
 use interop_tests::{bench, lab};
 use ipam::IpamError;
 use ipam::allocator::{AssignRequest, Ipam};
-use ipam::model::IpPool;
-use ipam::store::Datastore;
-use ipam::store::etcd::EtcdOptions;
-use ipam::store::sqlite::{SqliteOptions, SqliteStore};
 
 #[derive(Parser)]
 #[command(about = "margay IPAM benchmark and load generator")]
@@ -100,7 +100,7 @@ struct Rates {
 }
 
 /// `clients` concurrent tasks allocating `total` addresses on one node, then releasing them.
-async fn alloc_release<D: Datastore>(
+async fn alloc_release<D: Datastore + Atomic>(
     ipam: Arc<Ipam<D>>,
     run: &str,
     clients: usize,
@@ -146,7 +146,7 @@ async fn alloc_release<D: Datastore>(
     Ok((Rates { alloc, release }, latencies))
 }
 
-async fn measure<D: Datastore + Clone>(
+async fn measure<D: Datastore + Atomic + Clone>(
     store: D,
     name: &str,
     n: usize,

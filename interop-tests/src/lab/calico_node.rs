@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use ipam::model::IpFamily;
+use datastore::model::IpFamily;
 
 use super::bgp_peer::{DaemonPid, output, read_pid};
 use super::bird::{BirdVersion, binaries};

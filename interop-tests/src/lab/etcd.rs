@@ -122,13 +122,10 @@ impl EtcdCluster {
     }
 
     /// A store on this cluster, once it answers (a new cluster elects a leader first).
-    pub async fn store(
-        &self,
-        options: ipam::store::etcd::EtcdOptions,
-    ) -> ipam::store::etcd::EtcdStore {
+    pub async fn store(&self, options: datastore::etcd::EtcdOptions) -> datastore::etcd::EtcdStore {
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
-            match ipam::store::etcd::EtcdStore::connect(&self.endpoints(), options.clone()).await {
+            match datastore::etcd::EtcdStore::connect(&self.endpoints(), options.clone()).await {
                 Ok(store) => return store,
                 Err(e) if Instant::now() < deadline => {
                     let _ = e;

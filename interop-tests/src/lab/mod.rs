@@ -82,8 +82,9 @@ pub fn try_binary(name: &str) -> Result<PathBuf, String> {
 }
 
 /// Opens a store from "sqlite:PATH" or "etcd:URL[,URL...]" (what the load generators take).
-pub async fn open_store(spec: &str) -> Result<ipam::store::Store, ipam::store::StoreError> {
-    use ipam::store::{Store, StoreError, etcd, sqlite};
+pub async fn open_store(spec: &str) -> Result<datastore::Store, datastore::contract::StoreError> {
+    use datastore::{Store, StoreError};
+    use datastore::{etcd, sqlite};
     if let Some(path) = spec.strip_prefix("sqlite:") {
         Ok(Store::Sqlite(
             sqlite::SqliteStore::open(path, sqlite::SqliteOptions::default()).await?,

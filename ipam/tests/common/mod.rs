@@ -7,10 +7,10 @@ use std::collections::HashSet;
 use std::net::IpAddr;
 use std::sync::Arc;
 
+use datastore::contract::{Atomic, Datastore};
+use datastore::model::{IpFamily, IpPool};
+use datastore::sqlite::{SqliteOptions, SqliteStore};
 use ipam::allocator::{AssignRequest, Ipam};
-use ipam::model::{IpFamily, IpPool};
-use ipam::store::Datastore;
-use ipam::store::sqlite::{SqliteOptions, SqliteStore};
 
 pub async fn ipam() -> (Ipam<SqliteStore>, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
@@ -27,7 +27,7 @@ pub fn pool(name: &str, cidr: &str, block: u8) -> IpPool {
 }
 
 /// Creates the pools `v4` and `v6`, each (cidr, block size).
-pub async fn dual_pools(ipam: &Ipam<impl Datastore>, v4: (&str, u8), v6: (&str, u8)) {
+pub async fn dual_pools(ipam: &Ipam<impl Datastore + Atomic>, v4: (&str, u8), v6: (&str, u8)) {
     for (name, (cidr, block)) in [("v4", v4), ("v6", v6)] {
         ipam.create_pool(&pool(name, cidr, block)).await.unwrap();
     }
@@ -150,11 +150,11 @@ macro_rules! both_families {
         $(mod $name {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn v4() {
-                super::$name(ipam::model::IpFamily::V4).await
+                super::$name(datastore::model::IpFamily::V4).await
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn v6() {
-                super::$name(ipam::model::IpFamily::V6).await
+                super::$name(datastore::model::IpFamily::V6).await
             }
         })*
     };

@@ -41,13 +41,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::{Parser, ValueEnum};
+use datastore::model::{IpPool, Node};
 use interop_tests::lab;
 use interop_tests::lab::calico_bird::{self, BirdCtl};
 use interop_tests::lab::mesh::{self, Mesh};
 use interop_tests::lab::netns::NsProcess;
 use interop_tests::lab::procstat;
 use ipam::allocator::Ipam;
-use ipam::model::{IpPool, Node};
 use proto::v1 as pb;
 use proto::v1::bgp_client::BgpClient;
 use tonic::transport::Channel;
@@ -533,7 +533,7 @@ fn seed(mesh: &Mesh, spec: &str, opts: SeedOptions) -> Result<(), String> {
                     .await
                     .map_err(|e| format!("creating pool {cidr}: {e}"))?;
                 if opts.reflectors > 0 {
-                    let config = ipam::model::BgpConfiguration {
+                    let config = datastore::model::BgpConfiguration {
                         node_to_node_mesh: false,
                         ..Default::default()
                     };
