@@ -4,6 +4,7 @@
 //! the state current, and the state is what `bgpctl status` and the health service report:
 //! an unreachable datastore is shown as such, never papered over.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use ::datastore::Store;
@@ -12,6 +13,7 @@ use ::datastore::etcd::{EtcdOptions, EtcdStore};
 use ::datastore::model::BgpConfiguration;
 use ::datastore::resource::Resource;
 use ::datastore::sqlite::{SqliteOptions, SqliteStore};
+use ipam::allocator::Ipam;
 use tokio::sync::watch;
 
 use crate::config::{DatastoreConfig, DatastoreKind};
@@ -35,10 +37,28 @@ pub enum DatastoreState {
     Unavailable(String),
 }
 
+/// The store of one connection and its allocator: one `Ipam` per store, so that its node
+/// locks, group-commit queues, hints and fast-path cache serve every request of that store
+/// (an `Ipam` per request would keep none of them past the request).
+#[derive(Clone)]
+struct Generation {
+    store: Store,
+    ipam: Arc<Ipam<Store>>,
+}
+
+impl Generation {
+    fn new(store: Store) -> Self {
+        Generation {
+            ipam: Arc::new(Ipam::new(store.clone())),
+            store,
+        }
+    }
+}
+
 #[derive(Clone)]
 struct Snapshot {
     state: DatastoreState,
-    store: Option<Store>,
+    current: Option<Generation>,
 }
 
 /// A cheap, cloneable view of the datastore: its state, and the store when connected.
@@ -60,9 +80,19 @@ impl DatastoreHandle {
 
     /// The store, if connected right now.
     pub fn store(&self) -> Option<Store> {
+        self.connected().map(|g| g.store)
+    }
+
+    /// The allocator of the store, if connected right now: the same one for every caller
+    /// while the store is the same.
+    pub fn ipam(&self) -> Option<Arc<Ipam<Store>>> {
+        self.connected().map(|g| g.ipam)
+    }
+
+    fn connected(&self) -> Option<Generation> {
         let snapshot = self.rx.borrow();
         match snapshot.state {
-            DatastoreState::Connected => snapshot.store.clone(),
+            DatastoreState::Connected => snapshot.current.clone(),
             _ => None,
         }
     }
@@ -90,17 +120,18 @@ pub async fn start(config: &DatastoreConfig) -> Result<DatastoreHandle, StoreErr
                 ..SqliteOptions::default()
             };
             let store = Store::Sqlite(SqliteStore::open(&config.path, options).await?);
+            let current = Generation::new(store);
             let (tx, rx) = watch::channel(Snapshot {
                 state: DatastoreState::Connected,
-                store: Some(store.clone()),
+                current: Some(current.clone()),
             });
-            tokio::spawn(supervise(tx, Some(store), config.clone()));
+            tokio::spawn(supervise(tx, Some(current), config.clone()));
             Ok(DatastoreHandle { describe, rx })
         }
         DatastoreKind::Etcd => {
             let (tx, rx) = watch::channel(Snapshot {
                 state: DatastoreState::Connecting,
-                store: None,
+                current: None,
             });
             tokio::spawn(supervise(tx, None, config.clone()));
             Ok(DatastoreHandle { describe, rx })
@@ -133,9 +164,13 @@ async fn connect(config: &DatastoreConfig) -> Result<Store, StoreError> {
 
 /// Connects (with backoff) and probes, publishing every change of state. Ends when nobody
 /// holds a handle any more.
-async fn supervise(tx: watch::Sender<Snapshot>, mut store: Option<Store>, config: DatastoreConfig) {
+async fn supervise(
+    tx: watch::Sender<Snapshot>,
+    mut current: Option<Generation>,
+    config: DatastoreConfig,
+) {
     let mut backoff = BACKOFF_MIN;
-    let publish = |state: DatastoreState, store: Option<Store>| {
+    let publish = |state: DatastoreState, generation: Option<Generation>| {
         tx.send_if_modified(|s| {
             let changed = s.state != state;
             if changed {
@@ -145,7 +180,7 @@ async fn supervise(tx: watch::Sender<Snapshot>, mut store: Option<Store>, config
                     DatastoreState::Connecting => {}
                 }
             }
-            *s = Snapshot { state: state.clone(), store: store.clone() };
+            *s = Snapshot { state: state.clone(), current: generation.clone() };
             changed
         });
     };
@@ -153,11 +188,12 @@ async fn supervise(tx: watch::Sender<Snapshot>, mut store: Option<Store>, config
         if tx.is_closed() {
             return;
         }
-        let Some(current) = store.clone() else {
+        let Some(generation) = current.clone() else {
             match connect(&config).await {
                 Ok(s) => {
-                    publish(DatastoreState::Connected, Some(s.clone()));
-                    store = Some(s);
+                    let generation = Generation::new(s);
+                    publish(DatastoreState::Connected, Some(generation.clone()));
+                    current = Some(generation);
                     backoff = BACKOFF_MIN;
                 }
                 Err(e) => {
@@ -175,13 +211,15 @@ async fn supervise(tx: watch::Sender<Snapshot>, mut store: Option<Store>, config
         .await;
         // One read of one object: what every backend answers (the BGP configuration may
         // not exist; the read still says the store is reachable).
-        let probe = current.get(BgpConfiguration::kind(), BgpConfiguration::NAME);
+        let probe = generation
+            .store
+            .get(BgpConfiguration::kind(), BgpConfiguration::NAME);
         match tokio::time::timeout(PROBE_TIMEOUT, probe).await {
-            Ok(Ok(_)) => publish(DatastoreState::Connected, Some(current)),
-            Ok(Err(e)) => publish(DatastoreState::Unavailable(e.to_string()), Some(current)),
+            Ok(Ok(_)) => publish(DatastoreState::Connected, Some(generation)),
+            Ok(Err(e)) => publish(DatastoreState::Unavailable(e.to_string()), Some(generation)),
             Err(_) => publish(
                 DatastoreState::Unavailable(format!("no answer within {PROBE_TIMEOUT:?}")),
-                Some(current),
+                Some(generation),
             ),
         }
     }

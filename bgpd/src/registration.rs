@@ -12,6 +12,7 @@ use tokio::sync::watch;
 
 use ::datastore::contract::{Atomic, Datastore};
 use ::datastore::model::Node;
+use ::datastore::{ResourceError, Resources};
 use ipam::IpamError;
 use ipam::allocator::Ipam;
 
@@ -25,8 +26,7 @@ const RECLAIM_EVERY: Duration = Duration::from_secs(60);
 /// `registered` becomes true after the first time.
 pub async fn run(config: Config, mut datastore: DatastoreHandle, registered: watch::Sender<bool>) {
     loop {
-        if let Some(store) = datastore.store() {
-            let ipam = Ipam::new(store);
+        if let Some(ipam) = datastore.ipam() {
             let mut delay = Duration::from_millis(250);
             loop {
                 match register(&config, &ipam).await {
@@ -50,8 +50,8 @@ pub async fn run(config: Config, mut datastore: DatastoreHandle, registered: wat
             let state = tokio::select! {
                 state = datastore.changed() => state,
                 _ = tokio::time::sleep(RECLAIM_EVERY) => {
-                    if let Some(store) = datastore.store() {
-                        match Ipam::new(store).reclaim_empty_blocks(&config.node.name).await {
+                    if let Some(ipam) = datastore.ipam() {
+                        match ipam.reclaim_empty_blocks(&config.node.name).await {
                             Ok(blocks) if !blocks.is_empty() => tracing::info!(?blocks, "empty blocks given back to the pool"),
                             Ok(_) => {}
                             Err(e) => tracing::warn!(error = %e, "cannot reclaim empty blocks"),
@@ -76,10 +76,11 @@ pub async fn register<D: Datastore + Atomic>(
     ipam: &Ipam<D>,
 ) -> Result<(), IpamError> {
     let name = &config.node.name;
-    let mut node = match ipam.get_node(name).await {
+    let resources = Resources::new(ipam.store());
+    let mut node = match resources.get_node(name).await {
         Ok((n, _)) => n,
-        Err(IpamError::NotFound(_)) => Node::new(name),
-        Err(e) => return Err(e),
+        Err(ResourceError::NotFound(_)) => Node::new(name),
+        Err(e) => return Err(e.into()),
     };
     node.ipv4 = config.node.address;
     node.ipv6 = config.node.address6;
@@ -87,7 +88,7 @@ pub async fn register<D: Datastore + Atomic>(
     // BGPConfiguration or, until there is one, `[bgp] as`): writing the file's AS here would
     // pin every node and keep a cluster-wide AS change from taking.
     node.labels = config.node.labels.clone();
-    ipam.register_node(&node, None).await?;
+    resources.register_node(&node, None).await?;
     tracing::info!(node = %name, "node registered");
     for pool in &config.ipam.default_pools {
         match ipam.create_pool(&pool.to_pool()).await {

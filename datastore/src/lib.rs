@@ -8,8 +8,9 @@
 //! - `store`: [`Store`], the backend chosen at run time.
 //! - `syncer`: several kinds listed and watched as one stream (bgpd's brain).
 //! - `sqlite` (embedded default), `etcd` (clusters): the backends; both have the extension.
-//! - `resource`: how typed resources are encoded into stored values, with a schema version,
-//!   and typed access to them (`Resources`).
+//! - `resource`: how typed resources are encoded into stored values, with a schema version.
+//! - `resources`: typed access to them through the core contract ([`Resources`]), with the
+//!   cluster's own resources (nodes, BGP configuration, peers, filters).
 //! - `model`: pools, nodes, BGP configuration, peers and filters, the IPAM configuration,
 //!   and their validation.
 //! - `documents`: network-policy documents stored as the user's JSON.
@@ -24,6 +25,7 @@ pub mod error;
 pub mod etcd;
 pub mod model;
 pub mod resource;
+pub mod resources;
 pub mod sqlite;
 pub mod store;
 pub mod syncer;
@@ -34,4 +36,5 @@ pub use contract::{
 };
 pub use error::ResourceError;
 pub use policy::selector;
+pub use resources::Resources;
 pub use store::Store;

@@ -1,14 +1,13 @@
 //! How typed resources are stored: a JSON envelope `{"schema": N, "spec": {...}}` around the
 //! serde encoding of the resource, so a later margay can recognise and migrate what an earlier
 //! one wrote, and an earlier one refuses what it cannot read instead of misreading it.
-//! [`Resources`] reads and writes them through the core contract, one object at a time.
+//! (`crate::resources` reads and writes them through the core contract.)
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::contract::{Datastore, Kind, StoreError, Version};
+use crate::contract::Kind;
 pub use crate::error::DecodeError;
-use crate::error::ResourceError;
 
 /// A kind of resource kept in the datastore.
 pub trait Resource: Serialize + DeserializeOwned {
@@ -38,82 +37,6 @@ pub trait Resource: Serialize + DeserializeOwned {
     /// The kind as the datastore contract names it.
     fn kind() -> Kind {
         Kind::new(Self::KIND, Self::PREFIX)
-    }
-}
-
-/// Typed resources over the core contract: each call is one object's get, list or
-/// compare-and-swap write, so it works the same on every backend.
-pub struct Resources<'a, D> {
-    store: &'a D,
-}
-
-impl<'a, D: Datastore> Resources<'a, D> {
-    pub fn new(store: &'a D) -> Self {
-        Resources { store }
-    }
-
-    /// The resource named `name` and its version, if it exists.
-    pub async fn get<T: Resource>(
-        &self,
-        name: &str,
-    ) -> Result<Option<(T, Version)>, ResourceError> {
-        match self.store.get(T::kind(), name).await? {
-            Some(o) => Ok(Some((decode(&o.value)?, o.version))),
-            None => Ok(None),
-        }
-    }
-
-    /// Every resource of the kind whose name starts with `name_prefix` ("" for all), by name.
-    pub async fn list<T: Resource>(
-        &self,
-        name_prefix: &str,
-    ) -> Result<Vec<(T, Version)>, ResourceError> {
-        let list = self.store.list(T::kind(), name_prefix).await?;
-        list.items
-            .into_iter()
-            .map(|o| Ok((decode(&o.value)?, o.version)))
-            .collect()
-    }
-
-    /// Writes the resource: created when `expected` is `None` (`AlreadyExists` if it is
-    /// there), else replaced if still at `expected` (`Stale` otherwise). Returns its version.
-    pub async fn put<T: Resource>(
-        &self,
-        name: &str,
-        resource: &T,
-        expected: Option<Version>,
-    ) -> Result<Version, ResourceError> {
-        let value = encode(resource);
-        let written = match expected {
-            None => self.store.create(T::kind(), name, value).await,
-            Some(v) => self.store.update(T::kind(), name, value, v).await,
-        };
-        written.map_err(|e| lost_race::<T>(e, name, expected))
-    }
-
-    /// Deletes the resource if still at `expected` (`Stale` otherwise).
-    pub async fn delete<T: Resource>(
-        &self,
-        name: &str,
-        expected: Version,
-    ) -> Result<(), ResourceError> {
-        self.store
-            .delete(T::kind(), name, expected)
-            .await
-            .map_err(|e| lost_race::<T>(e, name, Some(expected)))
-    }
-}
-
-/// A lost compare-and-swap in the words of the caller's intent.
-fn lost_race<T: Resource>(e: StoreError, name: &str, expected: Option<Version>) -> ResourceError {
-    match (e, expected) {
-        (StoreError::Conflict { .. }, None) => {
-            ResourceError::AlreadyExists(format!("{} {name}", T::KIND))
-        }
-        (StoreError::Conflict { .. }, Some(_)) => {
-            ResourceError::Stale(format!("{} {name}", T::KIND))
-        }
-        (e, _) => e.into(),
     }
 }
 

@@ -119,7 +119,8 @@ fn filters_communities_and_service_addresses_on_a_real_tor() {
         ipam.create_pool(&IpPool::new("nonencap", POOL.parse().unwrap()))
             .await
             .unwrap();
-        ipam.put_bgp_peer(&BgpPeer::new("tor", "", TOR.parse().unwrap(), 65000))
+        datastore::Resources::new(ipam.store())
+            .put_bgp_peer(&BgpPeer::new("tor", "", TOR.parse().unwrap(), 65000))
             .await
             .unwrap();
         ipam
@@ -166,24 +167,28 @@ fn filters_communities_and_service_addresses_on_a_real_tor() {
 
     // A BGPFilter on the ToR peer: n1's block is not exported, 192.0.2.0/24 not imported.
     rt.block_on(async {
-        ipam.put_bgp_filter(
-            &BgpFilter {
-                name: "tor-policy".into(),
-                export_v4: vec![rule(&blocks[0], MatchOperator::Equal, FilterAction::Reject)],
-                import_v4: vec![rule(
-                    "192.0.2.0/23",
-                    MatchOperator::In,
-                    FilterAction::Reject,
-                )],
-                ..Default::default()
-            },
-            None,
-        )
-        .await
-        .unwrap();
+        datastore::Resources::new(ipam.store())
+            .put_bgp_filter(
+                &BgpFilter {
+                    name: "tor-policy".into(),
+                    export_v4: vec![rule(&blocks[0], MatchOperator::Equal, FilterAction::Reject)],
+                    import_v4: vec![rule(
+                        "192.0.2.0/23",
+                        MatchOperator::In,
+                        FilterAction::Reject,
+                    )],
+                    ..Default::default()
+                },
+                None,
+            )
+            .await
+            .unwrap();
         let mut p = BgpPeer::new("tor", "", TOR.parse().unwrap(), 65000);
         p.filters = vec!["tor-policy".into()];
-        ipam.put_bgp_peer(&p).await.unwrap();
+        datastore::Resources::new(ipam.store())
+            .put_bgp_peer(&p)
+            .await
+            .unwrap();
     });
     let filtered = || {
         tor_paths(&tor, &blocks[0]).is_empty()
@@ -257,23 +262,24 @@ fn filters_communities_and_service_addresses_on_a_real_tor() {
     // Communities on what the nodes advertise, and the service range from both nodes, to
     // the ToR only.
     rt.block_on(async {
-        ipam.set_bgp_configuration(
-            &BgpConfiguration {
-                service_cluster_ips: vec![SERVICES.parse().unwrap()],
-                communities: vec![CommunityDef {
-                    name: "pods".into(),
-                    value: "65001:100".into(),
-                }],
-                prefix_advertisements: vec![PrefixAdvertisement {
-                    cidr: POOL.parse().unwrap(),
-                    communities: vec!["pods".into(), "65001:1:2".into()],
-                }],
-                ..Default::default()
-            },
-            None,
-        )
-        .await
-        .unwrap();
+        datastore::Resources::new(ipam.store())
+            .set_bgp_configuration(
+                &BgpConfiguration {
+                    service_cluster_ips: vec![SERVICES.parse().unwrap()],
+                    communities: vec![CommunityDef {
+                        name: "pods".into(),
+                        value: "65001:100".into(),
+                    }],
+                    prefix_advertisements: vec![PrefixAdvertisement {
+                        cidr: POOL.parse().unwrap(),
+                        communities: vec!["pods".into(), "65001:1:2".into()],
+                    }],
+                    ..Default::default()
+                },
+                None,
+            )
+            .await
+            .unwrap();
     });
     let advertised = || {
         let paths = tor_paths(&tor, &blocks[1]);
@@ -344,7 +350,10 @@ fn filters_communities_and_service_addresses_on_a_real_tor() {
         p.filters = vec!["tor-policy".into()];
         p.num_allowed_local_as_numbers = 1;
         p.local_as_number = Some(65099);
-        ipam.put_bgp_peer(&p).await.unwrap();
+        datastore::Resources::new(ipam.store())
+            .put_bgp_peer(&p)
+            .await
+            .unwrap();
     });
     let as_path_of = |prefix: &str| -> Vec<String> {
         let v = tor.json(&format!("show bgp ipv4 unicast {prefix} json"));

@@ -75,7 +75,8 @@ fn the_cluster_brain_with_a_tor_and_real_daemons() {
         ipam.create_pool(&IpPool::new("nonencap", POOL.parse().unwrap()))
             .await
             .unwrap();
-        ipam.put_bgp_peer(&BgpPeer::new("tor", "", TOR.parse().unwrap(), 65000))
+        datastore::Resources::new(ipam.store())
+            .put_bgp_peer(&BgpPeer::new("tor", "", TOR.parse().unwrap(), 65000))
             .await
             .unwrap();
         ipam
@@ -245,18 +246,25 @@ fn the_cluster_brain_with_a_tor_and_real_daemons() {
 
     // Mesh off, n1 a route reflector: every node still learns every block.
     rt.block_on(async {
-        let (mut node, rev) = ipam.get_node("n1").await.unwrap();
+        let (mut node, rev) = datastore::Resources::new(ipam.store())
+            .get_node("n1")
+            .await
+            .unwrap();
         node.route_reflector_cluster_id = Some("244.0.0.1".parse().unwrap());
-        ipam.register_node(&node, Some(rev)).await.unwrap();
-        ipam.set_bgp_configuration(
-            &BgpConfiguration {
-                node_to_node_mesh: false,
-                ..Default::default()
-            },
-            None,
-        )
-        .await
-        .unwrap();
+        datastore::Resources::new(ipam.store())
+            .register_node(&node, Some(rev))
+            .await
+            .unwrap();
+        datastore::Resources::new(ipam.store())
+            .set_bgp_configuration(
+                &BgpConfiguration {
+                    node_to_node_mesh: false,
+                    ..Default::default()
+                },
+                None,
+            )
+            .await
+            .unwrap();
     });
     let rr_sessions = |n: &Node| -> bool {
         let want: Vec<&str> = if n.name == "n1" {
@@ -346,9 +354,16 @@ fn the_cluster_brain_with_a_tor_and_real_daemons() {
         let (mut pool, rev) = ipam.get_pool("nonencap").await.unwrap();
         pool.disable_bgp_export = false;
         ipam.update_pool(&pool, Some(rev)).await.unwrap();
-        let (mut cfg, rev) = ipam.bgp_configuration().await.unwrap().unwrap();
+        let (mut cfg, rev) = datastore::Resources::new(ipam.store())
+            .bgp_configuration()
+            .await
+            .unwrap()
+            .unwrap();
         cfg.as_number = 64600;
-        ipam.set_bgp_configuration(&cfg, Some(rev)).await.unwrap();
+        datastore::Resources::new(ipam.store())
+            .set_bgp_configuration(&cfg, Some(rev))
+            .await
+            .unwrap();
     });
     let path = |block: &str| {
         parse_route(&tor.json(&format!("show bgp ipv4 unicast {block} json"))).map(|r| r.as_path)

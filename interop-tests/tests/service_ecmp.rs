@@ -215,7 +215,8 @@ fn service_ecmp(f: &Family, tag: &str) {
             .await
             .unwrap();
         let ipam = Ipam::new(store);
-        ipam.put_bgp_peer(&BgpPeer::new("tor", "", f.tor.parse().unwrap(), 65000))
+        datastore::Resources::new(ipam.store())
+            .put_bgp_peer(&BgpPeer::new("tor", "", f.tor.parse().unwrap(), 65000))
             .await
             .unwrap();
         ipam
@@ -255,12 +256,19 @@ fn service_ecmp(f: &Family, tag: &str) {
         "{err}"
     );
     rt.block_on(async {
-        let (mut config, rev) = match ipam.bgp_configuration().await.unwrap() {
+        let (mut config, rev) = match datastore::Resources::new(ipam.store())
+            .bgp_configuration()
+            .await
+            .unwrap()
+        {
             Some((c, rev)) => (c, Some(rev)),
             None => (BgpConfiguration::default(), None),
         };
         config.service_load_balancer_ips = vec![f.range.parse().unwrap()];
-        ipam.set_bgp_configuration(&config, rev).await.unwrap();
+        datastore::Resources::new(ipam.store())
+            .set_bgp_configuration(&config, rev)
+            .await
+            .unwrap();
     });
 
     // Both ToR sessions up.

@@ -20,10 +20,7 @@ use ipnet::IpNet;
 use crate::block::{AffinityState, Block, BlockAffinity, Handle, Released, cidr_key};
 use crate::error::IpamError;
 use datastore::contract::{Atomic, Datastore, Op, Read, ReadResult, Revision, StoreError, Version};
-use datastore::model::{
-    AllowedUse, AssignmentMode, BgpConfiguration, BgpFilter, BgpPeer, IpFamily, IpPool, IpamConfig,
-    Node, overlaps,
-};
+use datastore::model::{AllowedUse, AssignmentMode, IpFamily, IpPool, IpamConfig, Node, overlaps};
 use datastore::resource::{Resource, decode, encode};
 use datastore::selector::Selector;
 
@@ -221,27 +218,72 @@ impl<D: Datastore + Atomic> Ipam<D> {
     }
 
     /// Serves up to `BATCH` queued requests of `node` (the caller holds the node's lock);
-    /// `false` when the queue was empty.
+    /// `false` when the queue was empty. As many as the node's cached blocks hold share one
+    /// transaction; when they hold none of the rest (a block filled up, or nothing is cached
+    /// yet), the first of the rest takes the normal path here, which claims a block and
+    /// caches it, and the others share the next transaction.
     async fn serve_queue(&self, node: &str) -> bool {
-        let batch: Vec<Queued> = {
+        let mut rest: Vec<Queued> = {
             let mut queues = self.queues.lock().unwrap_or_else(|p| p.into_inner());
             let q = queues.entry(node.to_owned()).or_default();
             let n = q.len().min(BATCH);
             q.drain(..n).collect()
         };
-        if batch.is_empty() {
+        if rest.is_empty() {
             return false;
         }
-        let reqs: Vec<(&AssignRequest, AllowedUse)> =
-            batch.iter().map(|q| (&q.req, q.use_)).collect();
-        let served = match self.try_fast_batch(&reqs).await {
-            Ok(Some(all)) => all.into_iter().map(Some).collect(),
-            _ => vec![None; batch.len()],
-        };
-        for (q, answer) in batch.into_iter().zip(served) {
-            let _ = q.answer.send(answer);
+        while !rest.is_empty() {
+            let fit = self.fast_fit(node, &rest);
+            if fit == 0 {
+                let q = rest.remove(0);
+                let got = self.assign_slow(&q.req, q.use_).await.ok();
+                let _ = q.answer.send(got.map(|(v4, v6)| v4.into_iter().chain(v6).collect()));
+                continue;
+            }
+            let batch: Vec<Queued> = rest.drain(..fit).collect();
+            let reqs: Vec<(&AssignRequest, AllowedUse)> =
+                batch.iter().map(|q| (&q.req, q.use_)).collect();
+            let served = match self.try_fast_batch(&reqs).await {
+                Ok(Some(all)) => all.into_iter().map(Some).collect(),
+                // Not for want of room: each request takes the normal path on its own.
+                _ => vec![None; batch.len()],
+            };
+            for (q, answer) in batch.into_iter().zip(served) {
+                let _ = q.answer.send(answer);
+            }
         }
         true
+    }
+
+    /// How many of `queued`, from the first, the node's cached blocks have room for (0: no
+    /// cached block of a family the first one asks for, or no room).
+    fn fast_fit(&self, node: &str, queued: &[Queued]) -> usize {
+        let fast = self.fast.lock().unwrap_or_else(|p| p.into_inner());
+        let mut room: Vec<(IpFamily, u64)> = IpFamily::ALL
+            .into_iter()
+            .filter_map(|f| {
+                let state = fast.get(&(node.to_owned(), f))?;
+                Some((f, u64::from(state.block.free_count())))
+            })
+            .collect();
+        let mut fit = 0;
+        for q in queued {
+            for (family, left) in &mut room {
+                let want = u64::from(q.req.wants(*family).0);
+                if want > *left {
+                    return fit;
+                }
+                *left -= want;
+            }
+            if IpFamily::ALL
+                .into_iter()
+                .any(|f| q.req.wants(f).0 > 0 && !room.iter().any(|(g, _)| *g == f))
+            {
+                return fit;
+            }
+            fit += 1;
+        }
+        fit
     }
 
     fn node_lock(&self, node: &str) -> Arc<tokio::sync::Mutex<()>> {
@@ -554,140 +596,6 @@ impl<D: Datastore + Atomic> Ipam<D> {
         })
     }
 
-    // ---- BGP resources (read live by every bgpd's cluster brain) ----
-
-    /// The cluster's BGP configuration, if one was stored.
-    pub async fn bgp_configuration(
-        &self,
-    ) -> Result<Option<(BgpConfiguration, Version)>, IpamError> {
-        self.get(&BgpConfiguration::key(BgpConfiguration::NAME))
-            .await
-    }
-
-    /// Stores the BGP configuration: created when `expected` is `None`, else replaced if its
-    /// revision is still `expected` (a conflict is `Stale`, so a caller re-reads).
-    pub async fn set_bgp_configuration(
-        &self,
-        config: &BgpConfiguration,
-        expected: Option<Version>,
-    ) -> Result<Version, IpamError> {
-        config.validate()?;
-        let key = BgpConfiguration::key(BgpConfiguration::NAME);
-        match self.store.txn(vec![Self::put(key, config, expected)]).await {
-            Err(StoreError::Conflict { .. }) => Err(IpamError::Stale(
-                "the BGP configuration changed since it was read; read it again".into(),
-            )),
-            other => other.map(Revision::version).map_err(Into::into),
-        }
-    }
-
-    pub async fn list_bgp_peers(&self) -> Result<Vec<(BgpPeer, Version)>, IpamError> {
-        self.list(BgpPeer::PREFIX).await
-    }
-
-    /// Creates or replaces a `BGPPeer` resource.
-    pub async fn put_bgp_peer(&self, peer: &BgpPeer) -> Result<Version, IpamError> {
-        peer.validate()?;
-        for _ in 0..RETRIES {
-            let rev = self
-                .get::<BgpPeer>(&BgpPeer::key(&peer.name))
-                .await?
-                .map(|(_, r)| r);
-            match self
-                .store
-                .txn(vec![Self::put(BgpPeer::key(&peer.name), peer, rev)])
-                .await
-            {
-                Err(StoreError::Conflict { .. }) => continue,
-                other => return other.map(Revision::version).map_err(Into::into),
-            }
-        }
-        Err(IpamError::Contention {
-            what: format!("BGP peer {}", peer.name),
-            attempts: RETRIES,
-        })
-    }
-
-    /// Deletes a `BGPPeer` resource; `NotFound` if there is none of that name.
-    pub async fn delete_bgp_peer(&self, name: &str) -> Result<(), IpamError> {
-        let key = BgpPeer::key(name);
-        let Some((_, rev)) = self.get::<BgpPeer>(&key).await? else {
-            return Err(IpamError::NotFound(format!("BGP peer {name}")));
-        };
-        self.store
-            .txn(vec![Op::Delete { key, expected: rev }])
-            .await?;
-        Ok(())
-    }
-
-    pub async fn list_bgp_filters(&self) -> Result<Vec<(BgpFilter, Version)>, IpamError> {
-        self.list(BgpFilter::PREFIX).await
-    }
-
-    pub async fn get_bgp_filter(&self, name: &str) -> Result<(BgpFilter, Version), IpamError> {
-        self.get(&BgpFilter::key(name))
-            .await?
-            .ok_or_else(|| IpamError::NotFound(format!("BGP filter {name}")))
-    }
-
-    /// Creates or replaces a `BGPFilter` resource. With `expected`, only if the stored one is
-    /// still at that revision (else `Stale`, or `NotFound` if it is gone): a file read with
-    /// `get` applies back only over what it read.
-    pub async fn put_bgp_filter(
-        &self,
-        filter: &BgpFilter,
-        expected: Option<Version>,
-    ) -> Result<Version, IpamError> {
-        filter.validate()?;
-        let key = BgpFilter::key(&filter.name);
-        if let Some(rev) = expected {
-            if self.get::<BgpFilter>(&key).await?.is_none() {
-                return Err(IpamError::NotFound(format!(
-                    "BGP filter {} (at revision {})",
-                    filter.name, rev
-                )));
-            }
-            return match self
-                .store
-                .txn(vec![Self::put(key, filter, Some(rev))])
-                .await
-            {
-                Err(StoreError::Conflict { .. }) => {
-                    Err(IpamError::Stale(format!("BGP filter {}", filter.name)))
-                }
-                other => other.map(Revision::version).map_err(Into::into),
-            };
-        }
-        for _ in 0..RETRIES {
-            let rev = self.get::<BgpFilter>(&key).await?.map(|(_, r)| r);
-            match self
-                .store
-                .txn(vec![Self::put(key.clone(), filter, rev)])
-                .await
-            {
-                Err(StoreError::Conflict { .. }) => continue,
-                other => return other.map(Revision::version).map_err(Into::into),
-            }
-        }
-        Err(IpamError::Contention {
-            what: format!("BGP filter {}", filter.name),
-            attempts: RETRIES,
-        })
-    }
-
-    /// Deletes a `BGPFilter` resource; `NotFound` if there is none of that name. Peers that
-    /// name it stay: bgpd skips a missing filter (as Calico does).
-    pub async fn delete_bgp_filter(&self, name: &str) -> Result<(), IpamError> {
-        let key = BgpFilter::key(name);
-        let Some((_, rev)) = self.get::<BgpFilter>(&key).await? else {
-            return Err(IpamError::NotFound(format!("BGP filter {name}")));
-        };
-        self.store
-            .txn(vec![Op::Delete { key, expected: rev }])
-            .await?;
-        Ok(())
-    }
-
     // ---- pools ----
 
     pub async fn list_pools(&self) -> Result<Vec<(IpPool, Version)>, IpamError> {
@@ -888,56 +796,7 @@ impl<D: Datastore + Atomic> Ipam<D> {
             .collect())
     }
 
-    // ---- nodes ----
-
-    pub async fn register_node(
-        &self,
-        node: &Node,
-        expected: Option<Version>,
-    ) -> Result<Version, IpamError> {
-        datastore::model::validate_name("name", &node.name)?;
-        let key = Node::key(&node.name);
-        for _ in 0..RETRIES {
-            let current = self.get::<Node>(&key).await?;
-            if let (Some(e), Some((_, r))) = (expected, &current)
-                && e != *r
-            {
-                return Err(IpamError::Stale(format!("node {}", node.name)));
-            }
-            // Unchanged (a restart re-registers the same node): no write, so that the nodes
-            // watching the cluster are not all woken to recompute nothing.
-            if let Some((stored, r)) = &current
-                && stored == node
-            {
-                return Ok(*r);
-            }
-            match self
-                .store
-                .txn(vec![Self::put(key.clone(), node, current.map(|(_, r)| r))])
-                .await
-            {
-                Err(StoreError::Conflict { .. }) if expected.is_none() => continue,
-                Err(StoreError::Conflict { .. }) => {
-                    return Err(IpamError::Stale(format!("node {}", node.name)));
-                }
-                other => return other.map(Revision::version).map_err(Into::into),
-            }
-        }
-        Err(IpamError::Contention {
-            what: format!("node {}", node.name),
-            attempts: RETRIES,
-        })
-    }
-
-    pub async fn get_node(&self, name: &str) -> Result<(Node, Version), IpamError> {
-        self.get(&Node::key(name))
-            .await?
-            .ok_or_else(|| IpamError::NotFound(format!("node {name}")))
-    }
-
-    pub async fn list_nodes(&self) -> Result<Vec<(Node, Version)>, IpamError> {
-        self.list(Node::PREFIX).await
-    }
+    // ---- nodes (their registration is the datastore's: `datastore::Resources`) ----
 
     /// Removes a node: its addresses (tunnel address included) and its blocks are released.
     pub async fn delete_node(&self, name: &str) -> Result<(Vec<IpNet>, Vec<IpAddr>), IpamError> {
@@ -1026,6 +885,16 @@ impl<D: Datastore + Atomic> Ipam<D> {
         if let Some(got) = self.try_fast(req, use_).await? {
             return Ok(split(got));
         }
+        self.assign_slow(req, use_).await
+    }
+
+    /// The normal path of one request (the caller holds the node's lock): read, then
+    /// allocate in an affine block, claim one, or borrow, family by family.
+    async fn assign_slow(
+        &self,
+        req: &AssignRequest,
+        use_: AllowedUse,
+    ) -> Result<(Vec<Assigned>, Vec<Assigned>), IpamError> {
         let wanted: Vec<(IpFamily, u32)> = IpFamily::ALL
             .into_iter()
             .map(|f| (f, req.wants(f).0))

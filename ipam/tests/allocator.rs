@@ -382,7 +382,8 @@ async fn removing_a_node_releases_its_addresses_and_blocks(f: IpFamily) {
     ipam.create_pool(&pool("p", cidr, block_of(f, 4)))
         .await
         .unwrap();
-    ipam.register_node(&Node::new("node-a"), None)
+    datastore::Resources::new(ipam.store())
+        .register_node(&Node::new("node-a"), None)
         .await
         .unwrap();
     ipam.auto_assign(&req_of(f, "net.a", "node-a", 3))
@@ -408,8 +409,10 @@ async fn removing_a_node_releases_its_addresses_and_blocks(f: IpFamily) {
     assert_eq!(addrs.len(), 4);
     assert!(addrs.iter().all(|a| IpFamily::of(*a) == f));
     assert!(matches!(
-        ipam.get_node("node-a").await,
-        Err(IpamError::NotFound(_))
+        datastore::Resources::new(ipam.store())
+            .get_node("node-a")
+            .await,
+        Err(datastore::ResourceError::NotFound(_))
     ));
     assert!(matches!(
         ipam.handle_allocations(&tunnel_handle(f, "node-a")).await,
@@ -614,7 +617,10 @@ async fn node_selectors_pick_the_pools(f: IpFamily) {
     ipam.create_pool(&b).await.unwrap();
     let mut node = Node::new("node-b");
     node.labels.insert("zone".into(), "b".into());
-    ipam.register_node(&node, None).await.unwrap();
+    datastore::Resources::new(ipam.store())
+        .register_node(&node, None)
+        .await
+        .unwrap();
     let (v4, v6) = ipam
         .auto_assign(&req_of(f, "net.x", "node-b", 1))
         .await
@@ -691,16 +697,34 @@ async fn registering_an_unchanged_node_writes_nothing() {
     let (ipam, _d) = ipam().await;
     let mut node = Node::new("node-r");
     node.ipv4 = Some("10.77.0.9/16".parse().unwrap());
-    let first = ipam.register_node(&node, None).await.unwrap();
+    let first = datastore::Resources::new(ipam.store())
+        .register_node(&node, None)
+        .await
+        .unwrap();
     let store_rev = ipam.store().revision().await.unwrap();
     // A restart registers the same node again: nothing is written, nobody is woken.
-    assert_eq!(ipam.register_node(&node, None).await.unwrap(), first);
+    assert_eq!(
+        datastore::Resources::new(ipam.store())
+            .register_node(&node, None)
+            .await
+            .unwrap(),
+        first
+    );
     assert_eq!(ipam.store().revision().await.unwrap(), store_rev);
     // A change is written.
     node.labels.insert("zone".into(), "a".into());
-    let second = ipam.register_node(&node, None).await.unwrap();
+    let second = datastore::Resources::new(ipam.store())
+        .register_node(&node, None)
+        .await
+        .unwrap();
     assert_ne!(second, first, "a changed node has a new version");
-    assert_eq!(ipam.get_node("node-r").await.unwrap(), (node, second));
+    assert_eq!(
+        datastore::Resources::new(ipam.store())
+            .get_node("node-r")
+            .await
+            .unwrap(),
+        (node, second)
+    );
 }
 
 /// A new block is claimed with its first address in one transaction (block, confirmed

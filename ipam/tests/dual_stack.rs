@@ -384,7 +384,8 @@ async fn a_request_for_the_wrong_family_is_refused_and_writes_nothing() {
 async fn tunnel_addresses_of_both_families_survive_gc_and_go_with_their_node() {
     let (ipam, _d) = ipam().await;
     dual_pools(&ipam, ("10.26.0.0/16", 26), ("fd00:26::/48", 122)).await;
-    ipam.register_node(&Node::new("node-a"), None)
+    datastore::Resources::new(ipam.store())
+        .register_node(&Node::new("node-a"), None)
         .await
         .unwrap();
     let tunnels = IpFamily::ALL.map(|f| tunnel_handle(f, "node-a"));

@@ -23,9 +23,9 @@ use proto::v1::{
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
+use ::datastore::Resources;
 use ::datastore::Store;
 use ::datastore::model;
-use ipam::allocator::Ipam;
 use proto::v1::{FilterRule, FilterScope};
 
 use crate::api::convert;
@@ -58,8 +58,9 @@ impl BgpService {
         }
     }
 
-    fn ipam(&self) -> Result<Ipam<Store>, Status> {
-        self.datastore.store().map(Ipam::new).ok_or_else(|| {
+    /// The store, or `unavailable` naming it.
+    fn store(&self) -> Result<Store, Status> {
+        self.datastore.store().ok_or_else(|| {
             Status::unavailable(format!(
                 "datastore {} unavailable: {:?}",
                 self.datastore.describe(),
@@ -474,8 +475,7 @@ impl Bgp for BgpService {
         &self,
         _request: Request<GetConfigurationRequest>,
     ) -> Result<Response<BgpConfiguration>, Status> {
-        let stored = self
-            .ipam()?
+        let stored = Resources::new(&self.store()?)
             .bgp_configuration()
             .await
             .map_err(convert::status)?;
@@ -494,16 +494,18 @@ impl Bgp for BgpService {
             .configuration
             .ok_or_else(|| Status::invalid_argument("configuration: required"))?;
         let c = config_from(&m)?;
-        let ipam = self.ipam()?;
+        let store = self.store()?;
+        let resources = Resources::new(&store);
         let expected = if m.revision != 0 {
             Some(::datastore::Version::from_wire(m.revision))
         } else {
-            ipam.bgp_configuration()
+            resources
+                .bgp_configuration()
                 .await
                 .map_err(convert::status)?
                 .map(|(_, r)| r)
         };
-        let rev = ipam
+        let rev = resources
             .set_bgp_configuration(&c, expected)
             .await
             .map_err(convert::status)?;
@@ -598,7 +600,7 @@ impl Bgp for BgpService {
             r.check().map_err(|e| convert::invalid_field("peer.", e))?;
             crate::speaker::sockopt::Password::new(&r.password)
                 .map_err(|e| Status::invalid_argument(format!("peer.password: {e}")))?;
-            self.ipam()?
+            Resources::new(&self.store()?)
                 .put_bgp_peer(&r)
                 .await
                 .map_err(convert::status)?;
@@ -713,7 +715,7 @@ impl Bgp for BgpService {
         convert::required("peer", &peer)?;
         let Ok(addr) = peer_ref(&peer) else {
             // Not an address or session name: a BGPPeer resource's name.
-            self.ipam()?
+            Resources::new(&self.store()?)
                 .delete_bgp_peer(peer.trim())
                 .await
                 .map_err(convert::status)?;
@@ -861,8 +863,7 @@ impl Bgp for BgpService {
         f.check()
             .map_err(|e| convert::invalid_field("filter.", e))?;
         let expected = (m.revision != 0).then_some(::datastore::Version::from_wire(m.revision));
-        let rev = self
-            .ipam()?
+        let rev = Resources::new(&self.store()?)
             .put_bgp_filter(&f, expected)
             .await
             .map_err(convert::status)?;
@@ -875,7 +876,7 @@ impl Bgp for BgpService {
     ) -> Result<Response<proto::v1::DeleteBgpFilterResponse>, Status> {
         let name = request.into_inner().name;
         convert::required("name", &name)?;
-        self.ipam()?
+        Resources::new(&self.store()?)
             .delete_bgp_filter(name.trim())
             .await
             .map_err(convert::status)?;
@@ -886,8 +887,7 @@ impl Bgp for BgpService {
         &self,
         _request: Request<proto::v1::ListBgpFiltersRequest>,
     ) -> Result<Response<proto::v1::ListBgpFiltersResponse>, Status> {
-        let filters = self
-            .ipam()?
+        let filters = Resources::new(&self.store()?)
             .list_bgp_filters()
             .await
             .map_err(convert::status)?;
@@ -903,8 +903,7 @@ impl Bgp for BgpService {
         &self,
         _request: Request<proto::v1::ListBgpPeerResourcesRequest>,
     ) -> Result<Response<proto::v1::ListBgpPeerResourcesResponse>, Status> {
-        let peers = self
-            .ipam()?
+        let peers = Resources::new(&self.store()?)
             .list_bgp_peers()
             .await
             .map_err(convert::status)?;

@@ -3,9 +3,10 @@
 //! once this node and its default pools are registered (a request waits for that a moment).
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Duration;
 
-use ::datastore::{Store, Version};
+use ::datastore::{Resources, Store, Version};
 use ipam::allocator::{AssignRequest, Ipam, ReleaseRequest};
 use proto::v1 as pb;
 use proto::v1::ipam_server::Ipam as IpamApi;
@@ -68,15 +69,23 @@ impl IpamService {
         )))
     }
 
-    fn ipam(&self) -> Result<Ipam<Store>, Status> {
-        match self.datastore.store() {
-            Some(store) => Ok(Ipam::new(store)),
-            None => Err(Status::unavailable(format!(
-                "datastore {} unavailable: {:?}",
-                self.datastore.describe(),
-                self.datastore.state()
-            ))),
-        }
+    /// The allocator of the current store (one per store, shared by every request), or
+    /// `unavailable` naming the datastore.
+    fn ipam(&self) -> Result<Arc<Ipam<Store>>, Status> {
+        self.datastore.ipam().ok_or_else(|| self.unavailable())
+    }
+
+    /// The current store, or `unavailable` naming the datastore.
+    fn store(&self) -> Result<Store, Status> {
+        self.datastore.store().ok_or_else(|| self.unavailable())
+    }
+
+    fn unavailable(&self) -> Status {
+        Status::unavailable(format!(
+            "datastore {} unavailable: {:?}",
+            self.datastore.describe(),
+            self.datastore.state()
+        ))
     }
 
     fn node_or_default<'a>(&'a self, node: &'a str) -> &'a str {
@@ -149,8 +158,7 @@ impl NodesApi for IpamService {
             .ok_or_else(|| invalid("node", "missing"))?;
         let node = convert::node_from(&n)?;
         let expected = (n.revision != 0).then_some(Version::from_wire(n.revision));
-        let rev = self
-            .ipam()?
+        let rev = Resources::new(&self.store()?)
             .register_node(&node, expected)
             .await
             .map_err(status)?;
@@ -158,8 +166,7 @@ impl NodesApi for IpamService {
     }
 
     async fn get_node(&self, r: Request<pb::GetNodeRequest>) -> Reply<pb::Node> {
-        let (node, rev) = self
-            .ipam()?
+        let (node, rev) = Resources::new(&self.store()?)
             .get_node(required("name", &r.into_inner().name)?)
             .await
             .map_err(status)?;
@@ -167,7 +174,10 @@ impl NodesApi for IpamService {
     }
 
     async fn list_nodes(&self, _r: Request<pb::ListNodesRequest>) -> Reply<pb::ListNodesResponse> {
-        let nodes = self.ipam()?.list_nodes().await.map_err(status)?;
+        let nodes = Resources::new(&self.store()?)
+            .list_nodes()
+            .await
+            .map_err(status)?;
         Ok(Response::new(pb::ListNodesResponse {
             nodes: nodes.iter().map(|(n, r)| convert::node_to(n, *r)).collect(),
         }))
@@ -180,7 +190,10 @@ impl NodesApi for IpamService {
         let name = r.into_inner().name;
         required("name", &name)?;
         let ipam = self.ipam()?;
-        ipam.get_node(&name).await.map_err(status)?;
+        Resources::new(ipam.store())
+            .get_node(&name)
+            .await
+            .map_err(status)?;
         let (blocks, addresses) = ipam.delete_node(&name).await.map_err(status)?;
         Ok(Response::new(pb::DeleteNodeResponse {
             released_blocks: blocks.iter().map(ToString::to_string).collect(),

@@ -5,8 +5,8 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use ::datastore::Resources;
 use ::datastore::model::BgpConfiguration;
-use ipam::allocator::Ipam;
 use proto::v1::services_server::Services;
 use proto::v1::{
     AnnounceServiceRequest, ListServicesRequest, ListServicesResponse, ServiceLease,
@@ -40,7 +40,7 @@ impl ServicesService {
                 self.datastore.state()
             ))
         })?;
-        Ok(Ipam::new(store)
+        Ok(Resources::new(&store)
             .bgp_configuration()
             .await
             .map_err(convert::status)?

@@ -532,14 +532,14 @@ pub async fn run(
     let mut brain = Brain::new(me, file, speaker);
     let mut backoff = Duration::from_millis(250);
     loop {
-        let Some(store) = datastore.store() else {
+        let (Some(store), Some(ipam)) = (datastore.store(), datastore.ipam()) else {
             datastore.changed().await;
             if !datastore.is_alive() {
                 return;
             }
             continue;
         };
-        match follow(&mut brain, &store, &hub).await {
+        match follow(&mut brain, &store, &ipam, &hub).await {
             Ok(()) => backoff = Duration::from_millis(250),
             Err(FollowError::Bgp(SpeakerError::Stopped)) => return,
             Err(e) => {
@@ -554,8 +554,12 @@ pub async fn run(
 /// Lists once, then follows the watch: each change updates the cache, and each burst of
 /// changes is computed and applied once. Returns (to list again) when the watch ends, or when
 /// the pools with VXLAN changed (which other nodes' blocks the cache keeps, [`Change::Relist`]).
-async fn follow(brain: &mut Brain, store: &Store, hub: &Hub) -> Result<(), FollowError> {
-    let ipam = Ipam::new(store.clone());
+async fn follow(
+    brain: &mut Brain,
+    store: &Store,
+    ipam: &Ipam<Store>,
+    hub: &Hub,
+) -> Result<(), FollowError> {
     // The listing's bytes (every value, handles included) are dropped once decoded, and so
     // is each pass's copy of the state before the wait: neither is kept while idle.
     let (mut cache, mut watch) = {
@@ -574,7 +578,7 @@ async fn follow(brain: &mut Brain, store: &Store, hub: &Hub) -> Result<(), Follo
             let c = cache.state();
             // When this writes (the node's tunnel address), its own event brings the next
             // pass, which runs whatever that event changed.
-            if tunnel::ensure_tunnel(&ipam, &brain.me, &c).await? {
+            if tunnel::ensure_tunnel(ipam, &brain.me, &c).await? {
                 dirty = true;
             } else {
                 let peer_gateways = filters::peer_gateways(&brain.me, &c.bgp_peers);

@@ -3,9 +3,9 @@
 //! first on each pass; when it writes, the pass ends there and the node's own change brings
 //! the next one. It writes nothing else and computes nothing for the dataplane.
 
-use ::datastore::Store;
 use ::datastore::model::{AllowedUse, IpFamily};
 use ::datastore::selector::Selector;
+use ::datastore::{Resources, Store};
 use ipam::IpamError;
 use ipam::allocator::{AssignRequest, Ipam, tunnel_handle};
 
@@ -86,10 +86,11 @@ async fn ensure_family(
             }
         }
     };
-    let (mut node, rev) = ipam.get_node(me).await?;
+    let resources = Resources::new(ipam.store());
+    let (mut node, rev) = resources.get_node(me).await?;
     let mac = proto::mac::format_mac(&proto::mac::vtep_mac(me, desired::pb_family(family)));
     node.set_vxlan_tunnel(family, Some((address, mac)));
-    ipam.register_node(&node, Some(rev)).await?;
+    resources.register_node(&node, Some(rev)).await?;
     tracing::info!(node = me, tunnel = %address, family = family.name(), "VXLAN tunnel address assigned");
     Ok(true)
 }

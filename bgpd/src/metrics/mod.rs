@@ -171,26 +171,21 @@ impl Endpoints {
                 age_seconds: at.elapsed().as_secs_f64(),
             };
         }
-        let read = match self.info.datastore.store() {
+        let read = match self.info.datastore.ipam() {
             None => None,
-            Some(store) => {
-                let ipam = ipam::allocator::Ipam::new(store);
-                match tokio::time::timeout(IPAM_TIMEOUT, ipam.usage("")).await {
-                    Ok(Ok((pools, _blocks))) => {
-                        Some(pools.iter().map(PoolRow::from_usage).collect::<Vec<_>>())
-                    }
-                    Ok(Err(e)) => {
-                        tracing::debug!(error = %e, "metrics: cannot read the IPAM usage");
-                        None
-                    }
-                    Err(_) => {
-                        tracing::debug!(
-                            "metrics: the IPAM usage took longer than {IPAM_TIMEOUT:?}"
-                        );
-                        None
-                    }
+            Some(ipam) => match tokio::time::timeout(IPAM_TIMEOUT, ipam.usage("")).await {
+                Ok(Ok((pools, _blocks))) => {
+                    Some(pools.iter().map(PoolRow::from_usage).collect::<Vec<_>>())
                 }
-            }
+                Ok(Err(e)) => {
+                    tracing::debug!(error = %e, "metrics: cannot read the IPAM usage");
+                    None
+                }
+                Err(_) => {
+                    tracing::debug!("metrics: the IPAM usage took longer than {IPAM_TIMEOUT:?}");
+                    None
+                }
+            },
         };
         match read {
             Some(pools) => {

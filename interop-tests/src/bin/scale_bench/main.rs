@@ -537,7 +537,8 @@ fn seed(mesh: &Mesh, spec: &str, opts: SeedOptions) -> Result<(), String> {
                         node_to_node_mesh: false,
                         ..Default::default()
                     };
-                    ipam.set_bgp_configuration(&config, None)
+                    datastore::Resources::new(ipam.store())
+                        .set_bgp_configuration(&config, None)
                         .await
                         .map_err(|e| format!("turning the mesh off: {e}"))?;
                 }
@@ -557,7 +558,8 @@ fn seed(mesh: &Mesh, spec: &str, opts: SeedOptions) -> Result<(), String> {
                     if i < opts.reflectors {
                         node.route_reflector_cluster_id = Some(RR_CLUSTER_ID);
                     }
-                    ipam.register_node(&node, None)
+                    datastore::Resources::new(ipam.store())
+                        .register_node(&node, None)
                         .await
                         .map_err(|e| format!("registering {name}: {e}"))?;
                     for (k, block) in mesh::node_blocks(i).iter().enumerate() {
