@@ -333,3 +333,65 @@ fn status_codes_follow_the_contract() {
         assert!(e.message().contains("address"), "{e}");
     });
 }
+
+/// Concurrent pod starts on one node share bgpd's one allocator: its node lock queues them
+/// and whoever holds it serves the queue in one transaction (group commit), so 100 ADDs at
+/// once take far fewer datastore writes than they get addresses. Writes are counted as the
+/// SQLite store's revisions (one per write transaction), read from the file beside bgpd.
+#[test]
+fn concurrent_adds_on_one_node_share_datastore_writes() {
+    use datastore::contract::Atomic;
+    use datastore::sqlite::{SqliteOptions, SqliteStore};
+    const ADDS: usize = 100;
+    let d = Daemon::start(PLAIN_POOL);
+    runtime().block_on(async {
+        let channel = proto::client::connect_unix(&d.socket).await.unwrap();
+        let assign = |handle: String| pb::AutoAssignRequest {
+            handle,
+            num_ipv4: 1,
+            ..Default::default()
+        };
+        // The first ADD waits for registration and claims the node's first block.
+        let mut first = None;
+        for _ in 0..100 {
+            match IpamClient::new(channel.clone())
+                .auto_assign(assign("warm-up".into()))
+                .await
+            {
+                Ok(r) => {
+                    first = Some(r.into_inner());
+                    break;
+                }
+                Err(_) => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
+            }
+        }
+        assert_eq!(first.expect("bgpd serves IPAM").ipv4.len(), 1);
+        let store = SqliteStore::open(d.dir.path().join("store.db"), SqliteOptions::default())
+            .await
+            .unwrap();
+        let before = store.revision().await.unwrap();
+        let tasks: Vec<_> = (0..ADDS)
+            .map(|i| {
+                let mut ipam = IpamClient::new(channel.clone());
+                let req = assign(format!("net.pod{i}"));
+                tokio::spawn(async move { ipam.auto_assign(req).await })
+            })
+            .collect();
+        let mut addresses = std::collections::BTreeSet::new();
+        for t in tasks {
+            let got = t.await.unwrap().unwrap().into_inner();
+            assert_eq!(got.ipv4.len(), 1, "{got:?}");
+            assert!(addresses.insert(got.ipv4[0].address.clone()), "{got:?} twice");
+        }
+        let writes = store.revision().await.unwrap().0 - before.0;
+        println!(
+            "{ADDS} concurrent CNI ADDs on one node: {} addresses, {writes} datastore writes",
+            addresses.len()
+        );
+        assert_eq!(addresses.len(), ADDS);
+        assert!(
+            writes * 4 <= ADDS as u64,
+            "{writes} datastore writes for {ADDS} addresses: the requests did not share them"
+        );
+    });
+}
