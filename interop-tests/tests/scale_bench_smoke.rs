@@ -114,7 +114,10 @@ fn check_kernel_rows(text: &str, topology: &str) {
             "{name}: started after converging? {v:?}"
         );
         assert!(v[1] >= 0.0 && v[1] < v[0], "{name}: resolution: {v:?}");
-        assert!(v[3] > 0.0, "{name}: no CPU time: {v:?}");
+        // The table prints CPU to 10 ms: three BIRDs of a 3-node mesh use less than that in
+        // all (CI saw 0.00), bgpd with routewriter more.
+        let least = if name == "bgpd" { 0.01 } else { 0.0 };
+        assert!(v[3] >= least, "{name}: CPU time below {least} s: {v:?}");
         assert!(
             v[4] > 0.0 && v[5] > 0.0 && v[5] < v[4],
             "{name}: memory: {v:?}"
