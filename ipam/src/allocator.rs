@@ -1,15 +1,24 @@
-//! IPAM against the datastore: pools and nodes, block claims, allocation, release, garbage
-//! collection and the consistency check. Every write is a compare-and-swap transaction on the
-//! revisions just read; a block and the handle index change together in one transaction, so a
-//! crash between two steps never leaves an address without its handle or the other way round.
-//! A lost race re-reads and retries, a bounded number of times.
+//! IPAM against the datastore: pools, block claims, allocation, release, garbage collection
+//! and the consistency check (nodes, BGP peers and the like are `datastore::Resources`').
+//!
+//! Today every operation is a compare-and-swap transaction of the datastore's `Atomic`
+//! extension over the versions just read: a claim creates the block, with its first
+//! addresses, and its confirmed affinity in one commit (Calico's three steps, affinity
+//! pending → block → affinity confirmed, make up for a store without multi-key
+//! transactions); a block and the handles change together, so a crash never leaves an
+//! address without its handle or the other way round. A lost race re-reads and retries, a
+//! bounded number of times. Affinities left pending or pending deletion (by older versions)
+//! are finished by `claim`, `gc` and `reclaim_empty_blocks`.
+//!
+//! One `Ipam` serves every request of a store (bgpd keeps one per connection): a node's
+//! requests are serialised by its lock and served together from its cached block (`Fast`,
+//! group commit) while the store has not changed under it.
+//!
+//! Not yet: the per-object path that stores without the extension (the Kubernetes API)
+//! need, in Calico's order, sharing one description of the steps with the transaction.
 //!
 //! Why this file is long: every IPAM operation is a read-check-write transaction on the same
 //! blocks, affinities and handles; they share the retry loop and the transaction helpers.
-//!
-//! Claiming a block goes pending → confirmed (create the affinity pending, then create the block
-//! and confirm the affinity in one transaction); releasing one goes confirmed → pending deletion
-//! → gone. Only confirmed affinities are used for allocation and advertised.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::IpAddr;
