@@ -18,6 +18,10 @@ pub struct Asn(pub u32);
 
 impl Asn {
     /// AS_TRANS (RFC 6793): stands in for a 4-octet AS on 2-octet wire fields.
+    ///
+    /// The same number as `net_types::asn::AS_TRANS`, where the rule "0 and AS_TRANS are no
+    /// speaker's AS" lives for the datastore's validations; stated again here because the
+    /// codec may depend on no crate of ours.
     pub const TRANS: Asn = Asn(23456);
 
     /// True when the AS fits a 2-octet field.

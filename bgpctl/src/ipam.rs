@@ -12,9 +12,10 @@ use tonic::transport::Channel;
 use super::{CtlError, Output};
 use show::Cidr;
 
-/// Which addresses `ipam assign` asks for.
+/// Which addresses `ipam assign` asks for: one of a family, or one of each (the CLI's
+/// `--family`; not an address's family, which is `net_types::IpFamily`).
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Family {
+pub enum AssignFamilies {
     Ipv4,
     Ipv6,
     /// One of each, all or nothing.
@@ -51,7 +52,7 @@ pub enum IpamCommand {
         ip: Option<String>,
         /// The addresses to ask for [default: the family of --pool, else ipv4].
         #[arg(long, value_enum, conflicts_with = "ip")]
-        family: Option<Family>,
+        family: Option<AssignFamilies>,
         #[arg(long)]
         json: bool,
     },
@@ -217,15 +218,15 @@ pub async fn run(channel: Channel, command: IpamCommand, out: &mut Output) -> Re
                 }
                 None => {
                     let family = family.unwrap_or(match pool_cidr {
-                        Some(c) if c.is_ipv6() => Family::Ipv6,
-                        _ => Family::Ipv4,
+                        Some(c) if c.is_ipv6() => AssignFamilies::Ipv6,
+                        _ => AssignFamilies::Ipv4,
                     });
                     // The pool goes to its own family's list (for a dual request) or to the
                     // one asked for (where bgpd refuses a pool of the other family).
                     let v6_pool = match family {
-                        Family::Ipv4 => false,
-                        Family::Ipv6 => true,
-                        Family::Dual => pool_cidr.is_some_and(|c| c.is_ipv6()),
+                        AssignFamilies::Ipv4 => false,
+                        AssignFamilies::Ipv6 => true,
+                        AssignFamilies::Dual => pool_cidr.is_some_and(|c| c.is_ipv6()),
                     };
                     let pools: Vec<String> = pool.into_iter().collect();
                     let (ipv4_pools, ipv6_pools) = if v6_pool {
@@ -237,8 +238,8 @@ pub async fn run(channel: Channel, command: IpamCommand, out: &mut Output) -> Re
                         .auto_assign(pb::AutoAssignRequest {
                             handle,
                             node,
-                            num_ipv4: u32::from(family != Family::Ipv6),
-                            num_ipv6: u32::from(family != Family::Ipv4),
+                            num_ipv4: u32::from(family != AssignFamilies::Ipv6),
+                            num_ipv6: u32::from(family != AssignFamilies::Ipv4),
                             ipv4_pools,
                             ipv6_pools,
                             ..Default::default()

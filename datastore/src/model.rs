@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 
 use ipnet::IpNet;
+use net_types::asn::{self, AS_TRANS};
 use serde::{Deserialize, Serialize};
 
 use crate::error::ResourceError;
@@ -302,37 +303,9 @@ impl Node {
     }
 }
 
-/// An address family. Pools, blocks, node addresses, VTEPs and routes each belong to one; the
-/// code paths that handle them are the same for both, parameterised by this.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum IpFamily {
-    V4,
-    V6,
-}
-
-impl IpFamily {
-    pub const ALL: [IpFamily; 2] = [IpFamily::V4, IpFamily::V6];
-
-    pub fn of(addr: IpAddr) -> Self {
-        if addr.is_ipv4() {
-            IpFamily::V4
-        } else {
-            IpFamily::V6
-        }
-    }
-
-    pub fn of_net(net: &IpNet) -> Self {
-        Self::of(net.addr())
-    }
-
-    /// "IPv4" / "IPv6", for messages.
-    pub fn name(self) -> &'static str {
-        match self {
-            IpFamily::V4 => "IPv4",
-            IpFamily::V6 => "IPv6",
-        }
-    }
-}
+/// The address family: net-types' one type, named with the rest of the model so that its
+/// users (ipam, bgpd) need no other path.
+pub use net_types::IpFamily;
 
 /// Cluster-wide IPAM settings.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -549,11 +522,11 @@ impl BgpConfiguration {
     }
 
     fn check_scalars(&self) -> Result<(), ResourceError> {
-        if self.as_number == 0 || self.as_number == 23456 {
+        if asn::is_reserved(self.as_number) {
             return Err(invalid(
                 "as_number",
                 format!(
-                    "{} cannot be a node's AS (0 and AS_TRANS 23456 are reserved)",
+                    "{} cannot be a node's AS (0 and AS_TRANS {AS_TRANS} are reserved)",
                     self.as_number
                 ),
             ));
@@ -779,10 +752,7 @@ impl BgpFilterRule {
             }
             network_address(cidr).map_err(|r| err("cidr", r))?;
         }
-        let max_len: u8 = match family {
-            IpFamily::V4 => 32,
-            IpFamily::V6 => 128,
-        };
+        let max_len = family.bits();
         for (field, v) in [
             ("prefixLength.min", self.prefix_length_min),
             ("prefixLength.max", self.prefix_length_max),
@@ -1022,13 +992,13 @@ impl BgpPeer {
             validate_name("filters", f)
                 .map_err(|e| InvalidField::new("filters", format!("filters[{i}]"), e_reason(e)))?;
         }
-        if let Some(asn) = self.local_as_number
-            && (asn == 0 || asn == 23456)
+        if let Some(local_as) = self.local_as_number
+            && asn::is_reserved(local_as)
         {
             return Err(InvalidField::new(
                 "local_as_number",
                 "local_as_number",
-                format!("{asn} cannot be a local AS (0 and AS_TRANS 23456 are reserved)"),
+                format!("{local_as} cannot be a local AS (0 and AS_TRANS {AS_TRANS} are reserved)"),
             ));
         }
         if let Some(t) = self.max_restart_time_s
@@ -1074,10 +1044,10 @@ impl BgpPeer {
         if !self.node.is_empty() {
             validate_name("node", &self.node)?;
         }
-        if self.as_number == 0 || self.as_number == 23456 {
+        if asn::is_reserved(self.as_number) {
             return Err(invalid(
                 "as_number",
-                "0 and AS_TRANS 23456 cannot be a peer's AS",
+                format!("0 and AS_TRANS {AS_TRANS} cannot be a peer's AS"),
             ));
         }
         if self.peer_address.is_unspecified() || self.peer_address.is_multicast() {

@@ -381,7 +381,10 @@ fn concurrent_adds_on_one_node_share_datastore_writes() {
         for t in tasks {
             let got = t.await.unwrap().unwrap().into_inner();
             assert_eq!(got.ipv4.len(), 1, "{got:?}");
-            assert!(addresses.insert(got.ipv4[0].address.clone()), "{got:?} twice");
+            assert!(
+                addresses.insert(got.ipv4[0].address.clone()),
+                "{got:?} twice"
+            );
         }
         let writes = store.revision().await.unwrap().0 - before.0;
         println!(

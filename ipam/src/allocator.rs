@@ -246,7 +246,9 @@ impl<D: Datastore + Atomic> Ipam<D> {
             if fit == 0 {
                 let q = rest.remove(0);
                 let got = self.assign_slow(&q.req, q.use_).await.ok();
-                let _ = q.answer.send(got.map(|(v4, v6)| v4.into_iter().chain(v6).collect()));
+                let _ = q
+                    .answer
+                    .send(got.map(|(v4, v6)| v4.into_iter().chain(v6).collect()));
                 continue;
             }
             let batch: Vec<Queued> = rest.drain(..fit).collect();

@@ -28,12 +28,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
+use net_types::IpFamily;
 use proto::v1::{DataplaneUpdate, WatchRequest, dataplane_client::DataplaneClient};
 use tokio::sync::mpsc;
 use tracing::{debug, error, info, warn};
 
 use super::config::{Config, RoutewriterConfig};
-use super::desired::{Defaults, DesiredState, DevId, Family, Kind, Prefix};
+use super::desired::{Defaults, DesiredState, DevId, Kind, Prefix};
 use super::host::{Host, System};
 use super::kernel::Refusal;
 use super::metrics::{self, Metrics};
@@ -43,6 +44,7 @@ use super::nft::Tables;
 use super::reconcile::{
     self, ActualRoute, DeviceAction, DeviceSpec, RouteContext, RouteDiffer, RouteOp, Why,
 };
+use super::routes::{family_label, family_to_proto};
 use host_kernel::netlink::NlError;
 use host_kernel::sysctl::{FORWARDING_V4, FORWARDING_V6, Sysctls};
 use proto::mac::vtep_mac;
@@ -101,7 +103,7 @@ pub struct Agent<H: Host = System> {
     new_workloads: HashMap<u32, Instant>,
     /// Whether IPIP could not be set up (checked once: trying writes to the kernel).
     ipip_missing: Option<String>,
-    /// Per family ([`Family::index`]): the VXLAN device's index and the uplink it runs over.
+    /// Per family ([`IpFamily::index`]): the VXLAN device's index and the uplink it runs over.
     vxlan_index: [Option<u32>; 2],
     uplink_name: [Option<String>; 2],
     /// After nft refused the policy table: when to try again, and the backoff.
@@ -237,7 +239,7 @@ impl<H: Host> Agent<H> {
             self.sync_all(Count::Nothing);
             return;
         }
-        for f in Family::ALL {
+        for f in IpFamily::ALL {
             if local[f.index()] {
                 self.sync_device(f, Count::Nothing);
             }
@@ -245,13 +247,13 @@ impl<H: Host> Agent<H> {
                 self.sync_vteps(f, Count::Nothing);
             }
         }
-        let v6_changed = vteps[Family::V6.index()]
-            || local[Family::V6.index()]
+        let v6_changed = vteps[IpFamily::V6.index()]
+            || local[IpFamily::V6.index()]
             || nat
-            || routes.iter().any(|p| p.family() == Family::V6);
-        if self.cfg.sysctls && v6_changed && self.desired.uses(Family::V6) {
+            || routes.iter().any(|p| p.family() == IpFamily::V6);
+        if self.cfg.sysctls && v6_changed && self.desired.uses(IpFamily::V6) {
             // IPv6 items came: forwarding of IPv6 on before their routes are used.
-            self.ensure_forwarding(Family::V6);
+            self.ensure_forwarding(IpFamily::V6);
         }
         if !routes.is_empty() {
             routes.sort_unstable();
@@ -303,8 +305,8 @@ impl<H: Host> Agent<H> {
         let count = if self.synced { count } else { Count::Nothing };
         self.need_full = false;
         if self.cfg.sysctls {
-            for f in Family::ALL {
-                if f == Family::V4 || self.desired.uses(f) {
+            for f in IpFamily::ALL {
+                if f == IpFamily::V4 || self.desired.uses(f) {
                     self.ensure_forwarding(f);
                 }
             }
@@ -312,7 +314,7 @@ impl<H: Host> Agent<H> {
         if let Err(e) = self.refresh_links() {
             self.kernel_error("reading links", e);
         }
-        for f in Family::ALL {
+        for f in IpFamily::ALL {
             self.sync_device(f, count);
             self.sync_vteps(f, count);
         }
@@ -446,7 +448,7 @@ impl<H: Host> Agent<H> {
             };
             let mut differ = RouteDiffer::new(desired.routes(), &ctx);
             // Both families into one differ: a destination's routes come together either way.
-            let dumped = Family::ALL
+            let dumped = IpFamily::ALL
                 .into_iter()
                 .try_for_each(|f| self.host.routes(f, table, None, |r| differ.observe(r)));
             match dumped {
@@ -474,7 +476,7 @@ impl<H: Host> Agent<H> {
             return;
         };
         let mut actual: Vec<ActualRoute> = Vec::new();
-        for f in Family::ALL {
+        for f in IpFamily::ALL {
             if let Err(e) = self
                 .host
                 .routes(f, self.cfg.table, Some(index), |r| actual.push(*r))
@@ -504,7 +506,7 @@ impl<H: Host> Agent<H> {
     fn sync_stale_on_link(&mut self, index: u32, name: &str) {
         let mut stale = Vec::new();
         let desired = &self.desired;
-        let res = Family::ALL.into_iter().try_for_each(|f| {
+        let res = IpFamily::ALL.into_iter().try_for_each(|f| {
             self.host.routes(f, self.cfg.table, Some(index), |r| {
                 if r.protocol == self.cfg.protocol
                     && r.tos == 0
@@ -737,7 +739,7 @@ impl<H: Host> Agent<H> {
         }
         let addrs = self
             .host
-            .all_addresses(Family::of(underlay))
+            .all_addresses(IpFamily::of(underlay))
             .map_err(|e| format!("reading addresses: {e}"))?;
         let links = self
             .host
@@ -761,19 +763,19 @@ impl<H: Host> Agent<H> {
     }
 
     /// The name of a family's VXLAN device.
-    fn vxlan_name(&self, family: Family) -> &str {
+    fn vxlan_name(&self, family: IpFamily) -> &str {
         match family {
-            Family::V4 => &self.cfg.vxlan_device,
-            Family::V6 => &self.cfg.vxlan_device_v6,
+            IpFamily::V4 => &self.cfg.vxlan_device,
+            IpFamily::V6 => &self.cfg.vxlan_device_v6,
         }
     }
 
     /// The device's MTU: the stream's, the configuration's, or the uplink's less the VXLAN
     /// overhead (50 bytes over IPv4, 70 over IPv6: its header is 20 bytes longer).
-    fn vxlan_mtu(&self, family: Family, stream: u32, uplink: u32) -> u32 {
+    fn vxlan_mtu(&self, family: IpFamily, stream: u32, uplink: u32) -> u32 {
         let (configured, overhead, least) = match family {
-            Family::V4 => (self.cfg.vxlan_mtu, 50, 68),
-            Family::V6 => (self.cfg.vxlan_mtu_v6, 70, 1280),
+            IpFamily::V4 => (self.cfg.vxlan_mtu, 50, 68),
+            IpFamily::V6 => (self.cfg.vxlan_mtu_v6, 70, 1280),
         };
         if stream != 0 {
             stream
@@ -784,7 +786,7 @@ impl<H: Host> Agent<H> {
         }
     }
 
-    fn sync_device(&mut self, family: Family, count: Count) {
+    fn sync_device(&mut self, family: IpFamily, count: Count) {
         let fi = family.index();
         let name = self.vxlan_name(family).to_owned();
         let Some(local) = self.desired.local_vtep(family).copied() else {
@@ -794,7 +796,7 @@ impl<H: Host> Agent<H> {
             {
                 info!(
                     "removing {name}: no local {} VTEP is desired",
-                    family.name()
+                    family_label(family)
                 );
                 if let Err(e) = self.host.delete_link(l.index) {
                     self.kernel_error(&format!("removing {name}"), e);
@@ -827,7 +829,7 @@ impl<H: Host> Agent<H> {
             link: uplink,
             mac: local
                 .mac
-                .unwrap_or_else(|| vtep_mac(&self.node, family.to_proto())),
+                .unwrap_or_else(|| vtep_mac(&self.node, family_to_proto(family))),
             mtu: self.vxlan_mtu(family, local.mtu, uplink_mtu),
         };
         let actual = match self.host.link(&name) {
@@ -923,7 +925,7 @@ impl<H: Host> Agent<H> {
         }
     }
 
-    fn sync_vteps(&mut self, family: Family, count: Count) {
+    fn sync_vteps(&mut self, family: IpFamily, count: Count) {
         let Some(index) = self.vxlan_index[family.index()] else {
             return;
         };
@@ -1007,13 +1009,16 @@ impl<H: Host> Agent<H> {
         let pools = self.desired.pools();
         let mut errors = Vec::new();
         let mut repaired = Vec::new();
-        for f in Family::ALL {
-            let wanted = f == Family::V4 || pools.keys().any(|n| Family::of(n.addr()) == f);
+        for f in IpFamily::ALL {
+            let wanted = f == IpFamily::V4 || pools.keys().any(|n| IpFamily::of(n.addr()) == f);
             let desired = wanted.then(|| nat::desired_from_pools(pools, f));
             match self.host.sync_nat(f, desired.as_ref(), known) {
                 Ok(true) => repaired.push(f),
                 Ok(false) => {}
-                Err(e) => errors.push(format!("natOutgoing of {} not programmed: {e}", f.name())),
+                Err(e) => errors.push(format!(
+                    "natOutgoing of {} not programmed: {e}",
+                    family_label(f)
+                )),
             }
         }
         for e in errors {
@@ -1081,10 +1086,10 @@ impl<H: Host> Agent<H> {
         self.host.nft_writes()
     }
 
-    fn ensure_forwarding(&mut self, family: Family) {
+    fn ensure_forwarding(&mut self, family: IpFamily) {
         let key = match family {
-            Family::V4 => FORWARDING_V4,
-            Family::V6 => FORWARDING_V6,
+            IpFamily::V4 => FORWARDING_V4,
+            IpFamily::V6 => FORWARDING_V6,
         };
         match self.sysctls.ensure(key, "1") {
             Ok(true) if self.synced => self.metrics.correction("sysctl", 1),
@@ -1097,7 +1102,7 @@ impl<H: Host> Agent<H> {
     fn v6_workloads(&self) -> HashSet<DevId> {
         self.desired
             .routes()
-            .iter_of(Family::V6)
+            .iter_of(IpFamily::V6)
             .filter(|(_, s)| s.kind == Kind::Workload)
             .map(|(_, s)| s.dev)
             .collect()
@@ -1184,7 +1189,7 @@ impl<H: Host> Agent<H> {
                         self.names.insert(index, (name.clone(), up));
                     }
                     let mut vxlan = false;
-                    for f in Family::ALL {
+                    for f in IpFamily::ALL {
                         let i = f.index();
                         if name == self.vxlan_name(f) || Some(index) == self.vxlan_index[i] {
                             device[i] = true;
@@ -1218,7 +1223,7 @@ impl<H: Host> Agent<H> {
                     }
                 }
                 Event::Neigh { ifindex, .. } => {
-                    for f in Family::ALL {
+                    for f in IpFamily::ALL {
                         if Some(ifindex) == self.vxlan_index[f.index()] {
                             vteps[f.index()] = true;
                         }
@@ -1234,7 +1239,7 @@ impl<H: Host> Agent<H> {
             self.full_sync();
             return;
         }
-        for f in Family::ALL {
+        for f in IpFamily::ALL {
             let i = f.index();
             if device[i] {
                 self.sync_device(f, Count::All);
@@ -1311,8 +1316,8 @@ impl<H: Host> Agent<H> {
 
     /// Copies counters into the metrics.
     fn publish(&self) {
-        let counts = Family::ALL.map(|f| self.desired.counts(f));
-        let vteps = Family::ALL.map(|f| self.desired.vteps(f).len() as u64);
+        let counts = IpFamily::ALL.map(|f| self.desired.counts(f));
+        let vteps = IpFamily::ALL.map(|f| self.desired.vteps(f).len() as u64);
         let mut unsupported: HashMap<&'static str, u64> = HashMap::new();
         for f in self.unsupported.values() {
             *unsupported.entry(f).or_insert(0) += 1;
@@ -1323,7 +1328,7 @@ impl<H: Host> Agent<H> {
         let netlink = self.host.netlink_writes();
         let nft = self.nft_writes();
         let sysctl = self.sysctls.writes;
-        let vxlan: Vec<String> = Family::ALL
+        let vxlan: Vec<String> = IpFamily::ALL
             .into_iter()
             .filter(|f| self.vxlan_index[f.index()].is_some())
             .map(|f| self.vxlan_name(f).to_owned())
@@ -1334,12 +1339,12 @@ impl<H: Host> Agent<H> {
                 let n = counts.iter().map(|c| c[k as usize] as u64).sum();
                 s.routes.insert(k.name(), n);
             }
-            for f in Family::ALL {
-                let kinds = s.routes_by_family.entry(f.name()).or_default();
+            for f in IpFamily::ALL {
+                let kinds = s.routes_by_family.entry(family_label(f)).or_default();
                 for k in Kind::ALL {
                     kinds.insert(k.name(), counts[f.index()][k as usize] as u64);
                 }
-                s.vteps.insert(f.name(), vteps[f.index()]);
+                s.vteps.insert(family_label(f), vteps[f.index()]);
             }
             s.routes_failing = self.failing.len() as u64;
             s.routes_waiting_for_device = self.waiting.len() as u64;

@@ -19,12 +19,18 @@ use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 
 use ipnet::IpNet;
+use net_types::IpFamily;
 use proto::v1::{DataplaneUpdate, desired_item::Item, desired_key::Key};
 
 use proto::mac::{Mac, parse_mac};
 
 use super::policy::{self, PolicyState};
-pub use super::routes::{DevId, Devices, Family, Kind, Prefix, RouteSpec, Routes};
+pub use super::routes::{DevId, Devices, Kind, Prefix, RouteSpec, Routes};
+use super::routes::{family_from_proto, family_label};
+
+/// The one family type (net-types') under the name interop-tests' route bench and kernel
+/// tests import.
+pub use net_types::IpFamily as Family;
 
 /// A remote VXLAN endpoint; its family is that of its addresses (both of one family).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -47,8 +53,8 @@ pub struct LocalVtepSpec {
 }
 
 impl LocalVtepSpec {
-    pub fn family(&self) -> Family {
-        Family::of(self.underlay)
+    pub fn family(&self) -> IpFamily {
+        IpFamily::of(self.underlay)
     }
 }
 
@@ -72,10 +78,10 @@ impl Default for Defaults {
 
 impl Defaults {
     /// The VXLAN device of a family.
-    pub fn vxlan_device(&self, family: Family) -> &str {
+    pub fn vxlan_device(&self, family: IpFamily) -> &str {
         match family {
-            Family::V4 => &self.vxlan_device,
-            Family::V6 => &self.vxlan_device_v6,
+            IpFamily::V4 => &self.vxlan_device,
+            IpFamily::V6 => &self.vxlan_device_v6,
         }
     }
 }
@@ -89,7 +95,7 @@ pub struct Applied {
     pub snapshot: bool,
     /// Routes whose desired value changed (added, changed or removed), sorted, no duplicates.
     pub routes: Vec<Prefix>,
-    /// The remote VTEPs of a family changed (indexed by [`Family::index`]).
+    /// The remote VTEPs of a family changed (indexed by [`IpFamily::index`]).
     pub vteps: [bool; 2],
     /// The local VTEP of a family changed.
     pub local_vtep: [bool; 2],
@@ -170,16 +176,16 @@ impl DesiredState {
     }
 
     /// Desired routes of a family by kind, in [`Kind::ALL`] order.
-    pub fn counts(&self, family: Family) -> [usize; 5] {
+    pub fn counts(&self, family: IpFamily) -> [usize; 5] {
         self.counts[family.index()]
     }
 
     /// The remote VTEPs of a family, by node.
-    pub fn vteps(&self, family: Family) -> &BTreeMap<String, VtepSpec> {
+    pub fn vteps(&self, family: IpFamily) -> &BTreeMap<String, VtepSpec> {
         &self.vteps[family.index()]
     }
 
-    pub fn local_vtep(&self, family: Family) -> Option<&LocalVtepSpec> {
+    pub fn local_vtep(&self, family: IpFamily) -> Option<&LocalVtepSpec> {
         self.local[family.index()].as_ref()
     }
 
@@ -195,7 +201,7 @@ impl DesiredState {
 
     /// Whether anything of `family` is desired: a route, a VTEP, the local VTEP, a pool. The
     /// IPv6 parts of the node (forwarding, the NAT table) are set up only then.
-    pub fn uses(&self, family: Family) -> bool {
+    pub fn uses(&self, family: IpFamily) -> bool {
         self.routes.len_of(family) > 0
             || !self.vteps[family.index()].is_empty()
             || self.local[family.index()].is_some()
@@ -231,7 +237,7 @@ impl DesiredState {
                     }
                     Err(e) => applied.rejected.push(format!("remove route {dest}: {e}")),
                 },
-                Some(Key::Vtep(k)) => match Family::from_proto(k.family) {
+                Some(Key::Vtep(k)) => match family_from_proto(k.family) {
                     Some(f) => {
                         applied.vteps[f.index()] |= self.vteps[f.index()].remove(&k.node).is_some()
                     }
@@ -240,7 +246,7 @@ impl DesiredState {
                         k.node, k.family
                     )),
                 },
-                Some(Key::LocalVtep(family)) => match Family::from_proto(*family) {
+                Some(Key::LocalVtep(family)) => match family_from_proto(*family) {
                     Some(f) => {
                         applied.local_vtep[f.index()] |= self.local[f.index()].take().is_some()
                     }
@@ -308,8 +314,8 @@ impl DesiredState {
             .iter()
             .filter(|i| matches!(&i.item, Some(Item::Route(r)) if r.destination.contains(':')))
             .count();
-        next.routes.reserve(Family::V4, update.upsert.len() - v6);
-        next.routes.reserve(Family::V6, v6);
+        next.routes.reserve(IpFamily::V4, update.upsert.len() - v6);
+        next.routes.reserve(IpFamily::V6, v6);
         let mut applied = Applied {
             snapshot: true,
             ..Default::default()
@@ -334,7 +340,7 @@ impl DesiredState {
         changed.sort_unstable();
         changed.dedup();
         applied.routes = changed;
-        for f in Family::ALL {
+        for f in IpFamily::ALL {
             let i = f.index();
             applied.vteps[i] = next.vteps[i] != self.vteps[i];
             applied.local_vtep[i] = next.local[i] != self.local[i];
@@ -376,7 +382,7 @@ impl DesiredState {
             },
             Some(Item::Vtep(v)) => match parse_vtep(v) {
                 Ok(spec) => {
-                    let i = Family::of(spec.underlay).index();
+                    let i = IpFamily::of(spec.underlay).index();
                     if self.vteps[i].get(&v.node) != Some(&spec) {
                         self.vteps[i].insert(v.node.clone(), spec);
                         applied.vteps[i] = true;
@@ -525,7 +531,7 @@ impl DesiredState {
                 }
                 (Some(g), device, r.onlink)
             }
-            Kind::Ipip if family == Family::V6 => {
+            Kind::Ipip if family == IpFamily::V6 => {
                 return Err(
                     "IPIP carries IPv4 only: an IPv6 pool needs VXLAN or no encapsulation".into(),
                 );
@@ -562,20 +568,20 @@ fn is_link_local(ip: IpAddr) -> bool {
     }
 }
 
-fn family_of_net(n: &IpNet) -> Family {
-    Family::of(n.addr())
+fn family_of_net(n: &IpNet) -> IpFamily {
+    IpFamily::of(n.addr())
 }
 
 /// The family of the first of `addrs` that parses: what a bad item meant to be.
-fn family_hint(addrs: &[&str]) -> Option<Family> {
+fn family_hint(addrs: &[&str]) -> Option<IpFamily> {
     addrs
         .iter()
         .find_map(|s| s.parse::<IpAddr>().ok())
-        .map(Family::of)
+        .map(IpFamily::of)
 }
 
 /// A usable unicast address, of `family` when given.
-fn parse_addr(what: &str, s: &str, family: Option<Family>) -> Result<IpAddr, String> {
+fn parse_addr(what: &str, s: &str, family: Option<IpFamily>) -> Result<IpAddr, String> {
     let a: IpAddr = s
         .parse()
         .map_err(|_| format!("{what} {s:?} is not an address"))?;
@@ -583,10 +589,10 @@ fn parse_addr(what: &str, s: &str, family: Option<Family>) -> Result<IpAddr, Str
         return Err(format!("{what} {a} is not a usable unicast address"));
     }
     match family {
-        Some(f) if Family::of(a) != f => Err(format!(
+        Some(f) if IpFamily::of(a) != f => Err(format!(
             "{what} {a} is {}, the route is {}: routewriter does not mix families in a route",
-            Family::of(a).name(),
-            f.name()
+            family_label(IpFamily::of(a)),
+            family_label(f)
         )),
         _ => Ok(a),
     }
@@ -596,7 +602,7 @@ fn parse_addr(what: &str, s: &str, family: Option<Family>) -> Result<IpAddr, Str
 fn parse_pair(underlay: &str, tunnel: &str) -> Result<(IpAddr, IpAddr), String> {
     let u = parse_addr("underlay address", underlay, None)?;
     let t = parse_addr("tunnel address", tunnel, None)?;
-    if Family::of(u) != Family::of(t) {
+    if IpFamily::of(u) != IpFamily::of(t) {
         return Err(format!(
             "underlay address {u} and tunnel address {t} are of different families (a VTEP is of one)"
         ));
@@ -634,7 +640,7 @@ fn parse_local_vtep(l: &proto::v1::LocalVtep) -> Result<LocalVtepSpec, String> {
         return Err(format!("MTU {} is outside 68-65535", l.mtu));
     }
     let (underlay, tunnel) = parse_pair(&l.underlay_address, &l.tunnel_address)?;
-    if Family::of(underlay) == Family::V6 && l.mtu != 0 && l.mtu < 1280 {
+    if IpFamily::of(underlay) == IpFamily::V6 && l.mtu != 0 && l.mtu < 1280 {
         return Err(format!(
             "MTU {} is below 1280, the least IPv6 allows",
             l.mtu
@@ -657,9 +663,9 @@ fn parse_pool(cidr: &str) -> Result<IpNet, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proto::v1 as pb;
     use proto::v1::{
-        DesiredItem, DesiredKey, IpFamily, KernelRoute, LocalVtep, NatPool, RouteKind as P, Vtep,
-        VtepKey,
+        DesiredItem, DesiredKey, KernelRoute, LocalVtep, NatPool, RouteKind as P, Vtep, VtepKey,
     };
 
     fn route(dest: &str, kind: P, gw: &str, dev: &str, onlink: bool) -> DesiredItem {
@@ -695,7 +701,7 @@ mod tests {
         }
     }
 
-    fn rm_vtep(node: &str, family: IpFamily) -> DesiredKey {
+    fn rm_vtep(node: &str, family: pb::IpFamily) -> DesiredKey {
         DesiredKey {
             key: Some(Key::Vtep(VtepKey {
                 node: node.into(),
@@ -704,7 +710,7 @@ mod tests {
         }
     }
 
-    fn rm_local(family: IpFamily) -> DesiredKey {
+    fn rm_local(family: pb::IpFamily) -> DesiredKey {
         DesiredKey {
             key: Some(Key::LocalVtep(family.into())),
         }
@@ -864,9 +870,9 @@ mod tests {
         assert_eq!(a.routes.len(), 3);
         assert_eq!(d.revision(), 5);
         assert!(d.is_complete());
-        assert_eq!(d.counts(Family::V4), [1, 1, 0, 1, 0]);
-        assert_eq!(d.counts(Family::V6), [0; 5]);
-        assert!(d.uses(Family::V4) && !d.uses(Family::V6));
+        assert_eq!(d.counts(IpFamily::V4), [1, 1, 0, 1, 0]);
+        assert_eq!(d.counts(IpFamily::V6), [0; 5]);
+        assert!(d.uses(IpFamily::V4) && !d.uses(IpFamily::V6));
         let vx = d.route(&p("10.65.1.0/26")).unwrap();
         assert!(vx.onlink, "tunnel routes are onlink");
         assert_eq!(d.devices().name(vx.dev), Some("vxlan.calico"));
@@ -882,7 +888,7 @@ mod tests {
             vec![rm_route("10.65.0.5/32")],
         ));
         assert_eq!(a.routes, vec![p("10.65.0.5/32"), p("10.65.1.0/26")]);
-        assert_eq!(d.counts(Family::V4), [1, 0, 0, 1, 0]);
+        assert_eq!(d.counts(IpFamily::V4), [1, 0, 0, 1, 0]);
         // The workload's interface name is freed with its last route.
         assert_eq!(d.devices().id("cali12345678901"), None);
 
@@ -917,13 +923,16 @@ mod tests {
             vec![],
         ));
         assert!(a.rejected.is_empty(), "{:?}", a.rejected);
-        assert_eq!(d.counts(Family::V6), [1, 1, 2, 1, 0]);
-        assert_eq!(d.counts(Family::V4), [1, 0, 0, 0, 0]);
+        assert_eq!(d.counts(IpFamily::V6), [1, 1, 2, 1, 0]);
+        assert_eq!(d.counts(IpFamily::V4), [1, 0, 0, 0, 0]);
         assert_eq!(
-            (d.routes().len_of(Family::V4), d.routes().len_of(Family::V6)),
+            (
+                d.routes().len_of(IpFamily::V4),
+                d.routes().len_of(IpFamily::V6)
+            ),
             (1, 5)
         );
-        assert!(d.uses(Family::V6));
+        assert!(d.uses(IpFamily::V6));
         let vx = d.route(&p("fd00:20::80/122")).unwrap();
         assert_eq!(d.devices().name(vx.dev), Some("vxlan-v6.calico"));
         assert_eq!(
@@ -938,7 +947,7 @@ mod tests {
         // An IPv6 route is removed by its key like an IPv4 one.
         let a = d.apply(&update(2, false, vec![], vec![rm_route("fd00:20::5/128")]));
         assert_eq!(a.routes, vec![p("fd00:20::5/128")]);
-        assert_eq!(d.counts(Family::V6), [1, 0, 2, 1, 0]);
+        assert_eq!(d.counts(IpFamily::V6), [1, 0, 2, 1, 0]);
     }
 
     #[test]
@@ -1053,7 +1062,7 @@ mod tests {
         assert_eq!(a.routes, vec![p("10.65.1.0/26"), p("fd00:20::40/122")]);
         assert_eq!(a.rejected.len(), 2);
         assert!(d.routes().is_empty());
-        assert_eq!(d.counts(Family::V6), [0; 5]);
+        assert_eq!(d.counts(IpFamily::V6), [0; 5]);
     }
 
     /// VTEPs and the local VTEP are kept per family, as the contract keys them: removing one
@@ -1078,13 +1087,13 @@ mod tests {
         assert_eq!(a.vteps, [true, true]);
         assert_eq!(a.local_vtep, [true, true]);
         assert!(!a.nat);
-        assert_eq!(d.vteps(Family::V6)["b"].underlay, ip("fd00:10::2"));
-        assert_eq!(d.vteps(Family::V4)["b"].underlay, ip("10.0.0.2"));
+        assert_eq!(d.vteps(IpFamily::V6)["b"].underlay, ip("fd00:10::2"));
+        assert_eq!(d.vteps(IpFamily::V4)["b"].underlay, ip("10.0.0.2"));
         assert_eq!(
-            d.local_vtep(Family::V6).map(|l| l.tunnel),
+            d.local_vtep(IpFamily::V6).map(|l| l.tunnel),
             Some(ip("fd00:20::1"))
         );
-        assert!(d.uses(Family::V6));
+        assert!(d.uses(IpFamily::V6));
         let a = d.apply(&update(
             2,
             false,
@@ -1094,31 +1103,31 @@ mod tests {
         assert!(a.is_empty(), "unchanged items change nothing: {a:?}");
         let a = d.apply(&update(3, false, vec![b4("66:00:00:00:00:03")], vec![]));
         assert_eq!(a.vteps, [true, false]);
-        assert_eq!(d.vteps(Family::V4)["b"].mac, [0x66, 0, 0, 0, 0, 3]);
+        assert_eq!(d.vteps(IpFamily::V4)["b"].mac, [0x66, 0, 0, 0, 0, 3]);
         // Removing the IPv6 VTEP and device leaves the IPv4 ones.
         let a = d.apply(&update(
             4,
             false,
             vec![],
-            vec![rm_vtep("b", IpFamily::V6), rm_local(IpFamily::V6)],
+            vec![rm_vtep("b", pb::IpFamily::V6), rm_local(pb::IpFamily::V6)],
         ));
         assert_eq!((a.vteps, a.local_vtep), ([false, true], [false, true]));
-        assert!(d.vteps(Family::V6).is_empty() && d.local_vtep(Family::V6).is_none());
-        assert_eq!(d.vteps(Family::V4).len(), 1);
-        assert!(d.local_vtep(Family::V4).is_some());
-        assert!(!d.uses(Family::V6));
+        assert!(d.vteps(IpFamily::V6).is_empty() && d.local_vtep(IpFamily::V6).is_none());
+        assert_eq!(d.vteps(IpFamily::V4).len(), 1);
+        assert!(d.local_vtep(IpFamily::V4).is_some());
+        assert!(!d.uses(IpFamily::V6));
         // A key without a family names nothing: rejected, nothing removed.
         let a = d.apply(&update(
             5,
             false,
             vec![],
             vec![
-                rm_vtep("b", IpFamily::Unspecified),
-                rm_local(IpFamily::Unspecified),
+                rm_vtep("b", pb::IpFamily::Unspecified),
+                rm_local(pb::IpFamily::Unspecified),
             ],
         ));
         assert_eq!(a.rejected.len(), 2, "{:?}", a.rejected);
-        assert_eq!(d.vteps(Family::V4).len(), 1);
+        assert_eq!(d.vteps(IpFamily::V4).len(), 1);
         // A bad item drops the old value of the family it meant.
         let a = d.apply(&update(
             6,
@@ -1127,7 +1136,7 @@ mod tests {
             vec![],
         ));
         assert_eq!(a.vteps, [true, false]);
-        assert!(d.vteps(Family::V4).is_empty());
+        assert!(d.vteps(IpFamily::V4).is_empty());
         let a = d.apply(&update(
             7,
             false,
@@ -1135,7 +1144,7 @@ mod tests {
             vec![],
         ));
         assert_eq!(a.local_vtep, [true, false]);
-        assert!(d.local_vtep(Family::V4).is_none());
+        assert!(d.local_vtep(IpFamily::V4).is_none());
         // IPv6 needs an MTU of 1280 at least.
         let a = d.apply(&update(
             8,
@@ -1155,7 +1164,7 @@ mod tests {
             vec![pool("10.65.0.0/16", true), pool("fd00:20::/48", true)],
             vec![],
         ));
-        assert!(d.uses(Family::V6) && d.uses(Family::V4));
+        assert!(d.uses(IpFamily::V6) && d.uses(IpFamily::V4));
         let a = d.apply(&update(
             2,
             false,
@@ -1166,20 +1175,20 @@ mod tests {
         ));
         assert!(a.nat);
         assert_eq!(d.pools().len(), 1);
-        assert!(!d.uses(Family::V6));
+        assert!(!d.uses(IpFamily::V6));
     }
 
     #[test]
     fn held_bytes_per_route_stay_small() {
         for (family, make) in [
             (
-                Family::V4,
+                IpFamily::V4,
                 (|i: u32| {
                     let net = std::net::Ipv4Addr::from(0x0A80_0000 + (i << 6));
                     route(&format!("{net}/26"), P::Gateway, "10.0.0.2", "eth0", false)
                 }) as fn(u32) -> DesiredItem,
             ),
-            (Family::V6, |i: u32| {
+            (IpFamily::V6, |i: u32| {
                 let net = std::net::Ipv6Addr::from((0xfd80u128 << 112) | (u128::from(i) << 6));
                 route(&format!("{net}/122"), P::Gateway, "fd00::2", "eth0", false)
             }),
@@ -1189,7 +1198,7 @@ mod tests {
             assert!(a.rejected.is_empty(), "{:?}", &a.rejected[..1]);
             assert_eq!(d.routes().len_of(family), 10_000);
             let per_route = d.route_heap_bytes() / 10_000;
-            let limit = if family == Family::V4 { 40 } else { 64 };
+            let limit = if family == IpFamily::V4 { 40 } else { 64 };
             assert!(per_route < limit, "{family:?}: {per_route} bytes per route");
         }
     }
@@ -1258,8 +1267,12 @@ mod tests {
             ]
         }
 
-        fn fam(v6: bool) -> IpFamily {
-            if v6 { IpFamily::V6 } else { IpFamily::V4 }
+        fn fam(v6: bool) -> pb::IpFamily {
+            if v6 {
+                pb::IpFamily::V6
+            } else {
+                pb::IpFamily::V4
+            }
         }
 
         fn item_of(op: &Op) -> Option<(String, DesiredItem)> {
@@ -1347,8 +1360,8 @@ mod tests {
                     (p.to_string(), text)
                 })
                 .collect();
-            let vteps = Family::ALL.iter().map(|f| d.vteps(*f).len()).sum();
-            let locals = Family::ALL
+            let vteps = IpFamily::ALL.iter().map(|f| d.vteps(*f).len()).sum();
+            let locals = IpFamily::ALL
                 .iter()
                 .filter(|f| d.local_vtep(**f).is_some())
                 .count();
@@ -1401,7 +1414,7 @@ mod tests {
                     let mut reported: Vec<String> = a.routes.iter().map(|p| p.to_string()).collect();
                     reported.sort();
                     prop_assert_eq!(reported, moved);
-                    for f in Family::ALL {
+                    for f in IpFamily::ALL {
                         prop_assert_eq!(d.counts(f).iter().sum::<usize>(), d.routes().len_of(f));
                     }
                 }

@@ -8,10 +8,10 @@
 use std::net::IpAddr;
 
 use host_kernel::netlink::NlError;
+use net_types::IpFamily;
 use proto::mac::Mac;
 
 use super::config::RoutewriterConfig;
-use super::desired::Family;
 use super::kernel::{Kernel, Refusal};
 use super::nat::{NatDesired, Nft};
 use super::nft::{NftError, Tables};
@@ -31,7 +31,7 @@ pub trait Host {
     /// Every route of `family` in `table` (only those through `oif` when given), to `f`.
     fn routes(
         &mut self,
-        family: Family,
+        family: IpFamily,
         table: u32,
         oif: Option<u32>,
         f: impl FnMut(&ActualRoute),
@@ -55,10 +55,10 @@ pub trait Host {
     /// The IPIP device's index, made when missing ([`NlError::Missing`] without IPIP).
     fn ensure_ipip(&mut self, name: &str) -> Result<u32, NlError>;
     /// Every address of `family`: interface index, address, prefix length.
-    fn all_addresses(&mut self, family: Family) -> Result<Vec<(u32, IpAddr, u8)>, NlError>;
+    fn all_addresses(&mut self, family: IpFamily) -> Result<Vec<(u32, IpAddr, u8)>, NlError>;
     fn add_address(&mut self, index: u32, addr: IpAddr, len: u8) -> Result<(), NlError>;
     fn del_address(&mut self, index: u32, addr: IpAddr, len: u8) -> Result<(), NlError>;
-    fn neighbours(&mut self, index: u32, family: Family) -> Result<Vec<ActualNeigh>, NlError>;
+    fn neighbours(&mut self, index: u32, family: IpFamily) -> Result<Vec<ActualNeigh>, NlError>;
     fn fdb(&mut self, index: u32) -> Result<Vec<ActualFdb>, NlError>;
     fn apply_neighbours(&mut self, index: u32, ops: &[NeighOp]) -> Result<Vec<Refusal>, NlError>;
     fn apply_fdb(&mut self, index: u32, ops: &[FdbOp]) -> Result<Vec<Refusal>, NlError>;
@@ -69,7 +69,7 @@ pub trait Host {
     /// something was written. `known`: the tables, when listed (an absent one is not read).
     fn sync_nat(
         &mut self,
-        family: Family,
+        family: IpFamily,
         desired: Option<&NatDesired>,
         known: Option<&Tables>,
     ) -> Result<bool, NftError>;
@@ -85,7 +85,7 @@ pub trait Host {
     fn nft_writes(&self) -> u64;
 
     /// Addresses of `family` on interface `index`.
-    fn addresses(&mut self, index: u32, family: Family) -> Result<Vec<(IpAddr, u8)>, NlError> {
+    fn addresses(&mut self, index: u32, family: IpFamily) -> Result<Vec<(IpAddr, u8)>, NlError> {
         Ok(self
             .all_addresses(family)?
             .into_iter()
@@ -125,7 +125,7 @@ impl Host for System {
     }
     fn routes(
         &mut self,
-        family: Family,
+        family: IpFamily,
         table: u32,
         oif: Option<u32>,
         f: impl FnMut(&ActualRoute),
@@ -158,7 +158,7 @@ impl Host for System {
     fn ensure_ipip(&mut self, name: &str) -> Result<u32, NlError> {
         self.kernel.ensure_ipip(name)
     }
-    fn all_addresses(&mut self, family: Family) -> Result<Vec<(u32, IpAddr, u8)>, NlError> {
+    fn all_addresses(&mut self, family: IpFamily) -> Result<Vec<(u32, IpAddr, u8)>, NlError> {
         self.kernel.all_addresses(family)
     }
     fn add_address(&mut self, index: u32, addr: IpAddr, len: u8) -> Result<(), NlError> {
@@ -167,7 +167,7 @@ impl Host for System {
     fn del_address(&mut self, index: u32, addr: IpAddr, len: u8) -> Result<(), NlError> {
         self.kernel.del_address(index, addr, len)
     }
-    fn neighbours(&mut self, index: u32, family: Family) -> Result<Vec<ActualNeigh>, NlError> {
+    fn neighbours(&mut self, index: u32, family: IpFamily) -> Result<Vec<ActualNeigh>, NlError> {
         self.kernel.neighbours(index, family)
     }
     fn fdb(&mut self, index: u32) -> Result<Vec<ActualFdb>, NlError> {
@@ -185,7 +185,7 @@ impl Host for System {
     }
     fn sync_nat(
         &mut self,
-        family: Family,
+        family: IpFamily,
         desired: Option<&NatDesired>,
         known: Option<&Tables>,
     ) -> Result<bool, NftError> {

@@ -23,6 +23,7 @@ use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::AsRawFd;
 
+use net_types::IpFamily;
 use netlink_packet_core::Emitable;
 use netlink_packet_core::Parseable;
 use netlink_packet_route::AddressFamily;
@@ -41,7 +42,7 @@ use netlink_packet_route::route::{
 };
 use netlink_sys::{Socket, protocols::NETLINK_ROUTE};
 
-use super::desired::{Family, Kind, Prefix};
+use super::desired::{Kind, Prefix};
 use super::reconcile::{
     ActualFdb, ActualLink, ActualNeigh, ActualRoute, DeviceSpec, FdbOp, NeighOp, RouteOp,
     VxlanParams, own_metric, route_scope,
@@ -311,7 +312,7 @@ impl Kernel {
     /// Every route of `family` in `table` (optionally only those through interface `oif`).
     pub fn routes(
         &mut self,
-        family: Family,
+        family: IpFamily,
         table: u32,
         oif: Option<u32>,
         mut f: impl FnMut(&ActualRoute),
@@ -398,7 +399,7 @@ impl Kernel {
             .map(|r| r.index)
             .filter(|&i| {
                 matches!(ops[i], RouteOp::Write { prefix, spec, .. }
-                    if prefix.family() == Family::V6 && spec.onlink)
+                    if prefix.family() == IpFamily::V6 && spec.onlink)
             })
             .collect();
         if again.is_empty() {
@@ -552,7 +553,7 @@ impl Kernel {
     // Addresses
 
     /// Every address of `family`: interface index, address, prefix length.
-    pub fn all_addresses(&mut self, family: Family) -> Result<Vec<(u32, IpAddr, u8)>, NlError> {
+    pub fn all_addresses(&mut self, family: IpFamily) -> Result<Vec<(u32, IpAddr, u8)>, NlError> {
         let mut req = AddressMessage::default();
         req.header.family = address_family(family);
         let mut out = Vec::new();
@@ -578,7 +579,7 @@ impl Kernel {
                     _ => None,
                 })
             });
-            if let Some(a) = addr.filter(|a| Family::of(*a) == family) {
+            if let Some(a) = addr.filter(|a| IpFamily::of(*a) == family) {
                 out.push((m.header.index, a, m.header.prefix_len));
             }
         })?;
@@ -606,7 +607,11 @@ impl Kernel {
     // Neighbours and FDB
 
     /// Neighbour entries of `family` (ARP, NDP) on interface `index`.
-    pub fn neighbours(&mut self, index: u32, family: Family) -> Result<Vec<ActualNeigh>, NlError> {
+    pub fn neighbours(
+        &mut self,
+        index: u32,
+        family: IpFamily,
+    ) -> Result<Vec<ActualNeigh>, NlError> {
         let mut req = NeighbourMessage::default();
         req.header.family = address_family(family);
         let mut out = Vec::new();
@@ -670,7 +675,7 @@ impl Kernel {
         for op in ops {
             let mut m = NeighbourMessage::default();
             let (NeighOp::Set { ip, .. } | NeighOp::Del { ip }) = op;
-            m.header.family = address_family(Family::of(*ip));
+            m.header.family = address_family(IpFamily::of(*ip));
             m.header.ifindex = index;
             m.attributes
                 .push(NeighbourAttribute::Destination(neighbour_address(*ip)));
@@ -933,10 +938,10 @@ fn mac_from(l: &[u8]) -> Option<Mac> {
     l.try_into().ok()
 }
 
-fn address_family(family: Family) -> AddressFamily {
+fn address_family(family: IpFamily) -> AddressFamily {
     match family {
-        Family::V4 => AddressFamily::Inet,
-        Family::V6 => AddressFamily::Inet6,
+        IpFamily::V4 => AddressFamily::Inet,
+        IpFamily::V6 => AddressFamily::Inet6,
     }
 }
 
@@ -1164,7 +1169,7 @@ fn kind_name(k: &InfoKind) -> String {
 
 fn address_msg(index: u32, addr: IpAddr, len: u8) -> AddressMessage {
     let mut m = AddressMessage::default();
-    m.header.family = address_family(Family::of(addr));
+    m.header.family = address_family(IpFamily::of(addr));
     m.header.prefix_len = len;
     m.header.index = index;
     m.header.scope = AddressScope::Universe;

@@ -7,9 +7,11 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use net_types::IpFamily;
 use tokio::net::TcpListener;
 
-use super::desired::{Family, Kind as RouteKind};
+use super::desired::Kind as RouteKind;
+use super::routes::family_label;
 use daemon_common::observe::http;
 use daemon_common::observe::prom::{Exposition, Kind};
 
@@ -70,10 +72,10 @@ impl Metrics {
             for k in RouteKind::ALL {
                 s.routes.insert(k.name(), 0);
             }
-            for f in Family::ALL {
+            for f in IpFamily::ALL {
                 let kinds = RouteKind::ALL.iter().map(|k| (k.name(), 0)).collect();
-                s.routes_by_family.insert(f.name(), kinds);
-                s.vteps.insert(f.name(), 0);
+                s.routes_by_family.insert(family_label(f), kinds);
+                s.vteps.insert(family_label(f), 0);
             }
         }
         Arc::new(m)

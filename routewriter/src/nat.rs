@@ -22,11 +22,11 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use ipnet::IpNet;
+use net_types::IpFamily;
 use serde_json::Value;
 
 pub use super::nft::{Interval, NftError as NatError, merge};
 use super::nft::{NftRunner, Tables, addr_type, elements, interval_of, set_intervals};
-use super::routes::Family;
 
 pub const ALL_SET: &str = "all-pools";
 pub const MASQ_SET: &str = "masq-pools";
@@ -35,14 +35,14 @@ pub const RULE_COMMENT: &str = "margay nat-outgoing";
 
 /// nft's names of a family: the table family (also the payload protocol of the rule's
 /// matches) and the set element type.
-pub fn nft_family(family: Family) -> &'static str {
+pub fn nft_family(family: IpFamily) -> &'static str {
     match family {
-        Family::V4 => "ip",
-        Family::V6 => "ip6",
+        IpFamily::V4 => "ip",
+        IpFamily::V6 => "ip6",
     }
 }
 
-fn set_type(family: Family) -> &'static str {
+fn set_type(family: IpFamily) -> &'static str {
     addr_type(family)
 }
 
@@ -54,8 +54,12 @@ pub struct NatDesired {
 }
 
 /// The desired sets of one family from the pools of both (CIDR → natOutgoing).
-pub fn desired_from_pools(pools: &BTreeMap<IpNet, bool>, family: Family) -> NatDesired {
-    let of_family = || pools.iter().filter(|(n, _)| Family::of(n.addr()) == family);
+pub fn desired_from_pools(pools: &BTreeMap<IpNet, bool>, family: IpFamily) -> NatDesired {
+    let of_family = || {
+        pools
+            .iter()
+            .filter(|(n, _)| IpFamily::of(n.addr()) == family)
+    };
     let all = merge(of_family().map(|(n, _)| interval_of(n)).collect());
     let masq = merge(
         of_family()
@@ -78,7 +82,7 @@ pub struct NatActual {
 }
 
 /// Reads `nft -j list table <ip|ip6> <table>` output.
-pub fn parse_actual(json: &str, family: Family) -> Result<NatActual, String> {
+pub fn parse_actual(json: &str, family: IpFamily) -> Result<NatActual, String> {
     let v: Value = serde_json::from_str(json).map_err(|e| e.to_string())?;
     let items = v
         .get("nftables")
@@ -134,7 +138,7 @@ pub fn parse_actual(json: &str, family: Family) -> Result<NatActual, String> {
     Ok(a)
 }
 
-fn rule_is_ours(rule: &Value, family: Family) -> bool {
+fn rule_is_ours(rule: &Value, family: IpFamily) -> bool {
     if rule.get("comment").and_then(Value::as_str) != Some(RULE_COMMENT) {
         return false;
     }
@@ -166,7 +170,7 @@ fn rule_is_ours(rule: &Value, family: Family) -> bool {
         && fully_random(&expr[2])
 }
 
-fn set_def(name: &str, family: Family, iv: &[Interval]) -> String {
+fn set_def(name: &str, family: IpFamily, iv: &[Interval]) -> String {
     let mut s = format!("  set {name} {{ type {}; flags interval;", set_type(family));
     let e = elements(family, iv);
     if !e.is_empty() {
@@ -176,7 +180,7 @@ fn set_def(name: &str, family: Family, iv: &[Interval]) -> String {
     s
 }
 
-fn rule_text(family: Family) -> String {
+fn rule_text(family: IpFamily) -> String {
     let p = nft_family(family);
     format!(
         "{p} saddr @{MASQ_SET} {p} daddr != @{ALL_SET} masquerade fully-random comment \"{RULE_COMMENT}\""
@@ -187,7 +191,7 @@ fn rule_text(family: Family) -> String {
 /// already agree. `desired` `None`: the table should not exist.
 pub fn plan(
     table: &str,
-    family: Family,
+    family: IpFamily,
     desired: Option<&NatDesired>,
     actual: Option<&NatActual>,
 ) -> Option<String> {
@@ -262,7 +266,7 @@ impl Nft {
     }
 
     /// A family's table as it is; `None` when it does not exist.
-    pub fn read(&self, family: Family) -> Result<Option<NatActual>, NatError> {
+    pub fn read(&self, family: IpFamily) -> Result<Option<NatActual>, NatError> {
         match self.runner.list_table(nft_family(family), &self.table)? {
             None => Ok(None),
             Some(json) => parse_actual(&json, family)
@@ -275,7 +279,7 @@ impl Nft {
     /// `known`: the namespace's tables, when the caller listed them (one absent is not read).
     pub fn sync(
         &mut self,
-        family: Family,
+        family: IpFamily,
         desired: Option<&NatDesired>,
         known: Option<&Tables>,
     ) -> Result<bool, NatError> {
@@ -295,7 +299,7 @@ impl Nft {
 mod tests {
     use super::*;
     use crate::routes::bits_of;
-    use Family::{V4, V6};
+    use IpFamily::{V4, V6};
     use std::net::IpAddr;
 
     fn net(s: &str) -> IpNet {
@@ -544,7 +548,7 @@ mod tests {
 
     #[test]
     fn garbage_from_nft_is_an_error_not_a_panic() {
-        for family in Family::ALL {
+        for family in IpFamily::ALL {
             assert!(parse_actual("", family).is_err());
             assert!(parse_actual("{}", family).is_err());
             assert!(

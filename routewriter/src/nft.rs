@@ -13,9 +13,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use ipnet::IpNet;
+use net_types::IpFamily;
 use serde_json::Value;
 
-use super::routes::{Family, bits_of, host_mask};
+use super::routes::{bits_of, host_mask};
 
 #[derive(Debug, thiserror::Error)]
 pub enum NftError {
@@ -147,20 +148,20 @@ impl Tables {
 }
 
 /// nft's set element type of a family's addresses.
-pub fn addr_type(family: Family) -> &'static str {
+pub fn addr_type(family: IpFamily) -> &'static str {
     match family {
-        Family::V4 => "ipv4_addr",
-        Family::V6 => "ipv6_addr",
+        IpFamily::V4 => "ipv4_addr",
+        IpFamily::V6 => "ipv6_addr",
     }
 }
 
 /// An inclusive range of addresses of one family, as integers (IPv4 in the low 32 bits).
 pub type Interval = (u128, u128);
 
-fn from_bits(family: Family, bits: u128) -> IpAddr {
+fn from_bits(family: IpFamily, bits: u128) -> IpAddr {
     match family {
-        Family::V4 => IpAddr::V4(Ipv4Addr::from(bits as u32)),
-        Family::V6 => IpAddr::V6(Ipv6Addr::from(bits)),
+        IpFamily::V4 => IpAddr::V4(Ipv4Addr::from(bits as u32)),
+        IpFamily::V6 => IpAddr::V6(Ipv6Addr::from(bits)),
     }
 }
 
@@ -182,7 +183,7 @@ pub fn merge(mut v: Vec<Interval>) -> Vec<Interval> {
 }
 
 /// Intervals as nft elements: aligned prefixes, written "address/len".
-pub fn elements(family: Family, iv: &[Interval]) -> Vec<String> {
+pub fn elements(family: IpFamily, iv: &[Interval]) -> Vec<String> {
     let width = family.bits();
     let mut out = Vec::new();
     for &(mut a, b) in iv {
@@ -208,14 +209,14 @@ pub fn elements(family: Family, iv: &[Interval]) -> Vec<String> {
 }
 
 /// One element of an interval set as `nft -j` lists it (an address, a prefix or a range).
-pub fn element_interval(e: &Value, family: Family) -> Option<Interval> {
+pub fn element_interval(e: &Value, family: IpFamily) -> Option<Interval> {
     // Elements with options come wrapped: {"elem": {"val": ...}}.
     if let Some(inner) = e.get("elem").and_then(|x| x.get("val")) {
         return element_interval(inner, family);
     }
     let addr = |v: &Value| -> Option<IpAddr> {
         let a: IpAddr = v.as_str()?.parse().ok()?;
-        (Family::of(a) == family).then_some(a)
+        (IpFamily::of(a) == family).then_some(a)
     };
     if e.is_string() {
         let a = bits_of(addr(e)?);
@@ -234,7 +235,7 @@ pub fn element_interval(e: &Value, family: Family) -> Option<Interval> {
 }
 
 /// The intervals of a set as `nft -j` lists it.
-pub fn set_intervals(set: &Value, family: Family) -> Vec<Interval> {
+pub fn set_intervals(set: &Value, family: IpFamily) -> Vec<Interval> {
     merge(
         set.get("elem")
             .and_then(Value::as_array)

@@ -22,7 +22,9 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 
-use super::desired::{DevId, Family, Kind, Prefix, RouteSpec, Routes, VtepSpec};
+use net_types::IpFamily;
+
+use super::desired::{DevId, Kind, Prefix, RouteSpec, Routes, VtepSpec};
 use proto::mac::Mac;
 
 /// Kernel route types and scopes (rtnetlink.h) this module compares against.
@@ -33,18 +35,18 @@ pub const RT_SCOPE_LINK: u8 = 253;
 
 /// The metric a family's desired routes sit at: IPv4 takes 0; IPv6 turns 0 into 1024
 /// (IP6_RT_PRIO_USER), so routewriter writes 1024 itself and owns that metric.
-pub fn own_metric(family: Family) -> u32 {
+pub fn own_metric(family: IpFamily) -> u32 {
     match family {
-        Family::V4 => 0,
-        Family::V6 => 1024,
+        IpFamily::V4 => 0,
+        IpFamily::V6 => 1024,
     }
 }
 
 /// The scope a route of `kind` is written with and read back as: a workload route is link
 /// scope in IPv4; IPv6 routes have no scope (the kernel reports universe for all of them).
-pub fn route_scope(kind: Kind, family: Family) -> u8 {
+pub fn route_scope(kind: Kind, family: IpFamily) -> u8 {
     match (kind, family) {
-        (Kind::Workload, Family::V4) => RT_SCOPE_LINK,
+        (Kind::Workload, IpFamily::V4) => RT_SCOPE_LINK,
         _ => RT_SCOPE_UNIVERSE,
     }
 }
@@ -462,12 +464,12 @@ pub type Addr = (IpAddr, u8);
 /// /128) and nothing else. What to add, and what to remove. Addresses of the other family and
 /// IPv6 link-local ones are the kernel's (every IPv6 link makes one) and never touched.
 pub fn diff_addresses(
-    family: Family,
+    family: IpFamily,
     want: Option<IpAddr>,
     have: &[Addr],
 ) -> (Option<Addr>, Vec<Addr>) {
     let want = want.map(|a| (a, family.bits()));
-    let ours = |(a, _): &&Addr| Family::of(*a) == family && !is_link_local(*a);
+    let ours = |(a, _): &&Addr| IpFamily::of(*a) == family && !is_link_local(*a);
     let add = want.filter(|w| !have.contains(w));
     let del = have
         .iter()
@@ -1058,8 +1060,8 @@ mod tests {
         };
         assert_eq!(diff_routes(&Routes::default(), &[kernel], &ctx()), vec![]);
         // IPv6 workload routes read as universe scope; an IPv4 one must be link scope.
-        assert_eq!(route_scope(Kind::Workload, Family::V6), RT_SCOPE_UNIVERSE);
-        assert_eq!(route_scope(Kind::Workload, Family::V4), RT_SCOPE_LINK);
+        assert_eq!(route_scope(Kind::Workload, IpFamily::V6), RT_SCOPE_UNIVERSE);
+        assert_eq!(route_scope(Kind::Workload, IpFamily::V4), RT_SCOPE_LINK);
         assert!(!route_matches(
             &work6,
             2,
@@ -1097,7 +1099,7 @@ mod tests {
                         scope: route_scope(spec.kind, family),
                         gateway: spec.gateway(),
                         // The kernel puts an IPv6 blackhole on lo.
-                        oif: if spec.kind == Kind::Blackhole && family == Family::V6 {
+                        oif: if spec.kind == Kind::Blackhole && family == IpFamily::V6 {
                             1
                         } else {
                             *oif
@@ -1294,7 +1296,7 @@ mod tests {
 
     #[test]
     fn address_diff() {
-        let v4 = Family::V4;
+        let v4 = IpFamily::V4;
         let t = ip("10.65.0.0");
         assert_eq!(diff_addresses(v4, Some(t), &[(t, 32)]), (None, vec![]));
         assert_eq!(diff_addresses(v4, Some(t), &[]), (Some((t, 32)), vec![]));
@@ -1305,7 +1307,7 @@ mod tests {
         assert_eq!(diff_addresses(v4, None, &[(t, 32)]), (None, vec![(t, 32)]));
         // The IPv6 device: a /128; the kernel's link-local address (and any IPv4 one, which
         // is not this device's family) stay.
-        let v6 = Family::V6;
+        let v6 = IpFamily::V6;
         let t6 = ip("fd00:20::1");
         let ll = (ip("fe80::6466:1ff:fe02:304"), 64);
         assert_eq!(

@@ -1,6 +1,6 @@
-//! The desired routes of both families, held compactly (sans-IO): the address family, the
-//! prefix and route types every other module uses, the interned device names, and the
-//! per-family table behind them.
+//! The desired routes of both families, held compactly (sans-IO): the family's label and its
+//! contract value, the prefix and route types every other module uses, the interned device
+//! names, and the per-family table behind them.
 //!
 //! Why this file is long: the family-generic prefix and the compact table of both families are
 //! one mechanism, with the tests that pin their layout and behaviour.
@@ -19,59 +19,30 @@ use std::hash::Hash;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use ipnet::IpNet;
+use net_types::IpFamily;
 
-/// An address family. Each has its own table, VXLAN device, NAT table and forwarding sysctl.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
-pub enum Family {
-    V4 = 0,
-    V6 = 1,
+/// The family's lowercase token: routewriter's metrics labels, status keys and logs say
+/// "ipv4" / "ipv6".
+pub fn family_label(family: IpFamily) -> &'static str {
+    match family {
+        IpFamily::V4 => "ipv4",
+        IpFamily::V6 => "ipv6",
+    }
 }
 
-impl Family {
-    pub const ALL: [Family; 2] = [Family::V4, Family::V6];
-
-    /// For arrays indexed by family.
-    pub fn index(self) -> usize {
-        self as usize
+/// The family of the contract's enum value; `None` for unspecified or unknown.
+pub fn family_from_proto(value: i32) -> Option<IpFamily> {
+    match proto::v1::IpFamily::try_from(value) {
+        Ok(proto::v1::IpFamily::V4) => Some(IpFamily::V4),
+        Ok(proto::v1::IpFamily::V6) => Some(IpFamily::V6),
+        _ => None,
     }
+}
 
-    pub fn of(ip: IpAddr) -> Family {
-        match ip {
-            IpAddr::V4(_) => Family::V4,
-            IpAddr::V6(_) => Family::V6,
-        }
-    }
-
-    /// "ipv4" or "ipv6" (metrics labels, status, logs).
-    pub fn name(self) -> &'static str {
-        match self {
-            Family::V4 => "ipv4",
-            Family::V6 => "ipv6",
-        }
-    }
-
-    /// Bits of an address.
-    pub fn bits(self) -> u8 {
-        match self {
-            Family::V4 => 32,
-            Family::V6 => 128,
-        }
-    }
-
-    /// The family of the contract's enum value; `None` for unspecified or unknown.
-    pub fn from_proto(value: i32) -> Option<Family> {
-        match proto::v1::IpFamily::try_from(value) {
-            Ok(proto::v1::IpFamily::V4) => Some(Family::V4),
-            Ok(proto::v1::IpFamily::V6) => Some(Family::V6),
-            _ => None,
-        }
-    }
-
-    pub fn to_proto(self) -> proto::v1::IpFamily {
-        match self {
-            Family::V4 => proto::v1::IpFamily::V4,
-            Family::V6 => proto::v1::IpFamily::V6,
-        }
+pub fn family_to_proto(family: IpFamily) -> proto::v1::IpFamily {
+    match family {
+        IpFamily::V4 => proto::v1::IpFamily::V4,
+        IpFamily::V6 => proto::v1::IpFamily::V6,
     }
 }
 
@@ -104,7 +75,7 @@ pub(crate) fn host_mask(width: u8, len: u8) -> u128 {
 impl Prefix {
     /// The prefix, or `None` when `len` is over the family's width or host bits are set.
     pub fn new(addr: IpAddr, len: u8) -> Option<Self> {
-        let width = Family::of(addr).bits();
+        let width = IpFamily::of(addr).bits();
         if len > width {
             return None;
         }
@@ -115,7 +86,7 @@ impl Prefix {
     pub fn host(addr: IpAddr) -> Self {
         Prefix {
             addr,
-            len: Family::of(addr).bits(),
+            len: IpFamily::of(addr).bits(),
         }
     }
 
@@ -127,8 +98,8 @@ impl Prefix {
         self.len
     }
 
-    pub fn family(&self) -> Family {
-        Family::of(self.addr)
+    pub fn family(&self) -> IpFamily {
+        IpFamily::of(self.addr)
     }
 
     /// "10.0.0.0/26", "fd00::/122", or a bare address for a host route.
@@ -146,11 +117,11 @@ impl Prefix {
         let ip: IpAddr = addr
             .parse()
             .map_err(|_| format!("{s:?} is not an IP prefix"))?;
-        let len = len.unwrap_or(Family::of(ip).bits());
+        let len = len.unwrap_or(IpFamily::of(ip).bits());
         Prefix::new(ip, len).ok_or_else(|| {
             format!(
                 "{s} has host bits set or a length over {} (the kernel refuses it)",
-                Family::of(ip).bits()
+                IpFamily::of(ip).bits()
             )
         })
     }
@@ -502,8 +473,8 @@ impl fmt::Debug for Routes {
 impl Routes {
     pub fn get(&self, p: &Prefix) -> Option<RouteSpec> {
         match p.family() {
-            Family::V4 => self.v4.get(p),
-            Family::V6 => self.v6.get(p),
+            IpFamily::V4 => self.v4.get(p),
+            IpFamily::V6 => self.v6.get(p),
         }
     }
 
@@ -515,16 +486,16 @@ impl Routes {
     /// refused (the parser never makes one).
     pub fn insert(&mut self, p: Prefix, spec: RouteSpec) -> Result<Option<RouteSpec>, String> {
         let r = match p.family() {
-            Family::V4 => self.v4.insert(&p, &spec),
-            Family::V6 => self.v6.insert(&p, &spec),
+            IpFamily::V4 => self.v4.insert(&p, &spec),
+            IpFamily::V6 => self.v6.insert(&p, &spec),
         };
         r.map_err(|()| format!("route {p}: its gateway is not of the prefix's family"))
     }
 
     pub fn remove(&mut self, p: &Prefix) -> Option<RouteSpec> {
         match p.family() {
-            Family::V4 => self.v4.remove(p),
-            Family::V6 => self.v6.remove(p),
+            IpFamily::V4 => self.v4.remove(p),
+            IpFamily::V6 => self.v6.remove(p),
         }
     }
 
@@ -532,10 +503,10 @@ impl Routes {
         self.v4.map.len() + self.v6.map.len()
     }
 
-    pub fn len_of(&self, family: Family) -> usize {
+    pub fn len_of(&self, family: IpFamily) -> usize {
         match family {
-            Family::V4 => self.v4.map.len(),
-            Family::V6 => self.v6.map.len(),
+            IpFamily::V4 => self.v4.map.len(),
+            IpFamily::V6 => self.v6.map.len(),
         }
     }
 
@@ -549,18 +520,18 @@ impl Routes {
     }
 
     /// One family's routes, in no particular order.
-    pub fn iter_of(&self, family: Family) -> Box<dyn Iterator<Item = (Prefix, RouteSpec)> + '_> {
+    pub fn iter_of(&self, family: IpFamily) -> Box<dyn Iterator<Item = (Prefix, RouteSpec)> + '_> {
         match family {
-            Family::V4 => Box::new(self.v4.iter()),
-            Family::V6 => Box::new(self.v6.iter()),
+            IpFamily::V4 => Box::new(self.v4.iter()),
+            IpFamily::V6 => Box::new(self.v6.iter()),
         }
     }
 
     /// Room for `n` more routes of `family`.
-    pub fn reserve(&mut self, family: Family, n: usize) {
+    pub fn reserve(&mut self, family: IpFamily, n: usize) {
         match family {
-            Family::V4 => self.v4.map.reserve(n),
-            Family::V6 => self.v6.map.reserve(n),
+            IpFamily::V4 => self.v4.map.reserve(n),
+            IpFamily::V6 => self.v6.map.reserve(n),
         }
     }
 
@@ -589,7 +560,7 @@ mod tests {
         assert_eq!(p("0.0.0.0/0").to_string(), "0.0.0.0/0");
         assert_eq!(p("fd00:20::40/122").to_string(), "fd00:20::40/122");
         assert_eq!(p("fd00:20::5").prefix_len(), 128);
-        assert_eq!(p("::/0").family(), Family::V6);
+        assert_eq!(p("::/0").family(), IpFamily::V6);
         assert_eq!(p("fd00::/8").net(), "fd00::/8".parse::<IpNet>().unwrap());
         for bad in [
             "10.0.0.1/26",
@@ -644,7 +615,7 @@ mod tests {
         for (prefix, spec) in &cases {
             assert_eq!(r.insert(*prefix, *spec), Ok(None));
         }
-        assert_eq!((r.len_of(Family::V4), r.len_of(Family::V6)), (2, 3));
+        assert_eq!((r.len_of(IpFamily::V4), r.len_of(IpFamily::V6)), (2, 3));
         for (prefix, spec) in &cases {
             assert_eq!(r.get(prefix), Some(*spec), "{prefix}");
         }

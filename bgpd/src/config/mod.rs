@@ -358,7 +358,8 @@ impl BfdConfig {
     }
 }
 
-/// An address family a BGP session can carry (unicast).
+/// An address family a BGP session can carry (unicast), as the user writes it in `families`:
+/// an AFI/SAFI to negotiate, not an address's family (`datastore::model::IpFamily`).
 #[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "lowercase")]
 pub enum AddressFamily {
@@ -498,12 +499,15 @@ impl Config {
                     format!("peer {}: AS 0 is reserved", p.address),
                 ));
             }
-            if matches!(p.local_as, Some(0 | 23456 | 4294967295)) {
+            if p.local_as
+                .is_some_and(|a| net_types::asn::is_reserved(a) || a == u32::MAX)
+            {
                 return Err(field(
                     "bgp.peers",
                     format!(
-                        "peer {}: local_as cannot be 0, AS_TRANS 23456 or 4294967295",
-                        p.address
+                        "peer {}: local_as cannot be 0, AS_TRANS {} or 4294967295",
+                        p.address,
+                        net_types::asn::AS_TRANS
                     ),
                 ));
             }

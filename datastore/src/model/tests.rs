@@ -462,7 +462,11 @@ fn bgp_configuration_services_and_communities() {
             "prefix_advertisements[0].communities",
             "51 communities: at most 50 per prefix",
         ),
-        (Box::new(|c| c.as_number = 23456), "as_number", "AS_TRANS"),
+        (
+            Box::new(|c| c.as_number = AS_TRANS),
+            "as_number",
+            "AS_TRANS",
+        ),
     ];
     for (change, path, reason) in cases {
         let mut c = config();
@@ -529,7 +533,7 @@ fn bgp_peer_calico_session_options() {
             "reserved",
         ),
         (
-            Box::new(|p| p.local_as_number = Some(23456)),
+            Box::new(|p| p.local_as_number = Some(AS_TRANS)),
             "local_as_number",
             "AS_TRANS",
         ),

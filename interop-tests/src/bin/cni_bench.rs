@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use cni_lab::{Call, Node, POOLS_V4, POOLS_V6};
+use datastore::model::IpFamily;
 use interop_tests::bench::{ms, percentile};
 use interop_tests::lab::netns::Netns;
 use serde_json::{Value, json};
@@ -42,40 +43,38 @@ struct Chain {
     conf: Value,
 }
 
-/// The address families a pod gets.
+/// The address families a pod gets: one, or one address of each (dual stack).
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Family {
-    V4,
-    V6,
+enum PodFamilies {
+    One(IpFamily),
     Dual,
 }
 
-impl Family {
-    const ALL: [Family; 3] = [Family::V4, Family::V6, Family::Dual];
+impl PodFamilies {
+    const ALL: [PodFamilies; 3] = [
+        PodFamilies::One(IpFamily::V4),
+        PodFamilies::One(IpFamily::V6),
+        PodFamilies::Dual,
+    ];
 
     fn name(self) -> &'static str {
         match self {
-            Family::V4 => "IPv4",
-            Family::V6 => "IPv6",
-            Family::Dual => "dual",
+            PodFamilies::One(family) => family.name(),
+            PodFamilies::Dual => "dual",
         }
     }
 
-    fn v4(self) -> bool {
-        self != Family::V6
+    fn has(self, family: IpFamily) -> bool {
+        self == PodFamilies::Dual || self == PodFamilies::One(family)
     }
 
-    fn v6(self) -> bool {
-        self != Family::V4
-    }
-
-    /// host-local's ranges for the family.
+    /// host-local's ranges for these families.
     fn host_local_ranges(self) -> Value {
         let mut ranges = Vec::new();
-        if self.v4() {
+        if self.has(IpFamily::V4) {
             ranges.push(json!([{"subnet": "10.200.0.0/16"}]));
         }
-        if self.v6() {
+        if self.has(IpFamily::V6) {
             ranges.push(json!([{"subnet": "fd00:200::/64"}]));
         }
         Value::Array(ranges)
@@ -84,7 +83,7 @@ impl Family {
 
 struct Row {
     chain: &'static str,
-    family: Family,
+    family: PodFamilies,
     parallel: usize,
     add: Vec<Duration>,
     del: Vec<Duration>,
@@ -124,7 +123,7 @@ fn run(args: &Args) -> Result<(), String> {
         .collect::<Result<_, _>>()?;
 
     let mut rows = Vec::new();
-    for family in Family::ALL {
+    for family in PodFamilies::ALL {
         let chains = chains(&node, family, work.path());
         // Warm up: page cache, bgpd's first block claim, host-local's directory.
         for (c, chain) in chains.iter().enumerate() {
@@ -160,12 +159,12 @@ fn run(args: &Args) -> Result<(), String> {
 }
 
 /// The three chains, configured for `family`.
-fn chains(node: &Node, family: Family, work: &std::path::Path) -> [Chain; 3] {
+fn chains(node: &Node, family: PodFamilies, work: &std::path::Path) -> [Chain; 3] {
     let mut ours = node.conf("1.0.0");
     ours["log_level"] = json!("info");
     ours["log_file_path"] = json!(work.join("margay.log"));
-    ours["ipam"]["assign_ipv4"] = json!(family.v4());
-    ours["ipam"]["assign_ipv6"] = json!(family.v6());
+    ours["ipam"]["assign_ipv4"] = json!(family.has(IpFamily::V4));
+    ours["ipam"]["assign_ipv6"] = json!(family.has(IpFamily::V6));
     [
         Chain {
             name: "margay + margay-ipam",
@@ -188,7 +187,8 @@ fn chains(node: &Node, family: Family, work: &std::path::Path) -> [Chain; 3] {
                 "cniVersion": "1.0.0", "name": "bench-ptp", "type": "ptp", "mtu": 1450,
                 "nodename": "test-node",
                 "ipam": {"type": "margay-ipam", "socket": node.daemon.socket,
-                         "assign_ipv4": family.v4(), "assign_ipv6": family.v6()}
+                         "assign_ipv4": family.has(IpFamily::V4),
+                         "assign_ipv6": family.has(IpFamily::V6)}
             }),
         },
     ]
@@ -247,7 +247,7 @@ fn batch(
 fn run_interleaved(
     node: &Node,
     chains: &[Chain],
-    family: Family,
+    family: PodFamilies,
     namespaces: &[Vec<Netns>],
     parallel: usize,
 ) -> Result<Vec<Row>, String> {
@@ -317,7 +317,7 @@ fn print_table(rows: &[Row], pods: usize) {
         stats.push((r.chain, r.family, r.parallel, s, r.add_rate));
     }
     println!();
-    for family in Family::ALL {
+    for family in PodFamilies::ALL {
         for parallel in [1, 8] {
             let find = |name: &str| {
                 stats

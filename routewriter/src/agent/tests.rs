@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use host_kernel::netlink::{NlError, Nlmsgerr};
 use host_kernel::sysctl::{FORWARDING_V4, FORWARDING_V6, Sysctls};
+use net_types::IpFamily;
 use proto::mac::Mac;
 use proto::v1::desired_item::Item;
 use proto::v1::{
@@ -22,7 +23,7 @@ use proto::v1::{
 
 use super::Agent;
 use crate::config::RoutewriterConfig;
-use crate::desired::{Family, Kind, Prefix};
+use crate::desired::{Kind, Prefix};
 use crate::host::Host;
 use crate::kernel::Refusal;
 use crate::metrics::Metrics;
@@ -39,12 +40,12 @@ use crate::reconcile::{
 #[derive(Debug, Clone, PartialEq)]
 enum Call {
     Links,
-    Routes(Family, Option<u32>),
+    Routes(IpFamily, Option<u32>),
     /// The route batch, each op in words (see [`op`]).
     Apply(Vec<String>),
     /// natOutgoing of a family: masquerading pools desired (`None`: table removed), and
     /// whether the tables had been listed.
-    Nat(Family, Option<usize>, bool),
+    Nat(IpFamily, Option<usize>, bool),
     /// The policy table: read back from the kernel, interfaces with rules.
     Policy(bool, usize),
 }
@@ -131,7 +132,7 @@ impl Host for Fake {
     }
     fn routes(
         &mut self,
-        family: Family,
+        family: IpFamily,
         table: u32,
         oif: Option<u32>,
         mut f: impl FnMut(&ActualRoute),
@@ -199,7 +200,7 @@ impl Host for Fake {
     fn ensure_ipip(&mut self, name: &str) -> Result<u32, NlError> {
         panic!("{name} asked for, but no IPIP route is desired in these tests")
     }
-    fn all_addresses(&mut self, _: Family) -> Result<Vec<(u32, IpAddr, u8)>, NlError> {
+    fn all_addresses(&mut self, _: IpFamily) -> Result<Vec<(u32, IpAddr, u8)>, NlError> {
         Ok(vec![])
     }
     fn add_address(&mut self, index: u32, addr: IpAddr, _: u8) -> Result<(), NlError> {
@@ -208,7 +209,7 @@ impl Host for Fake {
     fn del_address(&mut self, index: u32, addr: IpAddr, _: u8) -> Result<(), NlError> {
         panic!("{addr} removed from link {index} without a device")
     }
-    fn neighbours(&mut self, _: u32, _: Family) -> Result<Vec<ActualNeigh>, NlError> {
+    fn neighbours(&mut self, _: u32, _: IpFamily) -> Result<Vec<ActualNeigh>, NlError> {
         Ok(vec![])
     }
     fn fdb(&mut self, _: u32) -> Result<Vec<ActualFdb>, NlError> {
@@ -226,7 +227,7 @@ impl Host for Fake {
     }
     fn sync_nat(
         &mut self,
-        family: Family,
+        family: IpFamily,
         desired: Option<&NatDesired>,
         known: Option<&Tables>,
     ) -> Result<bool, NftError> {
@@ -339,8 +340,8 @@ fn nothing_is_written_before_the_first_snapshot_then_it_converges_once() {
         calls,
         vec![
             Call::Links,
-            Call::Routes(Family::V4, None),
-            Call::Routes(Family::V6, None),
+            Call::Routes(IpFamily::V4, None),
+            Call::Routes(IpFamily::V6, None),
             Call::Apply(vec![
                 "write 10.65.0.0/26 oif 0 Missing".into(),
                 "write 10.65.0.64/26 oif 0 Missing".into(),
@@ -440,8 +441,8 @@ fn lost_notifications_bring_a_full_resync() {
         a.host.take(),
         vec![
             Call::Links,
-            Call::Routes(Family::V4, None),
-            Call::Routes(Family::V6, None),
+            Call::Routes(IpFamily::V4, None),
+            Call::Routes(IpFamily::V6, None),
             Call::Apply(vec![
                 "write 10.65.0.0/26 oif 0 Missing".into(),
                 "write 10.65.0.64/26 oif 0 Missing".into(),
@@ -518,9 +519,9 @@ fn a_dump_interrupted_three_times_leaves_a_full_resync_for_the_next_retry() {
         a.host.take(),
         vec![
             Call::Links,
-            Call::Routes(Family::V4, None),
-            Call::Routes(Family::V4, None),
-            Call::Routes(Family::V4, None),
+            Call::Routes(IpFamily::V4, None),
+            Call::Routes(IpFamily::V4, None),
+            Call::Routes(IpFamily::V4, None),
         ]
     );
     assert!(a.need_full);
@@ -530,8 +531,8 @@ fn a_dump_interrupted_three_times_leaves_a_full_resync_for_the_next_retry() {
         a.host.take(),
         vec![
             Call::Links,
-            Call::Routes(Family::V4, None),
-            Call::Routes(Family::V6, None),
+            Call::Routes(IpFamily::V4, None),
+            Call::Routes(IpFamily::V6, None),
             Call::Apply(vec!["write 10.65.0.0/26 oif 0 Missing".into()]),
         ]
     );
@@ -621,8 +622,8 @@ fn nat_follows_the_pools_of_each_family() {
     assert_eq!(
         nat,
         vec![
-            Call::Nat(Family::V4, Some(1), true),
-            Call::Nat(Family::V6, None, true)
+            Call::Nat(IpFamily::V4, Some(1), true),
+            Call::Nat(IpFamily::V6, None, true)
         ]
     );
 
@@ -630,8 +631,8 @@ fn nat_follows_the_pools_of_each_family() {
     assert_eq!(
         a.host.take(),
         vec![
-            Call::Nat(Family::V4, Some(1), false),
-            Call::Nat(Family::V6, Some(1), false)
+            Call::Nat(IpFamily::V4, Some(1), false),
+            Call::Nat(IpFamily::V6, Some(1), false)
         ]
     );
 }
@@ -665,8 +666,8 @@ fn a_new_workload_interface_keeps_its_routes_for_the_grace_period() {
     assert_eq!(
         a.host.take(),
         vec![
-            Call::Routes(Family::V4, Some(7)),
-            Call::Routes(Family::V6, Some(7)),
+            Call::Routes(IpFamily::V4, Some(7)),
+            Call::Routes(IpFamily::V6, Some(7)),
             Call::Apply(vec!["delete 10.65.0.5/32 proto 80".into()]),
         ]
     );

@@ -4,16 +4,16 @@
 
 use std::collections::BTreeMap;
 
+use net_types::IpFamily;
 use serde_json::Value;
 
 use super::render::BASE_CHAIN;
 use crate::nft::{Interval, set_intervals};
-use crate::routes::Family;
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Actual {
     /// Set name → its family (`None`: not an interval set of addresses) and elements.
-    pub sets: BTreeMap<String, (Option<Family>, Vec<Interval>)>,
+    pub sets: BTreeMap<String, (Option<IpFamily>, Vec<Interval>)>,
     /// Map name → whether it maps interface names to verdicts, and its elements (interface →
     /// the chain it jumps to; another verdict reads as "").
     pub maps: BTreeMap<String, (bool, BTreeMap<String, String>)>,
@@ -27,14 +27,14 @@ fn str_of<'a>(v: &'a Value, k: &str) -> Option<&'a str> {
     v.get(k).and_then(Value::as_str)
 }
 
-fn set_family(set: &Value) -> Option<Family> {
+fn set_family(set: &Value) -> Option<IpFamily> {
     let interval = set
         .get("flags")
         .and_then(Value::as_array)
         .is_some_and(|f| f.iter().any(|x| x.as_str() == Some("interval")));
     match (str_of(set, "type"), interval) {
-        (Some("ipv4_addr"), true) => Some(Family::V4),
-        (Some("ipv6_addr"), true) => Some(Family::V6),
+        (Some("ipv4_addr"), true) => Some(IpFamily::V4),
+        (Some("ipv6_addr"), true) => Some(IpFamily::V6),
         _ => None,
     }
 }
@@ -125,11 +125,11 @@ mod tests {
         assert_eq!(
             a.sets["p-a-v4"],
             (
-                Some(Family::V4),
+                Some(IpFamily::V4),
                 vec![(0x0a00_0000, 0x0a00_00ff), (0x0a01_0001, 0x0a01_0001)]
             )
         );
-        assert_eq!(a.sets["p-a-v6"], (Some(Family::V6), vec![]));
+        assert_eq!(a.sets["p-a-v6"], (Some(IpFamily::V6), vec![]));
         assert_eq!(a.maps["to-endpoint"].1["cali1"], "ingress-cali1");
         assert!(a.maps["from-endpoint"].0 && a.maps["from-endpoint"].1.is_empty());
         assert_eq!(a.chains["forward"], vec!["margay: established and related"]);

@@ -27,10 +27,10 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use ipnet::IpNet;
+use net_types::IpFamily;
 use proto::v1 as pb;
 
 use super::nft::{Interval, NftError, NftRunner, Tables, interval_of, merge};
-use super::routes::Family;
 
 /// The table's family and default name.
 pub const FAMILY: &str = "inet";
@@ -67,7 +67,7 @@ pub struct RuleSpec {
     pub not_icmp_type: Option<u8>,
     pub not_icmp_code: Option<u8>,
     /// Only packets of this family.
-    pub family: Option<Family>,
+    pub family: Option<IpFamily>,
     pub origin: String,
 }
 
@@ -92,7 +92,7 @@ pub struct EndpointRules {
     pub egress: Option<Vec<RuleSpec>>,
 }
 
-/// A set's members, per family ([`Family::index`]), merged.
+/// A set's members, per family ([`IpFamily::index`]), merged.
 pub type SetMembers = [Vec<Interval>; 2];
 
 /// What the stream asks of the policy table.
@@ -177,8 +177,8 @@ fn parse_rule(r: &pb::PolicyRule) -> Result<RuleSpec, String> {
         not_icmp_code: byte("not icmp code", r.not_icmp_code).map_err(e)?,
         family: match r.ip_version {
             None => None,
-            Some(4) => Some(Family::V4),
-            Some(6) => Some(Family::V6),
+            Some(4) => Some(IpFamily::V4),
+            Some(6) => Some(IpFamily::V6),
             Some(v) => return Err(e(format!("ip version {v} is neither 4 nor 6"))),
         },
         origin: r.origin.clone(),
@@ -224,7 +224,7 @@ pub fn parse_set(s: &pb::PolicySet) -> Result<(String, SetMembers), String> {
             .parse()
             .or_else(|_| m.parse::<std::net::IpAddr>().map(IpNet::from))
             .map_err(|_| format!("policy set {}: {m:?} is not an address or CIDR", s.name))?;
-        members[Family::of(net.addr()).index()].push(interval_of(&net.trunc()));
+        members[IpFamily::of(net.addr()).index()].push(interval_of(&net.trunc()));
     }
     Ok((s.name.clone(), members.map(merge)))
 }

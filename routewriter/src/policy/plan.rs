@@ -6,11 +6,12 @@
 
 use std::fmt::Write;
 
+use net_types::IpFamily;
+
 use super::FAMILY;
 use super::actual::Actual;
 use super::render::{BASE_CHAIN, BASE_RULES, FROM_MAP, Rendered, RenderedRule, TO_MAP};
 use crate::nft::{addr_type, elements};
-use crate::routes::Family;
 
 /// The nft script that makes `have` into `want`; `None` when they agree.
 pub fn plan(table: &str, want: &Rendered, have: Option<&Actual>) -> Option<String> {
@@ -44,7 +45,7 @@ fn frame_intact(want: &Rendered, have: &Actual) -> bool {
         })
 }
 
-fn set_elements(table: &str, name: &str, family: Family, iv: &[crate::nft::Interval]) -> String {
+fn set_elements(table: &str, name: &str, family: IpFamily, iv: &[crate::nft::Interval]) -> String {
     let e = elements(family, iv);
     if e.is_empty() {
         String::new()

@@ -11,9 +11,10 @@
 use std::collections::BTreeMap;
 use std::fmt::Write;
 
+use net_types::IpFamily;
+
 use super::{Action, EndpointRules, PolicyState, Ports, RuleSpec, SetMembers};
 use crate::nft::Interval;
-use crate::routes::Family;
 
 pub const BASE_CHAIN: &str = "forward";
 pub const FROM_MAP: &str = "from-endpoint";
@@ -80,7 +81,7 @@ impl RenderedRule {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Rendered {
     /// nft set name (`<set>-v4`, `<set>-v6`) → family and elements.
-    pub sets: BTreeMap<String, (Family, Vec<Interval>)>,
+    pub sets: BTreeMap<String, (IpFamily, Vec<Interval>)>,
     /// Endpoint chains by name.
     pub chains: BTreeMap<String, Vec<RenderedRule>>,
     /// Interface → chain, for `from-endpoint` (egress) and `to-endpoint` (ingress).
@@ -113,10 +114,10 @@ fn clean(s: &str, max: usize) -> String {
         .collect()
 }
 
-pub fn set_name(set: &str, family: Family) -> String {
+pub fn set_name(set: &str, family: IpFamily) -> String {
     match family {
-        Family::V4 => format!("{set}-v4"),
-        Family::V6 => format!("{set}-v6"),
+        IpFamily::V4 => format!("{set}-v4"),
+        IpFamily::V6 => format!("{set}-v6"),
     }
 }
 
@@ -147,22 +148,22 @@ fn port_list(p: &[Ports]) -> String {
 }
 
 /// The families a rule must be written for: `None` for one family-agnostic rule.
-fn families(r: &RuleSpec) -> Vec<Option<Family>> {
+fn families(r: &RuleSpec) -> Vec<Option<IpFamily>> {
     let by_protocol = match r.protocol {
-        Some(1) => Some(Family::V4),
-        Some(58) => Some(Family::V6),
+        Some(1) => Some(IpFamily::V4),
+        Some(58) => Some(IpFamily::V6),
         _ => None,
     };
     match (by_protocol, r.family) {
         (Some(a), Some(b)) if a != b => vec![],
         (Some(f), _) | (None, Some(f)) => vec![Some(f)],
-        _ if r.sets().next().is_some() => vec![Some(Family::V4), Some(Family::V6)],
+        _ if r.sets().next().is_some() => vec![Some(IpFamily::V4), Some(IpFamily::V6)],
         _ => vec![None],
     }
 }
 
 /// The nft text of one rule for one family (without its comment).
-fn rule_text(r: &RuleSpec, family: Option<Family>, dir: Direction) -> String {
+fn rule_text(r: &RuleSpec, family: Option<IpFamily>, dir: Direction) -> String {
     let mut t = String::new();
     if let Some(p) = r.protocol {
         let _ = write!(t, "meta l4proto {} ", protocol_name(p));
@@ -175,12 +176,16 @@ fn rule_text(r: &RuleSpec, family: Option<Family>, dir: Direction) -> String {
         && r.protocol.is_none()
     {
         // An ipVersion alone: the family is the match.
-        let _ = write!(t, "meta nfproto {} ", f.name());
+        let nfproto = match f {
+            IpFamily::V4 => "ipv4",
+            IpFamily::V6 => "ipv6",
+        };
+        let _ = write!(t, "meta nfproto {nfproto} ");
     }
     if let Some(f) = family {
         let ip = match f {
-            Family::V4 => "ip",
-            Family::V6 => "ip6",
+            IpFamily::V4 => "ip",
+            IpFamily::V6 => "ip6",
         };
         for (field, set, op) in [
             ("saddr", &r.src_set, ""),
@@ -280,7 +285,7 @@ impl Rendered {
             .map(|(n, m)| (n.as_str(), m))
             .chain(named.into_iter().map(|n| (n, &empty)));
         for (name, members) in sets {
-            for f in Family::ALL {
+            for f in IpFamily::ALL {
                 r.sets
                     .entry(set_name(name, f))
                     .or_insert_with(|| (f, members[f.index()].clone()));
@@ -326,30 +331,30 @@ mod tests {
         r.protocol = Some(6);
         r.src_set = Some("p-1".into());
         r.dst_ports = vec![(80, 80), (8000, 8080)];
-        let v4 = rule_text(&r, Some(Family::V4), Direction::Ingress);
+        let v4 = rule_text(&r, Some(IpFamily::V4), Direction::Ingress);
         assert_eq!(
             v4,
             "meta l4proto tcp ip saddr @p-1-v4 th dport { 80, 8000-8080 } accept"
         );
-        assert_eq!(families(&r), vec![Some(Family::V4), Some(Family::V6)]);
+        assert_eq!(families(&r), vec![Some(IpFamily::V4), Some(IpFamily::V6)]);
         assert_eq!(
-            rule_text(&r, Some(Family::V6), Direction::Egress),
+            rule_text(&r, Some(IpFamily::V6), Direction::Egress),
             "meta l4proto tcp ip6 saddr @p-1-v6 th dport { 80, 8000-8080 } return"
         );
         let mut d = rule(Action::Deny);
         d.not_dst_set = Some("p-2".into());
         d.not_dst_ports = vec![(53, 53)];
         assert_eq!(
-            rule_text(&d, Some(Family::V4), Direction::Egress),
+            rule_text(&d, Some(IpFamily::V4), Direction::Egress),
             "ip daddr != @p-2-v4 meta l4proto { tcp, udp, sctp } th dport != 53 drop"
         );
         let mut ping = rule(Action::Allow);
         ping.protocol = Some(1);
         ping.icmp_type = Some(8);
         ping.src_set = Some("p-3".into());
-        assert_eq!(families(&ping), vec![Some(Family::V4)]);
+        assert_eq!(families(&ping), vec![Some(IpFamily::V4)]);
         assert_eq!(
-            rule_text(&ping, Some(Family::V4), Direction::Ingress),
+            rule_text(&ping, Some(IpFamily::V4), Direction::Ingress),
             "meta l4proto icmp ip saddr @p-3-v4 icmp type 8 accept"
         );
         let mut not_echo = ping.clone();
@@ -357,14 +362,14 @@ mod tests {
         not_echo.not_icmp_type = Some(8);
         not_echo.not_icmp_code = Some(0);
         assert_eq!(
-            rule_text(&not_echo, Some(Family::V4), Direction::Ingress),
+            rule_text(&not_echo, Some(IpFamily::V4), Direction::Ingress),
             "meta l4proto icmp ip saddr @p-3-v4 icmp type . icmp code != { 8 . 0 } accept"
         );
         let mut v6_only = rule(Action::Deny);
-        v6_only.family = Some(Family::V6);
-        assert_eq!(families(&v6_only), vec![Some(Family::V6)]);
+        v6_only.family = Some(IpFamily::V6);
+        assert_eq!(families(&v6_only), vec![Some(IpFamily::V6)]);
         assert_eq!(
-            rule_text(&v6_only, Some(Family::V6), Direction::Egress),
+            rule_text(&v6_only, Some(IpFamily::V6), Direction::Egress),
             "meta nfproto ipv6 drop"
         );
         v6_only.protocol = Some(1);
@@ -408,8 +413,8 @@ mod tests {
         assert_eq!(t.from_map.get("cali2").unwrap(), "egress-cali2");
         assert!(!t.to_map.contains_key("cali2"));
         // The set the stream never sent exists, empty, in both families.
-        assert_eq!(t.sets.get("p-a-v4"), Some(&(Family::V4, vec![])));
-        assert_eq!(t.sets.get("p-a-v6"), Some(&(Family::V6, vec![])));
+        assert_eq!(t.sets.get("p-a-v4"), Some(&(IpFamily::V4, vec![])));
+        assert_eq!(t.sets.get("p-a-v6"), Some(&(IpFamily::V6, vec![])));
         // Egress with no rules: only the invalid drop and the default deny.
         let e = &t.chains["egress-cali2"];
         assert_eq!(e.len(), 2);
