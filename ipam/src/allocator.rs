@@ -28,7 +28,11 @@ use ipnet::IpNet;
 
 use crate::block::{AffinityState, Block, BlockAffinity, Handle, Released, cidr_key};
 use crate::error::IpamError;
-use datastore::contract::{Atomic, Datastore, Op, Read, ReadResult, Revision, StoreError, Version};
+use datastore::contract::{
+    Atomic, Datastore, KeyValue, Kind, Op, Read, ReadResult, StoreError, Version,
+};
+
+use crate::steps::{Expected, Step, merge};
 use datastore::model::{AllowedUse, AssignmentMode, IpFamily, IpPool, IpamConfig, Node, overlaps};
 use datastore::resource::{Resource, decode, encode};
 use datastore::selector::Selector;
@@ -148,8 +152,8 @@ pub struct CheckReport {
     pub problems: Vec<String>,
 }
 
-/// The outcome of one allocation step.
-enum Step {
+/// The outcome of one allocation attempt.
+enum Attempt {
     Allocated(Vec<Assigned>),
     /// Something changed (a claim made, a race lost): read again.
     Again,
@@ -215,7 +219,84 @@ struct Fast {
     block_rev: Version,
 }
 
-impl<D: Datastore + Atomic> Ipam<D> {
+/// What a commit wrote: one transaction's revision (the version of every object it wrote),
+/// or each object's version after its last step.
+enum Committed {
+    Transaction(Version),
+    Steps(Vec<(String, Version)>),
+}
+
+impl Committed {
+    /// The version the commit left the object at `key` at, if it wrote it.
+    fn version_of(&self, key: &str) -> Option<Version> {
+        match self {
+            Committed::Transaction(v) => Some(*v),
+            Committed::Steps(written) => written
+                .iter()
+                .rev()
+                .find(|(k, _)| k == key)
+                .map(|(_, v)| *v),
+        }
+    }
+}
+
+/// The steps of one allocation, and where in them its claim's affinity and its handle are.
+struct AllocationSteps {
+    steps: Vec<Step>,
+    /// The key of the affinity a claim creates.
+    claimed: Option<String>,
+    /// The index of the handle's step.
+    handle_at: usize,
+}
+
+impl AllocationSteps {
+    /// The id of the handle the steps write.
+    fn handle_id(&self) -> &str {
+        self.steps
+            .get(self.handle_at)
+            .and_then(|s| Handle::kind().name_of(s.key()))
+            .unwrap_or_default()
+    }
+}
+
+/// Where a commit lost a compare-and-swap: the object's key, and how many of the steps were
+/// written before it (they stay; see `crate::steps`).
+#[derive(Debug)]
+struct Lost {
+    key: String,
+    done: usize,
+}
+
+/// The name of the object of kind `T` at `key` (or the name prefix of a key prefix).
+fn name_in<T: Resource>(key: &str) -> Result<&str, IpamError> {
+    T::kind().name_of(key).ok_or_else(|| {
+        IpamError::Store(StoreError::Backend(format!(
+            "{key} is not where {} objects are kept",
+            T::KIND
+        )))
+    })
+}
+
+/// The kind and name of the object stored at `key`, among the kinds IPAM writes.
+fn object_at(key: &str) -> Result<(Kind, &str), IpamError> {
+    [
+        Block::kind(),
+        BlockAffinity::kind(),
+        Handle::kind(),
+        IpPool::kind(),
+        IpamConfig::kind(),
+        Node::kind(),
+    ]
+    .into_iter()
+    .find_map(|kind| Some((kind, kind.name_of(key)?)))
+    .ok_or_else(|| {
+        IpamError::Store(StoreError::Backend(format!(
+            "{key} is no object IPAM writes"
+        )))
+    })
+}
+
+impl<D: Datastore> Ipam<D> {
     pub fn new(store: D) -> Self {
         Self {
             store,
@@ -320,10 +401,18 @@ impl<D: Datastore + Atomic> Ipam<D> {
     /// request's handle created (a dual-stack request's handle records both of its blocks).
     /// All or none: `None` when the cache cannot serve every request (they take the normal
     /// path).
+    #[expect(
+        clippy::too_many_lines,
+        reason = "one group commit: the cached states taken, checked against every request, allocated and written together or all put back; splitting it would pass the half-taken states around"
+    )]
     async fn try_fast_batch(
         &self,
         batch: &[(&AssignRequest, AllowedUse)],
     ) -> Result<Option<Vec<Vec<Assigned>>>, IpamError> {
+        // The cache is only as good as its checks, which only a transaction can make.
+        if self.store.atomic().is_none() {
+            return Ok(None);
+        }
         let Some((first, _)) = batch.first() else {
             return Ok(Some(vec![]));
         };
@@ -395,7 +484,7 @@ impl<D: Datastore + Atomic> Ipam<D> {
                 return Ok(None);
             }
         }
-        let mut ops = Vec::with_capacity(batch.len() + states.len() + checks.len());
+        let mut block_steps = Vec::with_capacity(states.len());
         let mut got: Vec<Vec<Assigned>> = vec![Vec::new(); batch.len()];
         let mut handles: Vec<Handle> = batch
             .iter()
@@ -423,27 +512,31 @@ impl<D: Datastore + Atomic> Ipam<D> {
                     attrs: req.attrs.clone(),
                 }));
             }
-            ops.push(Self::put(
+            block_steps.push(Self::put(
                 block_key(&block.cidr),
                 &*block,
                 Some(state.block_rev),
             ));
         }
-        for h in &handles {
-            ops.push(Self::put(Handle::key(&h.id), h, None));
-        }
-        ops.extend(checks);
-        match self.store.txn(ops).await {
-            Ok(rev) => {
+        // The handles, then the blocks: an allocation's order (see `crate::steps`).
+        let mut steps: Vec<Step> = handles
+            .iter()
+            .map(|h| Self::put(Handle::key(&h.id), h, None))
+            .collect();
+        steps.extend(block_steps);
+        match self.commit(steps, checks).await? {
+            Ok(written) => {
                 for (_, state) in &mut states {
-                    state.block_rev = rev.version();
+                    let key = block_key(&state.block.cidr);
+                    if let Some(v) = written.version_of(&key) {
+                        state.block_rev = v;
+                    }
                 }
                 self.keep_fast(&node, states);
                 Ok(Some(got))
             }
             // The store changed: the cached states are stale, the normal path reads again.
-            Err(StoreError::Conflict { .. }) => Ok(None),
-            Err(e) => Err(e.into()),
+            Err(_) => Ok(None),
         }
     }
 
@@ -483,7 +576,7 @@ impl<D: Datastore + Atomic> Ipam<D> {
         if let Some(cidr) = &hint {
             reads.push(Read::Get(block_key(cidr)));
         }
-        let (answers, _) = self.store.read(reads).await?;
+        let answers = self.read_all(reads).await?;
         let mut a = answers.into_iter();
         let mut next = || {
             a.next()
@@ -545,38 +638,154 @@ impl<D: Datastore + Atomic> Ipam<D> {
         &self.store
     }
 
-    // ---- typed access ----
+    // ---- typed access, and writing an operation's steps ----
 
+    /// The resource of kind `T` stored at `key`, through the core contract.
     async fn get<T: Resource>(&self, key: &str) -> Result<Option<(T, Version)>, IpamError> {
-        match self.store.get_key(key).await? {
-            Some(kv) => Ok(Some((decode(&kv.value)?, kv.version))),
+        let name = name_in::<T>(key)?;
+        match self.store.get(T::kind(), name).await? {
+            Some(o) => Ok(Some((decode(&o.value)?, o.version))),
             None => Ok(None),
         }
     }
 
+    /// The resources of kind `T` whose keys start with `prefix`, through the core contract.
     async fn list<T: Resource>(&self, prefix: &str) -> Result<Vec<(T, Version)>, IpamError> {
+        let name_prefix = name_in::<T>(prefix)?;
         self.store
-            .list_keys(prefix)
+            .list(T::kind(), name_prefix)
             .await?
             .items
             .into_iter()
-            .map(|kv| Ok((decode(&kv.value)?, kv.version)))
+            .map(|o| Ok((decode(&o.value)?, o.version)))
             .collect()
     }
 
-    /// An op writing `value` at `key`: create when `rev` is `None`, else update.
-    fn put<T: Resource>(key: String, value: &T, rev: Option<Version>) -> Op {
-        match rev {
-            None => Op::Create {
-                key,
-                value: encode(value),
-            },
-            Some(expected) => Op::Update {
-                key,
-                value: encode(value),
-                expected,
-            },
+    /// A step writing `value` at `key`: a create when `rev` is `None`, else an update over
+    /// the version read.
+    fn put<T: Resource>(key: String, value: &T, rev: Option<Version>) -> Step {
+        Step::Put {
+            key,
+            value: encode(value),
+            expected: rev.map_or(Expected::Absent, Expected::Read),
         }
+    }
+
+    /// A step writing `value` at `key` over what an earlier step of the same operation wrote.
+    fn put_again<T: Resource>(key: String, value: &T) -> Step {
+        Step::Put {
+            key,
+            value: encode(value),
+            expected: Expected::Previous,
+        }
+    }
+
+    /// Several reads: at one revision in one round trip where the store has the `Atomic`
+    /// extension, else one object or kind at a time (a key of the extension's own, the pools
+    /// guard, reads as absent there).
+    async fn read_all(&self, reads: Vec<Read>) -> Result<Vec<ReadResult>, IpamError> {
+        if let Some(atomic) = self.store.atomic() {
+            return Ok(atomic.read(reads).await?.0);
+        }
+        let mut out = Vec::with_capacity(reads.len());
+        for read in reads {
+            out.push(match read {
+                Read::Get(key) => ReadResult::Get(match object_at(&key) {
+                    Ok((kind, name)) => self.store.get(kind, name).await?.map(|o| KeyValue {
+                        key: key.clone(),
+                        value: o.value,
+                        version: o.version,
+                    }),
+                    Err(_) => None,
+                }),
+                Read::List(prefix) => {
+                    let (kind, name_prefix) = object_at(&prefix)?;
+                    let list = self.store.list(kind, name_prefix).await?;
+                    ReadResult::List(
+                        list.items
+                            .into_iter()
+                            .map(|o| KeyValue {
+                                key: kind.key(&o.name),
+                                value: o.value,
+                                version: o.version,
+                            })
+                            .collect(),
+                    )
+                }
+            });
+        }
+        Ok(out)
+    }
+
+    /// Writes an operation's steps: as one transaction (with `checks`) where the store has
+    /// the `Atomic` extension, else one object at a time in their order (`checks` are the
+    /// extension's: they guard the fast path, which only runs there). `Err(Lost)` names the
+    /// object whose compare-and-swap lost and how many steps were written before it (0 for
+    /// a transaction, which wrote nothing).
+    async fn commit(
+        &self,
+        steps: Vec<Step>,
+        checks: Vec<Op>,
+    ) -> Result<Result<Committed, Lost>, IpamError> {
+        if let Some(atomic) = self.store.atomic() {
+            let mut ops = merge(&steps).map_err(|e| StoreError::Backend(e.to_string()))?;
+            ops.extend(checks);
+            return match atomic.txn(ops).await {
+                Ok(rev) => Ok(Ok(Committed::Transaction(rev.version()))),
+                Err(StoreError::Conflict { key, .. }) => Ok(Err(Lost { key, done: 0 })),
+                Err(e) => Err(e.into()),
+            };
+        }
+        let mut written: Vec<(String, Version)> = Vec::new();
+        for (done, step) in steps.iter().enumerate() {
+            let key = step.key();
+            let (kind, name) = object_at(key)?;
+            let expected = match step.expected() {
+                Expected::Absent => None,
+                Expected::Read(v) => Some(v),
+                Expected::Previous => Some(
+                    written
+                        .iter()
+                        .rev()
+                        .find(|(k, _)| k == key)
+                        .map(|(_, v)| *v)
+                        .ok_or_else(|| {
+                            StoreError::Backend(format!("step on {key} follows no earlier step"))
+                        })?,
+                ),
+            };
+            let result = match (step, expected) {
+                (Step::Put { value, .. }, None) => {
+                    self.store.create(kind, name, value.clone()).await.map(Some)
+                }
+                (Step::Put { value, .. }, Some(v)) => self
+                    .store
+                    .update(kind, name, value.clone(), v)
+                    .await
+                    .map(Some),
+                (Step::Delete { .. }, Some(v)) => {
+                    self.store.delete(kind, name, v).await.map(|()| None)
+                }
+                (Step::Delete { .. }, None) => {
+                    return Err(StoreError::Backend(format!(
+                        "a delete of {key} must name the version it deletes"
+                    ))
+                    .into());
+                }
+            };
+            match result {
+                Ok(Some(v)) => written.push((key.to_owned(), v)),
+                Ok(None) => written.retain(|(k, _)| k != key),
+                Err(StoreError::Conflict { .. }) => {
+                    return Ok(Err(Lost {
+                        key: key.to_owned(),
+                        done,
+                    }));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(Ok(Committed::Steps(written)))
     }
 
     // ---- configuration ----
@@ -592,13 +801,9 @@ impl<D: Datastore + Atomic> Ipam<D> {
     pub async fn set_config(&self, config: &IpamConfig) -> Result<(), IpamError> {
         for _ in 0..RETRIES {
             let rev = self.get::<IpamConfig>(CONFIG_KEY).await?.map(|(_, r)| r);
-            match self
-                .store
-                .txn(vec![Self::put(CONFIG_KEY.into(), config, rev)])
-                .await
-            {
-                Err(StoreError::Conflict { .. }) => continue,
-                other => return other.map(|_| ()).map_err(Into::into),
+            let steps = vec![Self::put(CONFIG_KEY.into(), config, rev)];
+            if self.commit(steps, vec![]).await?.is_ok() {
+                return Ok(());
             }
         }
         Err(IpamError::Contention {
@@ -619,8 +824,15 @@ impl<D: Datastore + Atomic> Ipam<D> {
             .ok_or_else(|| IpamError::NotFound(format!("pool {name}")))
     }
 
-    async fn pools_guard(&self) -> Result<(Op, u64), IpamError> {
-        let current = self.store.get_key(POOLS_GUARD).await?;
+    /// Where the store has the `Atomic` extension, the write that serialises pool changes
+    /// (every pool write bumps the guard in its transaction, so two overlapping pools made
+    /// at once cannot both pass the overlap check). Without it, as in Calico, the check is
+    /// made on the pools just read.
+    async fn pools_guard(&self) -> Result<Vec<Op>, IpamError> {
+        let Some(atomic) = self.store.atomic() else {
+            return Ok(vec![]);
+        };
+        let current = atomic.get_key(POOLS_GUARD).await?;
         let n = current
             .as_ref()
             .and_then(|kv| std::str::from_utf8(&kv.value).ok()?.parse::<u64>().ok())
@@ -637,7 +849,7 @@ impl<D: Datastore + Atomic> Ipam<D> {
                 expected: kv.version,
             },
         };
-        Ok((op, n))
+        Ok(vec![op])
     }
 
     fn check_overlap(pool: &IpPool, others: &[(IpPool, Version)]) -> Result<(), IpamError> {
@@ -658,19 +870,18 @@ impl<D: Datastore + Atomic> Ipam<D> {
     pub async fn create_pool(&self, pool: &IpPool) -> Result<Version, IpamError> {
         pool.validate()?;
         for _ in 0..RETRIES {
-            let (guard, _) = self.pools_guard().await?;
+            let guard = self.pools_guard().await?;
             let pools = self.list_pools().await?;
             if pools.iter().any(|(p, _)| p.name == pool.name) {
                 return Err(IpamError::AlreadyExists(format!("pool {}", pool.name)));
             }
             Self::check_overlap(pool, &pools)?;
-            match self
-                .store
-                .txn(vec![guard, Self::put(IpPool::key(&pool.name), pool, None)])
-                .await
+            let key = IpPool::key(&pool.name);
+            let steps = vec![Self::put(key.clone(), pool, None)];
+            if let Ok(written) = self.commit(steps, guard).await?
+                && let Some(v) = written.version_of(&key)
             {
-                Err(StoreError::Conflict { .. }) => continue,
-                other => return other.map(Revision::version).map_err(Into::into),
+                return Ok(v);
             }
         }
         Err(IpamError::Contention {
@@ -687,7 +898,7 @@ impl<D: Datastore + Atomic> Ipam<D> {
     ) -> Result<Version, IpamError> {
         pool.validate()?;
         for _ in 0..RETRIES {
-            let (guard, _) = self.pools_guard().await?;
+            let guard = self.pools_guard().await?;
             let (current, rev) = self.get_pool(&pool.name).await?;
             if expected.is_some_and(|e| e != rev) {
                 return Err(IpamError::Stale(format!("pool {}", pool.name)));
@@ -705,16 +916,12 @@ impl<D: Datastore + Atomic> Ipam<D> {
                 }
                 Self::check_overlap(pool, &self.list_pools().await?)?;
             }
-            match self
-                .store
-                .txn(vec![
-                    guard,
-                    Self::put(IpPool::key(&pool.name), pool, Some(rev)),
-                ])
-                .await
+            let key = IpPool::key(&pool.name);
+            let steps = vec![Self::put(key.clone(), pool, Some(rev))];
+            if let Ok(written) = self.commit(steps, guard).await?
+                && let Some(v) = written.version_of(&key)
             {
-                Err(StoreError::Conflict { .. }) => continue,
-                other => return other.map(Revision::version).map_err(Into::into),
+                return Ok(v);
             }
         }
         Err(IpamError::Contention {
@@ -745,47 +952,30 @@ impl<D: Datastore + Atomic> Ipam<D> {
                     blocks.len()
                 )));
             }
-            let (guard, _) = self.pools_guard().await?;
-            let mut ops = vec![
-                guard,
-                Op::Delete {
-                    key: IpPool::key(&pool.name),
-                    expected: rev,
-                },
-            ];
+            // The blocks first (each as a block's release: affinity pending deletion, block,
+            // affinity), the pool last, so a crash leaves no block of a pool that is gone.
+            let mut steps = Vec::new();
             for (b, brev) in &blocks {
-                ops.push(Op::Delete {
-                    key: block_key(&b.cidr),
-                    expected: *brev,
-                });
-                if let Some(node) = &b.affinity {
-                    let key = BlockAffinity::key_of(node, &b.cidr);
-                    if let Some(kv) = self.store.get_key(&key).await? {
-                        ops.push(Op::Delete {
-                            key,
-                            expected: kv.version,
-                        });
-                    }
-                }
+                steps.extend(self.block_release_steps(b, *brev, None).await?);
             }
             // Keep each transaction within the store's limit; a pool with more empty blocks
             // than that is emptied over several rounds (the pool goes last).
-            if ops.len() > datastore::contract::MAX_TXN_OPS {
-                let mut chunk: Vec<Op> = ops
-                    .drain(2..)
-                    .take(datastore::contract::MAX_TXN_OPS - 2)
-                    .collect();
-                chunk.retain(
-                    |op| !matches!(op, Op::Delete { key, .. } if key == &IpPool::key(&pool.name)),
-                );
-                match self.store.txn(chunk).await {
-                    Ok(_) | Err(StoreError::Conflict { .. }) => continue,
-                    Err(e) => return Err(e.into()),
+            let limit = datastore::contract::MAX_TXN_OPS - 2;
+            if self.store.atomic().is_some() && merge(&steps).map_or(0, |ops| ops.len()) > limit {
+                let mut chunk = Vec::new();
+                for (b, brev) in blocks.iter().take(limit / 2) {
+                    chunk.extend(self.block_release_steps(b, *brev, None).await?);
                 }
+                self.commit(chunk, vec![]).await?.ok();
+                continue;
             }
-            match self.store.txn(ops).await {
-                Err(StoreError::Conflict { .. }) => continue,
-                other => return other.map(|_| ()).map_err(Into::into),
+            steps.push(Step::Delete {
+                key: IpPool::key(&pool.name),
+                expected: Expected::Read(rev),
+            });
+            let guard = self.pools_guard().await?;
+            if self.commit(steps, guard).await?.is_ok() {
+                return Ok(());
             }
         }
         Err(IpamError::Contention {
@@ -796,6 +986,64 @@ impl<D: Datastore + Atomic> Ipam<D> {
 
     async fn all_blocks(&self) -> Result<Vec<(Block, Version)>, IpamError> {
         self.list(Block::PREFIX).await
+    }
+
+    /// The steps that take the block at `cidr` (read at `brev`) from its node, in Calico's
+    /// order: the affinity marked pending deletion, the block deleted (or, with `keep`,
+    /// written as given: without its affinity), the affinity deleted. A crash between them
+    /// leaves the affinity pending deletion, which `reclaim_empty_blocks` finishes.
+    fn release_block_steps(
+        affinity: Option<(&BlockAffinity, Version)>,
+        cidr: &IpNet,
+        brev: Version,
+        keep: Option<&Block>,
+    ) -> Vec<Step> {
+        let mut steps = Vec::with_capacity(3);
+        let marked = affinity.map(|(a, v)| {
+            let key = BlockAffinity::key_of(&a.node, cidr);
+            let marked = BlockAffinity {
+                state: AffinityState::PendingDeletion,
+                ..a.clone()
+            };
+            steps.push(Self::put(key.clone(), &marked, Some(v)));
+            key
+        });
+        steps.push(match keep {
+            None => Step::Delete {
+                key: block_key(cidr),
+                expected: Expected::Read(brev),
+            },
+            Some(b) => Self::put(block_key(cidr), b, Some(brev)),
+        });
+        if let Some(key) = marked {
+            steps.push(Step::Delete {
+                key,
+                expected: Expected::Previous,
+            });
+        }
+        steps
+    }
+
+    /// [`Self::release_block_steps`] for `block`, with its node's affinity as stored now.
+    async fn block_release_steps(
+        &self,
+        block: &Block,
+        brev: Version,
+        keep: Option<&Block>,
+    ) -> Result<Vec<Step>, IpamError> {
+        let affinity = match &block.affinity {
+            Some(node) => {
+                self.get::<BlockAffinity>(&BlockAffinity::key_of(node, &block.cidr))
+                    .await?
+            }
+            None => None,
+        };
+        Ok(Self::release_block_steps(
+            affinity.as_ref().map(|(a, v)| (a, *v)),
+            &block.cidr,
+            brev,
+            keep,
+        ))
     }
 
     async fn blocks_of_pool(&self, pool: &str) -> Result<Vec<(Block, Version)>, IpamError> {
@@ -993,9 +1241,9 @@ impl<D: Datastore + Atomic> Ipam<D> {
                 }
             };
             match step {
-                Step::Allocated(got) => out.extend(got),
-                Step::Again => {}
-                Step::Exhausted(why) => {
+                Attempt::Allocated(got) => out.extend(got),
+                Attempt::Again => {}
+                Attempt::Exhausted(why) => {
                     self.undo(&out).await;
                     return Err(IpamError::Exhausted(why));
                 }
@@ -1005,6 +1253,10 @@ impl<D: Datastore + Atomic> Ipam<D> {
     }
 
     /// One step: allocate in an affine block, or claim a block, or borrow.
+    #[expect(
+        clippy::too_many_lines,
+        reason = "Calico's order of choices (the hinted block, the node's blocks, a new claim, borrowing) read top to bottom, each falling through to the next"
+    )]
     async fn step(
         &self,
         req: &AssignRequest,
@@ -1012,11 +1264,11 @@ impl<D: Datastore + Atomic> Ipam<D> {
         use_: AllowedUse,
         n: usize,
         view: View,
-    ) -> Result<Step, IpamError> {
+    ) -> Result<Attempt, IpamError> {
         let node = req.node.as_str();
         let pools = select_pools(&view.pools, &view.labels, family, req.wants(family).1, use_)?;
         if pools.is_empty() {
-            return Ok(Step::Exhausted(format!(
+            return Ok(Attempt::Exhausted(format!(
                 "no enabled {} pool can serve node {node} for this request",
                 family.name()
             )));
@@ -1060,7 +1312,7 @@ impl<D: Datastore + Atomic> Ipam<D> {
             .map(|(a, _)| Read::Get(block_key(&a.cidr)))
             .collect();
         if !mine.is_empty() {
-            let (blocks, _) = self.store.read(mine).await?;
+            let blocks = self.read_all(mine).await?;
             for kv in blocks.into_iter().filter_map(ReadResult::into_get) {
                 let block: Block = decode(&kv.value)?;
                 if let Some(affinity) = usable(&block) {
@@ -1123,7 +1375,7 @@ impl<D: Datastore + Atomic> Ipam<D> {
                     .join(", ")
             )
         };
-        Ok(Step::Exhausted(if strict {
+        Ok(Attempt::Exhausted(if strict {
             format!("{why} (strict affinity: no borrowing)")
         } else {
             why
@@ -1143,12 +1395,12 @@ impl<D: Datastore + Atomic> Ipam<D> {
         req: &AssignRequest,
         handle: Option<(Handle, Version)>,
         seed: Option<FastSeed>,
-    ) -> Result<Step, IpamError> {
+    ) -> Result<Attempt, IpamError> {
+        let before = block.clone();
         let got = block.allocate(n, &req.handle, &req.node, &req.attrs);
         if got.is_empty() {
-            return Ok(Step::Again);
+            return Ok(Attempt::Again);
         }
-        let handle_key = Handle::key(&req.handle);
         let (mut handle, hrev) = match handle {
             Some((h, r)) => (h, Some(r)),
             None => (
@@ -1160,30 +1412,28 @@ impl<D: Datastore + Atomic> Ipam<D> {
             ),
         };
         handle.add(&block.cidr, got.len() as u32);
-        let (claimed, block_ops) = Self::block_ops(&req.node, &block, rev);
-        let mut ops = vec![Self::put(handle_key, &handle, hrev)];
-        ops.extend(block_ops);
-        let written = match self.store.txn(ops).await {
-            Ok(r) => r.version(),
-            Err(StoreError::Conflict { key, .. }) => {
-                if let Some(affinity) = &claimed {
-                    self.claim_conflict(&req.node, &block, affinity, &key)
-                        .await?;
-                }
-                return Ok(Step::Again);
+        let planned = Self::allocation_steps(&req.node, &before, &block, rev, &handle, hrev);
+        let written = match self.commit(planned.steps.clone(), vec![]).await? {
+            Ok(w) => w,
+            Err(lost) => {
+                self.after_lost_allocation(&req.node, &block, &planned, &lost, got.len())
+                    .await?;
+                return Ok(Attempt::Again);
             }
-            Err(e) => return Err(e.into()),
         };
         let borrowed = block.affinity.as_deref() != Some(req.node.as_str());
         if !borrowed {
             self.set_hint(&req.node, block.cidr);
         }
-        if let Some((pools, labels, mut checks)) = seed {
+        let block_written = written.version_of(&block_key(&block.cidr));
+        if let (Some((pools, labels, mut checks)), Some(block_rev), Some(_)) =
+            (seed, block_written, self.store.atomic())
+        {
             // A claimed block's affinity was written with it: the fast path checks it there.
-            if let Some(affinity) = claimed {
+            if let Some(affinity) = planned.claimed {
                 checks.push(Op::Check {
+                    expected: written.version_of(&affinity),
                     key: affinity,
-                    expected: Some(written),
                 });
             }
             let fast = Fast {
@@ -1191,14 +1441,14 @@ impl<D: Datastore + Atomic> Ipam<D> {
                 labels,
                 checks,
                 block: block.clone(),
-                block_rev: written,
+                block_rev,
             };
             self.fast
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .insert((req.node.clone(), IpFamily::of_net(&block.cidr)), fast);
         }
-        Ok(Step::Allocated(
+        Ok(Attempt::Allocated(
             got.into_iter()
                 .map(|(address, seq)| Assigned {
                     address,
@@ -1213,72 +1463,148 @@ impl<D: Datastore + Atomic> Ipam<D> {
         ))
     }
 
-    /// The ops that write `block` as read at `rev`, or claim it for `node` where it is new
-    /// (`None`, [`Self::claim_ops`]); with the claimed affinity's key, to check or to name
-    /// the loser of a conflict.
-    fn block_ops(node: &str, block: &Block, rev: Option<Version>) -> (Option<String>, Vec<Op>) {
+    /// The steps of an allocation in `after` (`before` as read at `rev`; or, with `rev`
+    /// `None`, a new block that `node` claims first, [`Self::claim_steps`]): the handle, then
+    /// the block, as Calico writes them. On a store with the extension a claim and its first
+    /// addresses are one commit: the block is created holding them, its affinity confirmed.
+    fn allocation_steps(
+        node: &str,
+        before: &Block,
+        after: &Block,
+        rev: Option<Version>,
+        handle: &Handle,
+        hrev: Option<Version>,
+    ) -> AllocationSteps {
+        let handle_step = Self::put(Handle::key(&handle.id), handle, hrev);
+        let key = block_key(&after.cidr);
         match rev {
-            Some(rev) => (
-                None,
-                vec![Self::put(block_key(&block.cidr), block, Some(rev))],
-            ),
+            Some(rev) => AllocationSteps {
+                steps: vec![handle_step, Self::put(key, after, Some(rev))],
+                claimed: None,
+                handle_at: 0,
+            },
             None => {
-                let (key, ops) = Self::claim_ops(node, block);
-                (Some(key), ops)
+                let (affinity, mut steps) = Self::claim_steps(node, before);
+                let handle_at = steps.len();
+                steps.push(handle_step);
+                steps.push(Self::put_again(key, after));
+                AllocationSteps {
+                    steps,
+                    claimed: Some(affinity),
+                    handle_at,
+                }
             }
         }
     }
 
-    /// The ops that claim `block` (new, for `node`) in one transaction: the block and its
-    /// confirmed affinity, neither of which may exist yet; with the affinity's key. Calico
-    /// claims in three steps (affinity pending, block, affinity confirmed) because its
-    /// datastore has no transactions over several keys; ours has, so a claim is one commit
-    /// and there is no half-done claim to clean up after a crash (and every node's
-    /// datastore watch wakes once for it, not three times).
-    fn claim_ops(node: &str, block: &Block) -> (String, Vec<Op>) {
+    /// The steps that claim `block` (new, empty) for `node`, in Calico's order: the affinity
+    /// pending, the block, the affinity confirmed; with the affinity's key. On a store with
+    /// the extension they merge into one commit (every node's watch wakes once for it); one
+    /// at a time, a crash after the first leaves a pending affinity without its block, which
+    /// the node's next claim of it finishes and GC removes.
+    fn claim_steps(node: &str, block: &Block) -> (String, Vec<Step>) {
         let key = BlockAffinity::key_of(node, &block.cidr);
-        let affinity = BlockAffinity {
+        let pending = BlockAffinity {
             node: node.into(),
             cidr: block.cidr,
-            state: AffinityState::Confirmed,
+            state: AffinityState::Pending,
         };
-        let ops = vec![
+        let confirmed = BlockAffinity {
+            state: AffinityState::Confirmed,
+            ..pending.clone()
+        };
+        let steps = vec![
+            Self::put(key.clone(), &pending, None),
             Self::put(block_key(&block.cidr), block, None),
-            Self::put(key.clone(), &affinity, None),
+            Self::put_again(key.clone(), &confirmed),
         ];
-        (key, ops)
+        (key, steps)
     }
 
-    /// A claim's transaction lost on `lost`. On the block, another node (or an earlier claim
-    /// of ours) got it first: the caller reads again. On the affinity, the block is not there
-    /// but an affinity of ours is: a claim a version with three-step claims left half done,
-    /// which [`Self::claim`] finishes.
-    async fn claim_conflict(
+    /// After an allocation's steps lost on `lost`: what the steps written before it leave is
+    /// put right. The handle's count (written, its block's write lost) is taken back; a claim
+    /// that lost its block to another node withdraws its pending affinity; a claim that found
+    /// an affinity of ours without its block finishes it ([`Self::claim`]).
+    async fn after_lost_allocation(
         &self,
         node: &str,
         block: &Block,
-        affinity: &str,
-        lost: &str,
+        planned: &AllocationSteps,
+        lost: &Lost,
+        n: usize,
     ) -> Result<(), IpamError> {
-        if lost == affinity {
-            self.claim(node, &block.pool, block.cidr).await?;
+        if lost.done > planned.handle_at {
+            self.take_back(&block.cidr, planned.handle_id(), n as u32)
+                .await;
+        }
+        if let Some(affinity) = &planned.claimed {
+            if lost.key == *affinity && lost.done == 0 {
+                self.claim(node, &block.pool, block.cidr).await?;
+            } else if lost.key == block_key(&block.cidr) && lost.done == 1 {
+                self.withdraw_pending(node, block.cidr).await?;
+            }
         }
         Ok(())
     }
 
-    /// Claims `cidr` for `node`, empty ([`Self::claim_ops`]); an affinity of ours already
-    /// there without its block is finished (pending) or left to the caller.
+    /// Takes `n` addresses in `cidr` back from a handle's count (best effort: what stays is
+    /// what `ipam check` reports and GC puts right).
+    async fn take_back(&self, cidr: &IpNet, handle: &str, n: u32) {
+        let key = Handle::key(handle);
+        for _ in 0..RETRIES {
+            let Ok(Some((mut h, v))) = self.get::<Handle>(&key).await else {
+                return;
+            };
+            h.remove(cidr, n);
+            let step = if h.total() == 0 {
+                Step::Delete {
+                    key: key.clone(),
+                    expected: Expected::Read(v),
+                }
+            } else {
+                Self::put(key.clone(), &h, Some(v))
+            };
+            match self.commit(vec![step], vec![]).await {
+                Ok(Ok(_)) => return,
+                Ok(Err(_)) => continue,
+                Err(e) => {
+                    tracing::warn!(handle, error = %e, "cannot take back a handle's count; `ipam gc` will");
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Deletes `node`'s affinity to `cidr` if it is still pending (a claim that lost the
+    /// block).
+    async fn withdraw_pending(&self, node: &str, cidr: IpNet) -> Result<(), IpamError> {
+        let key = BlockAffinity::key_of(node, &cidr);
+        if let Some((a, v)) = self.get::<BlockAffinity>(&key).await?
+            && a.state == AffinityState::Pending
+        {
+            let step = Step::Delete {
+                key,
+                expected: Expected::Read(v),
+            };
+            self.commit(vec![step], vec![]).await?.ok();
+        }
+        Ok(())
+    }
+
+    /// Claims `cidr` for `node`, empty ([`Self::claim_steps`]). An affinity of ours already
+    /// there without its block (a claim a crash left half done) is finished: the block
+    /// created, the affinity confirmed; or withdrawn when another node has the block.
     async fn claim(&self, node: &str, pool: &str, cidr: IpNet) -> Result<(), IpamError> {
         let block = Block::new(cidr, pool, Some(node), now());
-        let (key, ops) = Self::claim_ops(node, &block);
-        let lost = match self.store.txn(ops).await {
+        let (key, steps) = Self::claim_steps(node, &block);
+        let lost = match self.commit(steps, vec![]).await? {
             Ok(_) => return Ok(()),
-            Err(StoreError::Conflict { key: lost, .. }) => lost,
-            Err(e) => return Err(e.into()),
+            Err(lost) => lost,
         };
-        if lost != key {
-            // Another node got the block first.
-            return Ok(());
+        if lost.key != key || lost.done > 0 {
+            // Another node got the block first (after our pending affinity, one step at a
+            // time: withdraw it).
+            return self.withdraw_pending(node, cidr).await;
         }
         let Some((a, r)) = self.get::<BlockAffinity>(&key).await? else {
             return Ok(());
@@ -1286,28 +1612,30 @@ impl<D: Datastore + Atomic> Ipam<D> {
         if a.state != AffinityState::Pending {
             return Ok(());
         }
-        // A pending claim of ours that did not finish (a crash of an older version): finish it.
+        // A pending claim of ours that did not finish: the block, then the affinity confirmed.
         let confirmed = BlockAffinity {
             state: AffinityState::Confirmed,
             ..a
         };
-        let ops = vec![
+        let steps = vec![
             Self::put(block_key(&cidr), &block, None),
             Self::put(key.clone(), &confirmed, Some(r)),
         ];
-        match self.store.txn(ops).await {
+        match self.commit(steps, vec![]).await? {
             Ok(_) => Ok(()),
-            Err(StoreError::Conflict { key: lost, .. }) if lost == block_key(&cidr) => {
+            Err(lost) if lost.key == block_key(&cidr) => {
                 // Another node got the block first: withdraw our claim.
-                let _ = self.store.txn(vec![Op::Delete { key, expected: r }]).await;
-                Ok(())
+                self.withdraw_pending(node, cidr).await
             }
-            Err(StoreError::Conflict { .. }) => Ok(()),
-            Err(e) => Err(e.into()),
+            Err(_) => Ok(()),
         }
     }
 
     /// Allocates one given address.
+    #[expect(
+        clippy::too_many_lines,
+        reason = "the address's refusals (no pool, disabled pool, strict affinity, in use) each with its own message, then one allocation's steps"
+    )]
     pub async fn assign_ip(
         &self,
         address: IpAddr,
@@ -1353,8 +1681,11 @@ impl<D: Datastore + Atomic> Ipam<D> {
             .block_of(address)
             .expect("the pool contains the address");
         let strict = self.config().await?.strict_affinity;
+        // A claim's steps are not interleaved with the node's other claims or their GC.
+        let lock = self.node_lock(node);
+        let _serial = lock.lock().await;
         for _ in 0..RETRIES {
-            // No block yet: this node claims it with the address, in one transaction.
+            // No block yet: this node claims it with the address.
             let (mut block, rev) = match self.get::<Block>(&block_key(&cidr)).await? {
                 Some((b, r)) => (b, Some(r)),
                 None if pool.disabled => {
@@ -1374,6 +1705,7 @@ impl<D: Datastore + Atomic> Ipam<D> {
                     ),
                 });
             }
+            let before = block.clone();
             let Some(seq) = block.allocate_addr(address, handle, node, attrs) else {
                 let holder = block
                     .ordinal(address)
@@ -1396,17 +1728,13 @@ impl<D: Datastore + Atomic> Ipam<D> {
                 ),
             };
             h.add(&cidr, 1);
-            let (claimed, block_ops) = Self::block_ops(node, &block, rev);
-            let mut ops = vec![Self::put(handle_key, &h, hrev)];
-            ops.extend(block_ops);
-            match self.store.txn(ops).await {
-                Err(StoreError::Conflict { key, .. }) => {
-                    if let Some(affinity) = &claimed {
-                        self.claim_conflict(node, &block, affinity, &key).await?;
-                    }
+            let planned = Self::allocation_steps(node, &before, &block, rev, &h, hrev);
+            match self.commit(planned.steps.clone(), vec![]).await? {
+                Err(lost) => {
+                    self.after_lost_allocation(node, &block, &planned, &lost, 1)
+                        .await?;
                     continue;
                 }
-                Err(e) => return Err(e.into()),
                 Ok(_) => {
                     return Ok(Assigned {
                         address,
@@ -1490,46 +1818,53 @@ impl<D: Datastore + Atomic> Ipam<D> {
             for (_, h) in &freed {
                 *counts.entry(h.as_str()).or_default() += 1;
             }
-            let mut ops = Vec::new();
             // A block of no node that became empty goes back to the pool at once; so does a
             // node's, with its affinity, where empty blocks have no grace period (in the
-            // same transaction: one commit, and no moment with an empty block kept).
+            // same commit where the store has transactions: no moment with an empty block
+            // kept).
             let affinity = match &block.affinity {
                 Some(node) if block.is_empty() && self.config().await?.empty_block_grace_s == 0 => {
-                    let key = BlockAffinity::key_of(node, &cidr);
-                    self.get::<BlockAffinity>(&key)
+                    self.get::<BlockAffinity>(&BlockAffinity::key_of(node, &cidr))
                         .await?
-                        .map(|(_, expected)| Op::Delete { key, expected })
                 }
                 _ => None,
             };
-            if block.is_empty() && (block.affinity.is_none() || affinity.is_some()) {
-                ops.push(Op::Delete {
-                    key: block_key(&cidr),
-                    expected: rev,
-                });
-                ops.extend(affinity);
+            // The block first, then the handles: a release's order (see `crate::steps`).
+            let mut steps = if block.is_empty() && (block.affinity.is_none() || affinity.is_some())
+            {
+                Self::release_block_steps(affinity.as_ref().map(|(a, v)| (a, *v)), &cidr, rev, None)
             } else {
-                ops.push(Self::put(block_key(&cidr), &block, Some(rev)));
-            }
+                vec![Self::put(block_key(&cidr), &block, Some(rev))]
+            };
+            let block_steps = steps.len();
+            let mut handles = Vec::new();
             for (h, n) in counts {
                 let key = Handle::key(h);
                 if let Some((mut handle, hrev)) = self.get::<Handle>(&key).await? {
                     handle.remove(&cidr, n);
-                    ops.push(if handle.total() == 0 {
-                        Op::Delete {
+                    steps.push(if handle.total() == 0 {
+                        Step::Delete {
                             key,
-                            expected: hrev,
+                            expected: Expected::Read(hrev),
                         }
                     } else {
                         Self::put(key, &handle, Some(hrev))
                     });
+                    handles.push((h, n));
                 }
             }
-            match self.store.txn(ops).await {
-                Ok(_) => return Ok(freed.into_iter().map(|(a, _)| a).collect()),
-                Err(StoreError::Conflict { .. }) => continue,
-                Err(e) => return Err(e.into()),
+            let freed_addresses = || freed.iter().map(|(a, _)| *a).collect();
+            match self.commit(steps, vec![]).await? {
+                Ok(_) => return Ok(freed_addresses()),
+                Err(lost) if lost.done >= block_steps => {
+                    // One step at a time, the block's went through: the addresses are free.
+                    // The handles whose steps did not are taken back on their own.
+                    for (h, n) in handles.iter().skip(lost.done - block_steps) {
+                        self.take_back(&cidr, h, *n).await;
+                    }
+                    return Ok(freed_addresses());
+                }
+                Err(_) => continue,
             }
         }
         Err(IpamError::Contention {
@@ -1561,7 +1896,51 @@ impl<D: Datastore + Atomic> Ipam<D> {
                 .await?,
             );
         }
+        self.settle_handle(handle).await?;
         Ok(freed)
+    }
+
+    /// Makes a released handle record what its blocks hold of it: nothing, as a rule, so it
+    /// goes. What it may still record: counts whose addresses a write never reached (a crash
+    /// or a lost race between an allocation's handle step and its block step).
+    async fn settle_handle(&self, handle: &str) -> Result<(), IpamError> {
+        let key = Handle::key(handle);
+        for _ in 0..RETRIES {
+            let Some((mut h, v)) = self.get::<Handle>(&key).await? else {
+                return Ok(());
+            };
+            let mut held = BTreeMap::new();
+            for cidr in h.blocks.keys() {
+                let Ok(net) = cidr.parse::<IpNet>() else {
+                    continue;
+                };
+                if let Some((b, _)) = self.get::<Block>(&block_key(&net)).await? {
+                    let n = b.of_handle(handle).count() as u32;
+                    if n > 0 {
+                        held.insert(cidr.clone(), n);
+                    }
+                }
+            }
+            if held == h.blocks {
+                return Ok(());
+            }
+            h.blocks = held;
+            let step = if h.total() == 0 {
+                Step::Delete {
+                    key: key.clone(),
+                    expected: Expected::Read(v),
+                }
+            } else {
+                Self::put(key.clone(), &h, Some(v))
+            };
+            if self.commit(vec![step], vec![]).await?.is_ok() {
+                return Ok(());
+            }
+        }
+        Err(IpamError::Contention {
+            what: format!("handle {handle}"),
+            attempts: RETRIES,
+        })
     }
 
     /// The addresses a handle holds.
@@ -1632,17 +2011,10 @@ impl<D: Datastore + Atomic> Ipam<D> {
                 return Ok(false);
             };
             let block = self.get::<Block>(&block_key(&cidr)).await?;
-            let mut ops = vec![Op::Delete {
-                key: key.clone(),
-                expected: arev,
-            }];
-            match block {
+            let steps = match block {
                 Some((b, brev)) if b.affinity.as_deref() == Some(node) => {
                     if b.is_empty() {
-                        ops.push(Op::Delete {
-                            key: block_key(&cidr),
-                            expected: brev,
-                        });
+                        Self::release_block_steps(Some((&aff, arev)), &cidr, brev, None)
                     } else if only_if_empty {
                         // Addresses came back: keep the block (confirmed again, if an older
                         // version's release had marked it).
@@ -1651,27 +2023,27 @@ impl<D: Datastore + Atomic> Ipam<D> {
                                 state: AffinityState::Confirmed,
                                 ..aff
                             };
-                            let _ = self
-                                .store
-                                .txn(vec![Self::put(key, &confirmed, Some(arev))])
-                                .await;
+                            let steps = vec![Self::put(key, &confirmed, Some(arev))];
+                            self.commit(steps, vec![]).await?.ok();
                         }
                         return Ok(false);
                     } else {
                         let orphan = Block {
                             affinity: None,
                             seq: b.seq + 1,
-                            ..b
+                            ..b.clone()
                         };
-                        ops.push(Self::put(block_key(&cidr), &orphan, Some(brev)));
+                        Self::release_block_steps(Some((&aff, arev)), &cidr, brev, Some(&orphan))
                     }
                 }
-                _ => {}
-            }
-            match self.store.txn(ops).await {
-                Ok(_) => return Ok(true),
-                Err(StoreError::Conflict { .. }) => continue,
-                Err(e) => return Err(e.into()),
+                // No block of ours there: only the affinity goes.
+                _ => vec![Step::Delete {
+                    key: key.clone(),
+                    expected: Expected::Read(arev),
+                }],
+            };
+            if self.commit(steps, vec![]).await?.is_ok() {
+                return Ok(true);
             }
         }
         Err(IpamError::Contention {
@@ -1740,37 +2112,47 @@ impl<D: Datastore + Atomic> Ipam<D> {
             let freed = self.release_by_handle(&handle).await?;
             out.push((handle, freed));
         }
-        // Claims that never finished (a crash between the steps of an older version's claim).
-        let unfinished: Vec<(BlockAffinity, Version)> = self
-            .list::<BlockAffinity>(&BlockAffinity::prefix_of(node))
-            .await?
-            .into_iter()
-            .filter(|(a, _)| a.state != AffinityState::Confirmed)
-            .collect();
-        let existing: HashSet<IpNet> = if unfinished.is_empty() {
-            HashSet::new()
-        } else {
-            self.all_blocks()
-                .await?
-                .into_iter()
-                .map(|(b, _)| b.cidr)
-                .collect()
-        };
-        for (aff, rev) in unfinished {
-            if !existing.contains(&aff.cidr) {
-                let key = BlockAffinity::key_of(node, &aff.cidr);
-                let _ = self
-                    .store
-                    .txn(vec![Op::Delete { key, expected: rev }])
-                    .await;
-            }
-        }
         self.reclaim_empty_blocks(node).await?;
         Ok(out)
     }
 
-    /// Gives the node's empty blocks back to the pool once empty for the grace period.
+    /// Finishes the node's claims that stopped between their steps (a crash, or a version
+    /// of old): a pending affinity whose block is the node's is confirmed; one whose block is
+    /// not there, or is another node's (a claim that lost the block), goes. Under the node's
+    /// lock, so no claim of this process is between its steps meanwhile.
+    async fn finish_claims(&self, node: &str) -> Result<(), IpamError> {
+        let lock = self.node_lock(node);
+        let _serial = lock.lock().await;
+        let pending: Vec<(BlockAffinity, Version)> = self
+            .list::<BlockAffinity>(&BlockAffinity::prefix_of(node))
+            .await?
+            .into_iter()
+            .filter(|(a, _)| a.state == AffinityState::Pending)
+            .collect();
+        for (aff, v) in pending {
+            let key = BlockAffinity::key_of(node, &aff.cidr);
+            let block = self.get::<Block>(&block_key(&aff.cidr)).await?;
+            let step = if block.is_some_and(|(b, _)| b.affinity.as_deref() == Some(node)) {
+                let confirmed = BlockAffinity {
+                    state: AffinityState::Confirmed,
+                    ..aff
+                };
+                Self::put(key, &confirmed, Some(v))
+            } else {
+                Step::Delete {
+                    key,
+                    expected: Expected::Read(v),
+                }
+            };
+            self.commit(vec![step], vec![]).await?.ok();
+        }
+        Ok(())
+    }
+
+    /// Gives the node's empty blocks back to the pool once empty for the grace period (and
+    /// finishes the claims and releases that stopped between their steps).
     pub async fn reclaim_empty_blocks(&self, node: &str) -> Result<Vec<IpNet>, IpamError> {
+        self.finish_claims(node).await?;
         let grace = self.config().await?.empty_block_grace_s;
         let now = now();
         let mut out = Vec::new();
@@ -1847,6 +2229,10 @@ impl<D: Datastore + Atomic> Ipam<D> {
 
     /// Every allocation has its handle and every handle its allocations; blocks and
     /// affinities agree; no address is both free and allocated.
+    #[expect(
+        clippy::too_many_lines,
+        reason = "one pass over blocks, handles and affinities, one rule after the other, each naming the problem it finds"
+    )]
     pub async fn check(&self) -> Result<CheckReport, IpamError> {
         let blocks = self.all_blocks().await?;
         let handles = self.list::<Handle>(Handle::PREFIX).await?;

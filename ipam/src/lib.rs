@@ -3,10 +3,13 @@
 //! nodes and the other resources).
 //!
 //! - `block`: blocks, affinities and handles; allocation on one block (sans-IO).
+//! - `steps`: an operation's writes as ordered steps on single objects, and their merge into
+//!   one transaction (sans-IO).
 //! - `allocator`: IPAM against the datastore: claims, allocation, release, GC, check.
 
 pub mod allocator;
 pub mod block;
 pub mod error;
+pub mod steps;
 
 pub use error::IpamError;

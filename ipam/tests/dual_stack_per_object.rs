@@ -1,0 +1,7 @@
+//! `dual_stack.rs`'s cases again on the allocator's per-object path: the store's `Atomic`
+//! extension hidden from the allocator (see `common::ipam`), as on a store without one.
+
+const PER_OBJECT: bool = true;
+
+#[path = "dual_stack.rs"]
+mod cases;
