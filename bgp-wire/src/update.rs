@@ -554,6 +554,10 @@ impl<'s> Walk<'s> {
         Ok(())
     }
 
+    #[expect(
+        clippy::too_many_lines,
+        reason = "one match arm per known attribute type code, each with its RFC 7606 length and value checks; the decoder's table reads best whole"
+    )]
     fn known(&mut self, type_code: u8, v: &[u8]) -> Result<(), Bad> {
         use ErrorKind::*;
         let four = self.session.four_octet_as;

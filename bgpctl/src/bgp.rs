@@ -289,6 +289,10 @@ pub fn route_json(r: &pb::Route) -> serde_json::Value {
     })
 }
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "one match arm per `bgpctl show` subcommand (protocols, bfd, route, filters), each a request and its table or JSON"
+)]
 pub async fn show(
     channel: Channel,
     command: ShowCommand,
@@ -697,6 +701,10 @@ pub async fn config(
     out.text(&t.render())
 }
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "one match arm per `bgpctl peer` subcommand (add, refresh, del); `add` maps every peer flag onto the request"
+)]
 pub async fn peer(
     channel: Channel,
     command: PeerCommand,

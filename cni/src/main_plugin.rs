@@ -27,6 +27,10 @@ enum Ipam {
     Delegate(std::path::PathBuf),
 }
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "CNI ADD in order: namespace, addresses (ours or a delegate's), wiring, endpoint, each failure giving back what came before; the give-back needs every step's state"
+)]
 pub fn add(rt: &Runtime, conf: &NetConf, env: &Env, stdin: &[u8]) -> Result<CniResult, CniError> {
     let started = Instant::now();
     // The namespace first: a missing one fails before anything is allocated.

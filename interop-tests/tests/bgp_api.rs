@@ -17,6 +17,10 @@ fn peer_state(b: &Bgpd, addr: &str) -> Option<String> {
 }
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one scenario told in order: two daemons, peers added and deleted live, routes announced, listed and withdrawn; each step builds on the last"
+)]
 fn peers_and_routes_added_and_deleted_live() {
     let link = Link::new("api");
     // a: b as a configured peer; b: no peers at all, only the API.

@@ -734,6 +734,10 @@ fn header_cases(lab: &mut Lab) {
     }
 }
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "the catalogue's OPEN cases, one `lab.case` per malformed field or capability"
+)]
 fn open_cases(lab: &mut Lab) {
     lab.group = "open";
     let std = |asn: u32| caps_param(&std_caps(asn));
@@ -904,6 +908,10 @@ fn mp_reach(value: &[u8]) -> Vec<u8> {
     attr(0x80, 14, value)
 }
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "the catalogue's eBGP UPDATE cases by RFC 7606 section, one `lab.case` per malformation; the catalogue reads as the RFC does"
+)]
 fn ebgp_update_cases(lab: &mut Lab) {
     lab.group = "update eBGP";
     let e = Pool::Ebgp;
@@ -1347,6 +1355,10 @@ fn ebgp_update_cases(lab: &mut Lab) {
     );
 }
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "the catalogue's iBGP UPDATE cases, one `lab.case` per attribute and RFC clause"
+)]
 fn ibgp_update_cases(lab: &mut Lab) {
     lab.group = "update iBGP";
     let i = Pool::Ibgp;
@@ -1542,6 +1554,10 @@ fn ext_case(
     got
 }
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "the catalogue's RFC 8950 extended next hop cases, one `lab.case` per next-hop shape and capability side"
+)]
 fn ext_next_hop_cases(lab: &mut Lab) {
     lab.group = "update RFC 8950";
     let x = Pool::Ext;
@@ -1876,6 +1892,10 @@ fn notification_cases(lab: &mut Lab) {
 }
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "sets up the hostile-input lab (segment, bgpd, BIRD 2 reference, tester) and runs every group of cases against it; one lab for the whole catalogue"
+)]
 fn hostile_bgp_input_catalog() {
     let seg = Segment::new("hst").unwrap();
     let a = seg.attach("hsta", "10.99.0.1/24").unwrap();

@@ -310,6 +310,10 @@ fn bird2_ipv6_session() {
 }
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one scenario told in order: FRR over IPv6, extended next hop negotiated, routes of both families both ways, withdrawals"
+)]
 fn frr_ipv6_session_with_extended_next_hop() {
     let link = dual_stack_link("v6f");
     let frr = start_frr(&link.b, &frr_conf(BGPD_ADDR6));
@@ -589,6 +593,10 @@ fn frr_ipv4_session_carries_ipv6() {
 /// do what the cases expect, independent of bgpd. Checks the peer side of each case.
 #[test]
 #[ignore = "checks the lab (BIRD 2 and FRR against each other), not bgpd"]
+#[expect(
+    clippy::too_many_lines,
+    reason = "three lab cases in a row (BIRD 2's config, then FRR's two), each checked against the other implementation"
+)]
 fn peer_configs_against_each_other() {
     // Case 1: the BIRD 2 config, FRR (with zebra) standing in for bgpd.
     {

@@ -433,6 +433,10 @@ async fn release_a6(lab: &Lab) {
 // ---- the test ----
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one scenario told in order: the dual-stack mesh converges, then each node's kernel, RIB and desired state is checked per family"
+)]
 fn a_dual_stack_mesh_with_bird6_and_bird2() {
     let rt = runtime();
     let mut lab = Lab::new();

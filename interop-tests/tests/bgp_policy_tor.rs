@@ -104,6 +104,10 @@ fn rule(cidr: &str, op: MatchOperator, action: FilterAction) -> BgpFilterRule {
 }
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one scenario told in order: filters, communities, service addresses and AS loops against a real ToR, each step changing what the next one sees"
+)]
 fn filters_communities_and_service_addresses_on_a_real_tor() {
     let rt = runtime();
     let seg = Segment::new("pfseg").unwrap();

@@ -218,6 +218,10 @@ fn bgpctl_ipam_assign_show_release_check_gc() {
 }
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "walks the status code of every Pools and Ipam call in turn against one daemon; one call after another"
+)]
 fn status_codes_follow_the_contract() {
     let d = Daemon::start("");
     runtime().block_on(async {

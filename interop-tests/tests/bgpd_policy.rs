@@ -29,6 +29,10 @@ fn list_req(kind: pb::DocumentKind) -> pb::ListDocumentsRequest {
 }
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one scenario told in order: refuse, store, explain, label, GC, delete documents through the API; each step reads what the last one stored"
+)]
 fn documents_labels_explain_and_gc_through_the_api() {
     let d = Daemon::start(PLAIN_POOL);
     runtime().block_on(async {

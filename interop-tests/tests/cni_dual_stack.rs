@@ -54,6 +54,10 @@ fn dual(node: &Node, version: &str) -> Value {
 }
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one dual-stack pod told in order: the result, the pod side, the host side, traffic, IPAM, then CHECK and its faults"
+)]
 fn a_dual_stack_pod_is_wired_like_calico_in_both_families() {
     let node = Node::start("ds", &format!("{POOLS_V4}{POOLS_V6}"));
     let pod1 = Netns::new("dsp1").unwrap();
@@ -459,6 +463,10 @@ impl Chain<'_> {
 }
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one chain told in order: bridge and margay-ipam ADD, gateways, reachability over both families, CHECK, DEL in reverse"
+)]
 fn margay_ipam_dual_stack_under_the_reference_bridge_plugin_as_gateway() {
     let bridge = reference("bridge");
     let tuning = reference("tuning");

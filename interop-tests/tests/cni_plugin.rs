@@ -17,6 +17,10 @@ const K8S_ARGS: &str =
     "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-0;K8S_POD_UID=u1";
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one ADD checked in order: the result, the host side, the pod side, reachability, IPAM's handle"
+)]
 fn add_wires_a_pod_like_calico_and_it_is_reachable() {
     let node = Node::start("add", POOLS_V4);
     let pod1 = Netns::new("addp1").unwrap();
@@ -297,6 +301,10 @@ fn failed_adds_leave_nothing_behind() {
 }
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "a list of bad inputs and the CNI error code each must get, then a check that none allocated or wired anything"
+)]
 fn bad_input_gets_the_specs_error_codes() {
     let node = Node::start("bad", POOLS_V4);
     let pod = Netns::new("badp").unwrap();

@@ -88,6 +88,10 @@ fn used(d: &Daemon) -> (u64, u64) {
 }
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one scenario told in order: pods of both families assigned, shown, checked, a leak found, GC run; each step reads the store the last one left"
+)]
 fn dual_stack_pools_assignments_show_check_and_gc() {
     // The node and both default pools are registered, then the brain gives the node a
     // tunnel address of each family.
@@ -385,6 +389,10 @@ fn dual_stack_pools_assignments_show_check_and_gc() {
 }
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "bad dual-stack requests one after another (API and bgpctl), each refused by field, then one check that nothing was stored"
+)]
 fn bad_dual_stack_input_is_refused_naming_the_field_and_stores_nothing() {
     let (d, _) = ready();
     let pools_before = d.bgpctl_json(&["pool", "ls"]);

@@ -115,6 +115,10 @@ fn assert_both_matrices_pass(text: &str) {
 }
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one end-to-end scenario told in order over the local cluster: the IPv4 and IPv6 matrices, encapsulation on the wire, natOutgoing"
+)]
 fn the_local_cluster_end_to_end() {
     let lab = Lab::new(&format!("mlt{}", std::process::id()));
     let text = lab.ok(&["up"]);

@@ -108,6 +108,10 @@ async fn client(d: &Daemon) -> BgpClient<tonic::transport::Channel> {
 }
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one scenario told in order: filters and peer options applied, read back, round-tripped, raced, refused, deleted; each step checks what the last stored"
+)]
 fn bgp_filters_and_peer_options_apply_round_trip_refuse_and_delete() {
     let d = Daemon::start("");
     let file = d.dir.path().join("policy.yaml");

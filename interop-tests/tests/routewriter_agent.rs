@@ -1918,6 +1918,10 @@ fn dual_stack_node() -> (Node, DualStack) {
 /// and neighbour entries; IPv6 forwarding, the workload's IPv6 sysctls and the IPv6 NAT
 /// table are set; metrics and status count per family.
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one dual-stack node checked as iproute2 shows it, then the IPv6 side removed while the IPv4 side stays; the two halves share the node"
+)]
 fn both_families_as_iproute2_shows_them() {
     let (mut node, ds) = dual_stack_node();
     node.start(&ds.socket, "");
@@ -2095,6 +2099,10 @@ fn both_families_as_iproute2_shows_them() {
 /// replaced by another protocol, a stray one of ours), the IPv6 device's FDB and neighbour
 /// entries, its MTU, its state, the device itself.
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "a table of hand-made IPv6 drifts (routes, FDB, neighbours, MTU, state, the device), each one repaired in turn"
+)]
 fn ipv6_drift_is_repaired_at_once() {
     let (node, x, _uplink) = node_and_peer();
     dual_stack(&node, &x);

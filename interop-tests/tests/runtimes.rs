@@ -142,6 +142,10 @@ fn ctr_ping(c: &Containerd, id: &str, to: &str) -> Result<String, String> {
 }
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one scenario told in order: containerd through ctr, then through its CRI as a kubelet drives it, with the IPAM checked clean after each"
+)]
 fn containerd_runs_margay_containers_through_ctr_and_its_cri() {
     let lab = LocalLab::new(&format!("mrc{}", std::process::id()));
     lab.ok(&["up"]);
@@ -462,6 +466,10 @@ fn named_netns() -> std::collections::BTreeSet<String> {
 }
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "the numbered runtime faults told in order (ADD repeated, forgotten containers, a runtime killed mid-ADD), each followed by the IPAM check"
+)]
 fn runtime_faults_leave_no_address_behind() {
     let lab = LocalLab::new(&format!("mrf{}", std::process::id()));
     lab.ok(&["up"]);

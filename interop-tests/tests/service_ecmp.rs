@@ -200,6 +200,10 @@ fn context(tor: &Frr, nodes: &[&Node], f: &Family) -> String {
     s
 }
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "one scenario told in order: refusals, both ToR sessions, announcement, ECMP spread, withdrawal and lease expiry; shared by both families"
+)]
 fn service_ecmp(f: &Family, tag: &str) {
     let rt = runtime();
     let seg = Segment::new(&format!("{tag}seg")).unwrap();

@@ -522,6 +522,10 @@ impl<H: Host> Agent<H> {
         }
     }
 
+    #[expect(
+        clippy::too_many_lines,
+        reason = "one route write in order: filter, the IPIP check, the batch, then retries and corrections per refused route; the writes and their refusals share indices"
+    )]
     fn apply_route_ops(&mut self, ops: Vec<RouteOp>, count: Count) {
         if ops.is_empty() {
             return;
@@ -786,6 +790,10 @@ impl<H: Host> Agent<H> {
         }
     }
 
+    #[expect(
+        clippy::too_many_lines,
+        reason = "one device's reconcile in order: the uplink, the device (keep, create, recreate or fix), its address, the routes a new device needs; each step needs the last one's result"
+    )]
     fn sync_device(&mut self, family: IpFamily, count: Count) {
         let fi = family.index();
         let name = self.vxlan_name(family).to_owned();
@@ -1139,6 +1147,10 @@ impl<H: Host> Agent<H> {
     // Drift from the netlink watch
 
     /// Handles a batch of netlink events: repairs what they show is wrong.
+    #[expect(
+        clippy::too_many_lines,
+        reason = "one netlink batch: classify every event, then repair per kind (full resync, devices, VTEPs, routes, workloads); the repairs read the flags the classification set"
+    )]
     pub fn handle_events(&mut self, events: Vec<Event>) {
         let mut full = false;
         // Per family: the VXLAN device or its uplink changed; its entries changed.

@@ -170,51 +170,7 @@ impl Config {
                 "0 is not a table and 255 is the kernel's local table; use 254 (main) or your own",
             ));
         }
-        for (name, value) in [
-            ("routewriter.vxlan_device", &rw.vxlan_device),
-            ("routewriter.vxlan_device_v6", &rw.vxlan_device_v6),
-            ("routewriter.ipip_device", &rw.ipip_device),
-            ("routewriter.uplink", &rw.uplink),
-        ] {
-            if value.len() > IFNAMSIZ_MAX || value.contains(['/', ' ']) {
-                return Err(field(
-                    name,
-                    format!(
-                        "{value:?} is not a valid interface name (at most 15 characters, no '/' or space)"
-                    ),
-                ));
-            }
-        }
-        if rw.vxlan_device.is_empty() {
-            return Err(field("routewriter.vxlan_device", "must not be empty"));
-        }
-        if rw.vxlan_device_v6.is_empty() {
-            return Err(field("routewriter.vxlan_device_v6", "must not be empty"));
-        }
-        if rw.vxlan_device_v6 == rw.vxlan_device {
-            return Err(field(
-                "routewriter.vxlan_device_v6",
-                "must differ from routewriter.vxlan_device: each family has its own VXLAN device",
-            ));
-        }
-        if rw.vni == 0 || rw.vni >= 1 << 24 {
-            return Err(field("routewriter.vni", "must be between 1 and 16777215"));
-        }
-        if rw.vxlan_port == 0 {
-            return Err(field("routewriter.vxlan_port", "must not be 0"));
-        }
-        if rw.vxlan_mtu != 0 && !(68..=65535).contains(&rw.vxlan_mtu) {
-            return Err(field(
-                "routewriter.vxlan_mtu",
-                "must be 0 (derive) or 68-65535",
-            ));
-        }
-        if rw.vxlan_mtu_v6 != 0 && !(1280..=65535).contains(&rw.vxlan_mtu_v6) {
-            return Err(field(
-                "routewriter.vxlan_mtu_v6",
-                "must be 0 (derive) or 1280-65535 (IPv6 needs 1280 at least)",
-            ));
-        }
+        validate_devices(rw)?;
         if rw.resync_interval_s == 0 {
             return Err(field("routewriter.resync_interval_s", "must be at least 1"));
         }
@@ -252,6 +208,57 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// The checks of the devices: every interface name (the VXLAN devices, the IPIP device, the
+/// uplink), then the two VXLAN devices' names, VNI, port and MTUs.
+fn validate_devices(rw: &RoutewriterConfig) -> Result<(), ConfigError> {
+    for (name, value) in [
+        ("routewriter.vxlan_device", &rw.vxlan_device),
+        ("routewriter.vxlan_device_v6", &rw.vxlan_device_v6),
+        ("routewriter.ipip_device", &rw.ipip_device),
+        ("routewriter.uplink", &rw.uplink),
+    ] {
+        if value.len() > IFNAMSIZ_MAX || value.contains(['/', ' ']) {
+            return Err(field(
+                name,
+                format!(
+                    "{value:?} is not a valid interface name (at most 15 characters, no '/' or space)"
+                ),
+            ));
+        }
+    }
+    if rw.vxlan_device.is_empty() {
+        return Err(field("routewriter.vxlan_device", "must not be empty"));
+    }
+    if rw.vxlan_device_v6.is_empty() {
+        return Err(field("routewriter.vxlan_device_v6", "must not be empty"));
+    }
+    if rw.vxlan_device_v6 == rw.vxlan_device {
+        return Err(field(
+            "routewriter.vxlan_device_v6",
+            "must differ from routewriter.vxlan_device: each family has its own VXLAN device",
+        ));
+    }
+    if rw.vni == 0 || rw.vni >= 1 << 24 {
+        return Err(field("routewriter.vni", "must be between 1 and 16777215"));
+    }
+    if rw.vxlan_port == 0 {
+        return Err(field("routewriter.vxlan_port", "must not be 0"));
+    }
+    if rw.vxlan_mtu != 0 && !(68..=65535).contains(&rw.vxlan_mtu) {
+        return Err(field(
+            "routewriter.vxlan_mtu",
+            "must be 0 (derive) or 68-65535",
+        ));
+    }
+    if rw.vxlan_mtu_v6 != 0 && !(1280..=65535).contains(&rw.vxlan_mtu_v6) {
+        return Err(field(
+            "routewriter.vxlan_mtu_v6",
+            "must be 0 (derive) or 1280-65535 (IPv6 needs 1280 at least)",
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -110,6 +110,10 @@ impl Metrics {
     }
 
     /// Prometheus text exposition format.
+    #[expect(
+        clippy::too_many_lines,
+        reason = "the Prometheus exposition: one metric family after another, each with its help, type and samples from one snapshot"
+    )]
     pub fn render(&self) -> String {
         let s = self.snapshot();
         let mut e = Exposition::new("routewriter_");

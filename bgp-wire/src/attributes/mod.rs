@@ -212,6 +212,10 @@ impl PathAttributes {
     /// (RFC 4760 §3: they should not carry NEXT_HOP).
     ///
     /// On error, `out` may hold a partial attribute list: callers truncate.
+    #[expect(
+        clippy::too_many_lines,
+        reason = "one block per path attribute in ascending type-code order, AS4_PATH and AS4_AGGREGATOR only towards a 2-octet speaker; the order on the wire is the function"
+    )]
     pub(crate) fn write(
         &self,
         session: &SessionParams,

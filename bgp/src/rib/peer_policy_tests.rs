@@ -1152,6 +1152,10 @@ fn filter_verdicts_match_a_reference_evaluation_across_random_rules_and_prefixes
 /// while routes come and go; what each peer was told always equals its Adj-RIB-Out, and
 /// both equal what a fresh session to it would be sent.
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "one randomised loop with its oracle inline: policy churn, routes in and out, then the told-equals-fresh-session check after every step; the checks read the loop's state"
+)]
 fn what_peers_are_told_stays_what_a_fresh_session_gets_under_filter_churn() {
     let mut rng = Rng(0x2545_f491_4f6c_dd1d);
     let a = with(peer(4, 65000), |o| o.interface = IfName::new("eth0"));

@@ -455,6 +455,10 @@ fn ipv6_tables_stay_consistent_under_random_churn() {
     );
 }
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "the churn property in one piece: random resets, loops and UPDATEs applied as a session would, then a rebuild from scratch compared table by table with the recounts"
+)]
 fn check_churn<P: RibPrefix>(
     mut r: Rib<P>,
     peers: [PeerInfo; 4],

@@ -15,6 +15,10 @@ use super::fields::{FieldError, Result, as_number, duration_s, duration_text};
 use super::ippool::validate_name;
 use super::{Document, Kind, document_value, parts, plain_metadata};
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "reads a BGPPeer's spec field by field, in the order its refusals name them; one Calico field after another"
+)]
 pub fn from_document(doc: &Document) -> Result<pb::BgpPeer> {
     let p = parts(doc, &[])?;
     if p.revision != 0 {

@@ -225,6 +225,10 @@ fn lists_are_flattened_and_counted_per_item() {
 }
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "a table of IPPool specs and the path each refusal must name; one row per field"
+)]
 fn unsupported_and_unknown_fields_are_refused_by_path() {
     for (spec, want) in [
         (
@@ -627,6 +631,10 @@ fn printed_policy_documents_apply_back_to_the_same_requests() {
 }
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "a table of bad BGPFilter rules and the path each refusal must name; one row per case"
+)]
 fn bad_filters_are_refused_by_path() {
     for (spec, want) in [
         (
@@ -738,6 +746,10 @@ fn bad_filters_are_refused_by_path() {
 }
 
 #[test]
+#[expect(
+    clippy::too_many_lines,
+    reason = "tables of bad BGPConfiguration and BGPPeer specs and the paths their refusals name; one row per case"
+)]
 fn bad_services_communities_and_peer_options_are_refused_by_path() {
     let cfg = |spec: &str| {
         refused(&format!(

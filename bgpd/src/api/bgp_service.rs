@@ -512,6 +512,10 @@ impl Bgp for BgpService {
         Ok(Response::new(config_message(&c, rev.to_wire())))
     }
 
+    #[expect(
+        clippy::too_many_lines,
+        reason = "checks every AddPeer field before anything is stored or started, then maps them onto the speaker's PeerSpec; one field after another"
+    )]
     async fn add_peer(
         &self,
         request: Request<AddPeerRequest>,

@@ -55,6 +55,10 @@ fn timers(spec: &mut PeerSpec, hold: u16, keepalive: u16) {
 }
 
 /// The peers node `me` must have, by address.
+#[expect(
+    clippy::too_many_lines,
+    reason = "Calico's peering rules in one place: the node-to-node mesh, route reflection and the BGPPeer resources decide together which peers this node has"
+)]
 pub fn desired_peers(
     me: &str,
     config: &BgpConfiguration,

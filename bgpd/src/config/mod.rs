@@ -484,104 +484,10 @@ impl Config {
         }
         check_error_wait("bgp.error_wait_time", self.bgp.error_wait_time)?;
         for (i, p) in self.bgp.peers.iter().enumerate() {
-            if let Some(w) = p.error_wait_time {
-                check_error_wait(&format!("bgp.peers[{i}].error_wait_time"), w)?;
-            }
-            if let Some(Err(e)) = p.bfd.map(|b| b.session()) {
-                return Err(field(
-                    "bgp.peers",
-                    format!("peer {}: bgp.peers[{i}].bfd.{e}", p.address),
-                ));
-            }
-            if p.as_number == 0 {
-                return Err(field(
-                    "bgp.peers",
-                    format!("peer {}: AS 0 is reserved", p.address),
-                ));
-            }
-            if p.local_as
-                .is_some_and(|a| net_types::asn::is_reserved(a) || a == u32::MAX)
-            {
-                return Err(field(
-                    "bgp.peers",
-                    format!(
-                        "peer {}: local_as cannot be 0, AS_TRANS {} or 4294967295",
-                        p.address,
-                        net_types::asn::AS_TRANS
-                    ),
-                ));
-            }
-            if matches!(p.hold_time, Some(1 | 2)) {
-                return Err(field(
-                    "bgp.peers",
-                    format!("peer {}: hold_time must be 0 or at least 3", p.address),
-                ));
-            }
-            if p.restart_time.is_some_and(|t| t > 4095) {
-                return Err(field(
-                    "bgp.peers",
-                    format!("peer {}: restart_time is at most 4095 seconds", p.address),
-                ));
-            }
-            if p.rr_client && self.bgp.cluster_id.is_none() {
-                return Err(field(
-                    "bgp.peers",
-                    format!(
-                        "peer {}: rr_client needs bgp.cluster_id (this node must be a route reflector)",
-                        p.address
-                    ),
-                ));
-            }
-            crate::speaker::sockopt::Password::new(&p.password)
-                .map_err(|e| field("bgp.peers", format!("peer {}: password: {e}", p.address)))?;
-            if let IpAddr::V6(a) = p.address
-                && a.is_unicast_link_local()
-            {
-                return Err(field(
-                    "bgp.peers",
-                    format!(
-                        "peer {}: a link-local address needs an interface, which peers cannot name yet; use the peer's global address",
-                        p.address
-                    ),
-                ));
-            }
-            if p.families.as_ref().is_some_and(Vec::is_empty) {
-                return Err(field(
-                    "bgp.peers",
-                    format!(
-                        "peer {}: families is empty; list \"ipv4\", \"ipv6\" or both, or leave it out",
-                        p.address
-                    ),
-                ));
-            }
-            if matches!(p.ttl_security, Some(0)) || matches!(p.multihop, Some(0)) {
-                return Err(field(
-                    "bgp.peers",
-                    format!(
-                        "peer {}: ttl_security and multihop are 1-255 hops",
-                        p.address
-                    ),
-                ));
-            }
+            self.validate_peer(i, p)?;
         }
         for a in &self.bgp.announce {
-            if let (IpNet::V6(_), Some(IpAddr::V4(nh))) = (a.prefix, a.next_hop) {
-                return Err(field(
-                    "bgp.announce",
-                    format!(
-                        "prefix {}: next hop {nh} is IPv4; IPv6 routes need an IPv6 next hop",
-                        a.prefix
-                    ),
-                ));
-            }
-            for c in &a.communities {
-                c.parse::<bgp_wire::Community>().map_err(|e| {
-                    field(
-                        "bgp.announce",
-                        format!("prefix {}: community {c:?}: {e}", a.prefix),
-                    )
-                })?;
-            }
+            validate_announce(a)?;
         }
         for pattern in &self.metrics.ready_allow_down {
             if pattern.trim().is_empty() {
@@ -605,6 +511,112 @@ impl Config {
         }
         Ok(())
     }
+
+    /// The checks of `bgp.peers[i]`, one peer at a time.
+    fn validate_peer(&self, i: usize, p: &BgpPeerConfig) -> Result<(), ConfigError> {
+        if let Some(w) = p.error_wait_time {
+            check_error_wait(&format!("bgp.peers[{i}].error_wait_time"), w)?;
+        }
+        if let Some(Err(e)) = p.bfd.map(|b| b.session()) {
+            return Err(field(
+                "bgp.peers",
+                format!("peer {}: bgp.peers[{i}].bfd.{e}", p.address),
+            ));
+        }
+        if p.as_number == 0 {
+            return Err(field(
+                "bgp.peers",
+                format!("peer {}: AS 0 is reserved", p.address),
+            ));
+        }
+        if p.local_as
+            .is_some_and(|a| net_types::asn::is_reserved(a) || a == u32::MAX)
+        {
+            return Err(field(
+                "bgp.peers",
+                format!(
+                    "peer {}: local_as cannot be 0, AS_TRANS {} or 4294967295",
+                    p.address,
+                    net_types::asn::AS_TRANS
+                ),
+            ));
+        }
+        if matches!(p.hold_time, Some(1 | 2)) {
+            return Err(field(
+                "bgp.peers",
+                format!("peer {}: hold_time must be 0 or at least 3", p.address),
+            ));
+        }
+        if p.restart_time.is_some_and(|t| t > 4095) {
+            return Err(field(
+                "bgp.peers",
+                format!("peer {}: restart_time is at most 4095 seconds", p.address),
+            ));
+        }
+        if p.rr_client && self.bgp.cluster_id.is_none() {
+            return Err(field(
+                "bgp.peers",
+                format!(
+                    "peer {}: rr_client needs bgp.cluster_id (this node must be a route reflector)",
+                    p.address
+                ),
+            ));
+        }
+        crate::speaker::sockopt::Password::new(&p.password)
+            .map_err(|e| field("bgp.peers", format!("peer {}: password: {e}", p.address)))?;
+        if let IpAddr::V6(a) = p.address
+            && a.is_unicast_link_local()
+        {
+            return Err(field(
+                "bgp.peers",
+                format!(
+                    "peer {}: a link-local address needs an interface, which peers cannot name yet; use the peer's global address",
+                    p.address
+                ),
+            ));
+        }
+        if p.families.as_ref().is_some_and(Vec::is_empty) {
+            return Err(field(
+                "bgp.peers",
+                format!(
+                    "peer {}: families is empty; list \"ipv4\", \"ipv6\" or both, or leave it out",
+                    p.address
+                ),
+            ));
+        }
+        if matches!(p.ttl_security, Some(0)) || matches!(p.multihop, Some(0)) {
+            return Err(field(
+                "bgp.peers",
+                format!(
+                    "peer {}: ttl_security and multihop are 1-255 hops",
+                    p.address
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The checks of one `bgp.announce` entry: an IPv6 route's next hop, its communities.
+fn validate_announce(a: &BgpAnnounce) -> Result<(), ConfigError> {
+    if let (IpNet::V6(_), Some(IpAddr::V4(nh))) = (a.prefix, a.next_hop) {
+        return Err(field(
+            "bgp.announce",
+            format!(
+                "prefix {}: next hop {nh} is IPv4; IPv6 routes need an IPv6 next hop",
+                a.prefix
+            ),
+        ));
+    }
+    for c in &a.communities {
+        c.parse::<bgp_wire::Community>().map_err(|e| {
+            field(
+                "bgp.announce",
+                format!("prefix {}: community {c:?}: {e}", a.prefix),
+            )
+        })?;
+    }
+    Ok(())
 }
 
 /// A stable, non-zero BGP identifier from a node name (for nodes without an IPv4 address).

@@ -365,6 +365,10 @@ impl Session {
     /// would hold room for the deepest of those chains (events, actions and messages by
     /// value, several levels deep: 5.3 KB of 5.3 KB in a debug build) for its whole life,
     /// while it mostly waits; boxed, that room is taken for one event at a time.
+    #[expect(
+        clippy::too_many_lines,
+        reason = "the session task's select loop: commands, the socket, connect attempts and timers in one `select!`, which is the hot path and is kept whole"
+    )]
     pub async fn run(mut self, mut commands: mailbox::Receiver<ToSession>) {
         Box::pin(self.feed(Event::Start)).await;
         let mut connect: Option<
@@ -780,6 +784,10 @@ impl Session {
             .await;
     }
 
+    #[expect(
+        clippy::too_many_lines,
+        reason = "one match arm per FSM action (connect, send, timers, established, down, deliver, refresh)"
+    )]
     async fn perform(&mut self, a: Action) {
         match a {
             Action::Connect => {

@@ -163,6 +163,10 @@ impl NetConf {
             .unwrap_or_else(|| Version::LATEST.to_string())
     }
 
+    #[expect(
+        clippy::too_many_lines,
+        reason = "reads every NetConf key in turn, each with its own refusal and CNI error code; one configuration key after another"
+    )]
     pub fn parse(stdin: &[u8]) -> Result<NetConf, CniError> {
         let value: Value = serde_json::from_slice(stdin).map_err(|e| {
             CniError::new(

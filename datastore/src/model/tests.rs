@@ -191,6 +191,10 @@ fn a_calico_shaped_bgp_filter_is_valid_and_stores() {
     .unwrap();
 }
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "a table of one refused change per field of a rule, each with the path it must name"
+)]
 #[test]
 fn bgp_filter_rules_are_checked_by_path() {
     type Change = Box<dyn Fn(&mut BgpFilter)>;
@@ -341,6 +345,10 @@ fn config_refusal(c: &BgpConfiguration) -> (String, String) {
     (e.path.clone(), e.to_string())
 }
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "every service-CIDR and community rule of the BGP configuration, accepted and refused, in one table"
+)]
 #[test]
 fn bgp_configuration_services_and_communities() {
     let c = config();

@@ -293,6 +293,10 @@ struct Receiver {
     _keep: Vec<Box<dyn std::any::Any>>,
 }
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "one match arm per implementation under benchmark (bgpd, BIRD 1 and 2, FRR, GoBGP), each writing its config and starting it in the namespace"
+)]
 fn start(kind: Kind, mode: Mode, ns: &Netns) -> Result<Receiver, String> {
     let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
     let d = dir.path().to_owned();

@@ -1030,6 +1030,10 @@ struct Figures {
     load_avg: (String, String),
 }
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "the benchmark told in order: lab, load, apply-to-in-force changes, then the packet path's rounds over three modes; the figures gather along the way"
+)]
 fn run(args: &Args) -> Result<(), String> {
     let (pods, m, k, secs, rounds) = if args.smoke {
         (40, 6, 5, 0.5, 1)
@@ -1251,6 +1255,10 @@ fn load_avg() -> String {
         .join(" ")
 }
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "prints the report's tables one after another, one println per line of output"
+)]
 fn print(f: &Figures, pods: usize, m: usize, k: usize) {
     println!(
         "policy-bench: {pods} endpoints on node-1 (1 real pod), 3 x one per app on nodes 2-4, \

@@ -228,6 +228,78 @@ fn icmp(field: &Field) -> Result<Icmp, FieldError> {
     })
 }
 
+/// An entity's `nets` or `notNets` (`key`): sorted, without duplicates, each of the rule's IP
+/// version when it has one.
+fn entity_nets(
+    o: &Object<'_>,
+    key: &'static str,
+    version: Option<IpVersion>,
+) -> Result<Vec<IpNet>, FieldError> {
+    let Some(f) = o.get(key) else {
+        return Ok(Vec::new());
+    };
+    let mut nets = f.each(|n| {
+        let net = cidr(&n)?;
+        let net_version = match net {
+            IpNet::V4(_) => IpVersion::V4,
+            IpNet::V6(_) => IpVersion::V6,
+        };
+        if version.is_some_and(|v| v != net_version) {
+            return Err(n.error(format!(
+                "{net} is of the other IP version than the rule's ipVersion or protocol"
+            )));
+        }
+        Ok(net)
+    })?;
+    nets.sort();
+    nets.dedup();
+    Ok(nets)
+}
+
+/// An entity's `serviceAccounts`: the names (sorted, without duplicates) and the selector.
+fn service_accounts(f: &Field) -> Result<ServiceAccountMatch, FieldError> {
+    let sa = f.object()?;
+    let names = match sa.get("names") {
+        Some(n) => {
+            let mut names = n.strings()?;
+            names.sort();
+            names.dedup();
+            names
+        }
+        None => Vec::new(),
+    };
+    let selector = match sa.get("selector") {
+        Some(s) => selector(&s)?.unwrap_or(Selector::All),
+        None => Selector::All,
+    };
+    sa.finish()?;
+    Ok(ServiceAccountMatch { names, selector })
+}
+
+/// An entity's `ports` or `notPorts` (`key`): only with a protocol that has ports, and no
+/// named port in `notPorts`.
+fn entity_ports(
+    o: &Object<'_>,
+    key: &'static str,
+    proto: Option<Protocol>,
+) -> Result<Vec<PortSpec>, FieldError> {
+    let Some(f) = o.get(key) else {
+        return Ok(Vec::new());
+    };
+    if !proto.is_some_and(Protocol::has_ports) {
+        return Err(f.error(format!(
+            "{key} needs the rule's protocol to be TCP, UDP, SCTP or UDPLite"
+        )));
+    }
+    f.each(|p| {
+        let spec = calico_port(&p)?;
+        if key == "notPorts" && matches!(spec, PortSpec::Named(_)) {
+            return Err(p.error("named ports are not supported in notPorts: list numbers"));
+        }
+        Ok(spec)
+    })
+}
+
 /// A rule's `source` or `destination`.
 fn entity(
     field: &Field,
@@ -236,29 +308,8 @@ fn entity(
     version: Option<IpVersion>,
 ) -> Result<EntityRule, FieldError> {
     let o = field.object()?;
-    let nets_of = |key: &'static str| -> Result<Vec<IpNet>, FieldError> {
-        let Some(f) = o.get(key) else {
-            return Ok(Vec::new());
-        };
-        let mut nets = f.each(|n| {
-            let net = cidr(&n)?;
-            let net_version = match net {
-                IpNet::V4(_) => IpVersion::V4,
-                IpNet::V6(_) => IpVersion::V6,
-            };
-            if version.is_some_and(|v| v != net_version) {
-                return Err(n.error(format!(
-                    "{net} is of the other IP version than the rule's ipVersion or protocol"
-                )));
-            }
-            Ok(net)
-        })?;
-        nets.sort();
-        nets.dedup();
-        Ok(nets)
-    };
-    let nets = nets_of("nets")?;
-    let not_nets = nets_of("notNets")?;
+    let nets = entity_nets(&o, "nets", version)?;
+    let not_nets = entity_nets(&o, "notNets", version)?;
     let sel = o
         .get("selector")
         .map(|f| selector(&f))
@@ -274,46 +325,12 @@ fn entity(
         .map(|f| selector(&f))
         .transpose()?
         .flatten();
-    let service_accounts = match o.get("serviceAccounts") {
-        Some(f) => {
-            let sa = f.object()?;
-            let names = match sa.get("names") {
-                Some(n) => {
-                    let mut names = n.strings()?;
-                    names.sort();
-                    names.dedup();
-                    names
-                }
-                None => Vec::new(),
-            };
-            let selector = match sa.get("selector") {
-                Some(s) => selector(&s)?.unwrap_or(Selector::All),
-                None => Selector::All,
-            };
-            sa.finish()?;
-            Some(ServiceAccountMatch { names, selector })
-        }
-        None => None,
-    };
-    let ports_of = |key: &'static str| -> Result<Vec<PortSpec>, FieldError> {
-        let Some(f) = o.get(key) else {
-            return Ok(Vec::new());
-        };
-        if !proto.is_some_and(Protocol::has_ports) {
-            return Err(f.error(format!(
-                "{key} needs the rule's protocol to be TCP, UDP, SCTP or UDPLite"
-            )));
-        }
-        f.each(|p| {
-            let spec = calico_port(&p)?;
-            if key == "notPorts" && matches!(spec, PortSpec::Named(_)) {
-                return Err(p.error("named ports are not supported in notPorts: list numbers"));
-            }
-            Ok(spec)
-        })
-    };
-    let ports = ports_of("ports")?;
-    let not_ports = ports_of("notPorts")?;
+    let service_accounts = o
+        .get("serviceAccounts")
+        .map(|f| service_accounts(&f))
+        .transpose()?;
+    let ports = entity_ports(&o, "ports", proto)?;
+    let not_ports = entity_ports(&o, "notPorts", proto)?;
     o.finish()?;
     let scope = match (&ns_sel, namespace) {
         (Some(s), _) => NamespaceMatch::Selector(s.clone()),

@@ -933,6 +933,10 @@ fn is_up() -> bool {
     !procs.is_empty() && procs.iter().all(|(_, p)| alive(*p)) && !load_pods().is_empty()
 }
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "`margay-lab up` in order: topology, datastore, daemons per node, pods, then the mesh check; a lab bring-up script"
+)]
 fn up(datastore: Datastore) -> Result<bool, String> {
     if is_up() {
         println!("margay-lab: already up");

@@ -149,6 +149,10 @@ enum Injected {
 
 /// Does one fault, from its first action to its last; what it did, for the log. A datastore
 /// fault adds its writes' outcomes to `probes`.
+#[expect(
+    clippy::too_many_lines,
+    reason = "one match arm per soak fault kind, each from its first action to its recovery"
+)]
 fn inject(
     f: &soak::Fault,
     node: &NodeSpec,
@@ -637,6 +641,10 @@ fn pod_handle(pod: &Pod) -> String {
 }
 
 /// `margay-lab soak`: pingers, the fault schedule, the checks, the table, the teardown.
+#[expect(
+    clippy::too_many_lines,
+    reason = "the soak run in order: pingers, the fault schedule with its timing budget, the checks, the RSS baseline, the table and the teardown"
+)]
 pub fn run(args: SoakArgs) -> Result<bool, String> {
     let store = match args.datastore {
         Datastore::Sqlite => soak::Store::Sqlite,

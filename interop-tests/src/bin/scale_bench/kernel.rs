@@ -391,6 +391,10 @@ pub fn event_block(n: usize, k: usize) -> Result<ipnet::Ipv4Net, String> {
 }
 
 /// One kernel-observed run: convergence, then the claims when `events`.
+#[expect(
+    clippy::too_many_lines,
+    reason = "one kernel-observed run in order: mesh, observer, implementation start, convergence, the claims, teardown; the guards must drop in this order"
+)]
 pub fn run(
     rt: &tokio::runtime::Runtime,
     args: &Args,

@@ -813,6 +813,10 @@ fn print_table(out: &mut impl Write, rows: &[Row]) -> std::io::Result<()> {
     Ok(())
 }
 
+#[expect(
+    clippy::too_many_lines,
+    reason = "the benchmark driver: root and signal checks, then every N and implementation in turn with its report rows"
+)]
 fn main() -> ExitCode {
     let mut args = Args::parse();
     let kernel_mode = args.observe == Observe::Kernel
