@@ -119,8 +119,8 @@ pub async fn start(config: &DatastoreConfig) -> Result<DatastoreHandle, StoreErr
                 sync: config.sync,
                 ..SqliteOptions::default()
             };
-            let store = Store::Sqlite(SqliteStore::open(&config.path, options).await?);
-            let current = Generation::new(store);
+            let store = Store::sqlite(SqliteStore::open(&config.path, options).await?);
+            let current = Generation::new(with_transactions(store, config));
             let (tx, rx) = watch::channel(Snapshot {
                 state: DatastoreState::Connected,
                 current: Some(current.clone()),
@@ -139,6 +139,16 @@ pub async fn start(config: &DatastoreConfig) -> Result<DatastoreHandle, StoreErr
     }
 }
 
+/// The store as `datastore.transactions` says: with its `Atomic` extension in use, or
+/// hidden (every write one object at a time).
+fn with_transactions(store: Store, config: &DatastoreConfig) -> Store {
+    if config.transactions {
+        store
+    } else {
+        store.per_object()
+    }
+}
+
 async fn connect(config: &DatastoreConfig) -> Result<Store, StoreError> {
     match config.kind {
         DatastoreKind::Sqlite => {
@@ -146,8 +156,9 @@ async fn connect(config: &DatastoreConfig) -> Result<Store, StoreError> {
                 sync: config.sync,
                 ..SqliteOptions::default()
             };
-            Ok(Store::Sqlite(
-                SqliteStore::open(&config.path, options).await?,
+            Ok(with_transactions(
+                Store::sqlite(SqliteStore::open(&config.path, options).await?),
+                config,
             ))
         }
         DatastoreKind::Etcd => {
@@ -155,8 +166,9 @@ async fn connect(config: &DatastoreConfig) -> Result<Store, StoreError> {
                 tls: config.tls.clone(),
                 ..EtcdOptions::default()
             };
-            Ok(Store::Etcd(
-                EtcdStore::connect(&config.endpoints, options).await?,
+            Ok(with_transactions(
+                Store::etcd(EtcdStore::connect(&config.endpoints, options).await?),
+                config,
             ))
         }
     }

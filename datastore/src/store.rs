@@ -7,18 +7,55 @@ use crate::contract::{
 use crate::etcd::EtcdStore;
 use crate::sqlite::SqliteStore;
 
-/// The backend chosen by configuration.
+/// The backend chosen by configuration, and whether its `Atomic` extension is in use.
 #[derive(Clone)]
-pub enum Store {
+pub struct Store {
+    backend: Backend,
+    extension: bool,
+}
+
+#[derive(Clone)]
+enum Backend {
     Sqlite(SqliteStore),
     Etcd(EtcdStore),
 }
 
+impl Store {
+    pub fn sqlite(store: SqliteStore) -> Self {
+        Store {
+            backend: Backend::Sqlite(store),
+            extension: true,
+        }
+    }
+
+    pub fn etcd(store: EtcdStore) -> Self {
+        Store {
+            backend: Backend::Etcd(store),
+            extension: true,
+        }
+    }
+
+    /// The same store with its extension hidden from its users ([`Datastore::atomic`] is
+    /// `None`): they take the per-object paths a store without one needs (the Kubernetes
+    /// API), on a real backend. Tools may still call [`Atomic`] on it directly.
+    pub fn per_object(self) -> Self {
+        Store {
+            extension: false,
+            ..self
+        }
+    }
+
+    /// Whether its users see the extension.
+    pub fn extension(&self) -> bool {
+        self.extension
+    }
+}
+
 macro_rules! dispatch {
     ($self:ident, $s:ident => $e:expr) => {
-        match $self {
-            Store::Sqlite($s) => $e,
-            Store::Etcd($s) => $e,
+        match &$self.backend {
+            Backend::Sqlite($s) => $e,
+            Backend::Etcd($s) => $e,
         }
     };
 }
@@ -52,10 +89,15 @@ impl Datastore for Store {
     }
     fn atomic(&self) -> Option<&Store> {
         // Both of today's backends have the extension; a backend without it answers `None`.
-        Some(self)
+        self.extension.then_some(self)
     }
     fn describe(&self) -> String {
-        dispatch!(self, s => s.describe())
+        let backend = dispatch!(self, s => s.describe());
+        if self.extension {
+            backend
+        } else {
+            format!("{backend} (per-object)")
+        }
     }
 }
 

@@ -2116,23 +2116,29 @@ impl<D: Datastore> Ipam<D> {
         Ok(out)
     }
 
-    /// Finishes the node's claims that stopped between their steps (a crash, or a version
-    /// of old): a pending affinity whose block is the node's is confirmed; one whose block is
-    /// not there, or is another node's (a claim that lost the block), goes. Under the node's
-    /// lock, so no claim of this process is between its steps meanwhile.
+    /// Finishes the node's claims and releases that stopped between their steps (a crash,
+    /// or a version of old): a pending affinity whose block is the node's is confirmed; a
+    /// pending one whose block is not there or is another node's (a claim that lost the
+    /// block), and one pending deletion whose block is gone, go. (One pending deletion whose
+    /// block is still the node's is `reclaim_empty_blocks`'.) Under the node's lock, so no
+    /// claim of this process is between its steps meanwhile.
     async fn finish_claims(&self, node: &str) -> Result<(), IpamError> {
         let lock = self.node_lock(node);
         let _serial = lock.lock().await;
-        let pending: Vec<(BlockAffinity, Version)> = self
+        let unfinished: Vec<(BlockAffinity, Version)> = self
             .list::<BlockAffinity>(&BlockAffinity::prefix_of(node))
             .await?
             .into_iter()
-            .filter(|(a, _)| a.state == AffinityState::Pending)
+            .filter(|(a, _)| a.state != AffinityState::Confirmed)
             .collect();
-        for (aff, v) in pending {
+        for (aff, v) in unfinished {
             let key = BlockAffinity::key_of(node, &aff.cidr);
             let block = self.get::<Block>(&block_key(&aff.cidr)).await?;
-            let step = if block.is_some_and(|(b, _)| b.affinity.as_deref() == Some(node)) {
+            let ours = block.is_some_and(|(b, _)| b.affinity.as_deref() == Some(node));
+            if aff.state == AffinityState::PendingDeletion && ours {
+                continue;
+            }
+            let step = if aff.state == AffinityState::Pending && ours {
                 let confirmed = BlockAffinity {
                     state: AffinityState::Confirmed,
                     ..aff
@@ -2365,6 +2371,10 @@ impl<D: Datastore> Ipam<D> {
                 )),
                 (AffinityState::Pending, _) => report.problems.push(format!(
                     "unfinished claim of {} by {} (run ipam gc for that node)",
+                    a.cidr, a.node
+                )),
+                (AffinityState::PendingDeletion, _) => report.problems.push(format!(
+                    "unfinished release of {} by {} (run ipam gc for that node)",
                     a.cidr, a.node
                 )),
                 _ => {}

@@ -217,6 +217,10 @@ pub struct DatastoreConfig {
     pub endpoints: Vec<String>,
     /// etcd over TLS: `ca`, and `cert` + `key` when etcd wants client certificates.
     pub tls: Option<::datastore::etcd::EtcdTls>,
+    /// Whether IPAM uses the backend's transactions over several objects (both backends
+    /// have them): a claim is one commit. `false` writes one object at a time, as on a
+    /// datastore without them (the Kubernetes API); for testing that path on these backends.
+    pub transactions: bool,
 }
 
 impl Default for DatastoreConfig {
@@ -227,6 +231,7 @@ impl Default for DatastoreConfig {
             sync: ::datastore::sqlite::Sync::Full,
             endpoints: vec!["http://127.0.0.1:2379".into()],
             tls: None,
+            transactions: true,
         }
     }
 }

@@ -4,15 +4,21 @@
 //!   allocations/s and releases/s with 1 and 8 concurrent clients on one node, each next to
 //!   the backend's raw conditional-update rate; p50/p99 latency of one allocation; the time
 //!   for 200 pods' allocations on one node.
-//! - `ipam-bench worker --store SPEC --node N --count C --prefix P`: allocates C addresses,
-//!   one per handle `P-<i>`, printing `assigned <handle> <address>` once each is stored. For
-//!   the multi-process and kill -9 tests.
+//! - `ipam-bench worker --store SPEC --node N --count C --prefix P [--release]
+//!   [--crash-after-writes K]`: allocates C addresses, one per handle `P-<i>`, printing
+//!   `assigned <handle> <address>` once each is stored (and with `--release` gives each back,
+//!   printing `released <handle>`). With `--crash-after-writes K` the process aborts right
+//!   after its K-th write to the store (counted one object at a time: the store's extension
+//!   is hidden), as a `kill -9` between two steps would stop it. For the multi-process and
+//!   crash tests.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
-use datastore::contract::{Atomic, Datastore};
+use datastore::contract::{
+    Atomic, Datastore, Kind, Object, ObjectList, ObjectWatch, Result as StoreResult, Version,
+};
 use datastore::etcd::EtcdOptions;
 use datastore::model::IpPool;
 use datastore::sqlite::{SqliteOptions, SqliteStore};
@@ -45,6 +51,12 @@ enum Command {
         count: usize,
         #[arg(long)]
         prefix: String,
+        /// Release each address after allocating it.
+        #[arg(long)]
+        release: bool,
+        /// Abort the process right after this many writes (0: before the first).
+        #[arg(long)]
+        crash_after_writes: Option<usize>,
     },
 }
 
@@ -63,7 +75,30 @@ fn main() -> std::process::ExitCode {
                 node,
                 count,
                 prefix,
-            } => worker(&store, &node, count, &prefix).await,
+                release,
+                crash_after_writes,
+            } => {
+                let store = lab::open_store(&store).await?;
+                let work = Work {
+                    node: &node,
+                    count,
+                    prefix: &prefix,
+                    release,
+                };
+                match crash_after_writes {
+                    None => worker(Ipam::new(store), work).await,
+                    Some(left) => {
+                        let store = CrashAfter {
+                            inner: store,
+                            left: std::sync::atomic::AtomicUsize::new(left),
+                        };
+                        if left == 0 {
+                            std::process::abort();
+                        }
+                        worker(Ipam::new(store), work).await
+                    }
+                }
+            }
         }
     });
     match result {
@@ -84,14 +119,92 @@ fn request(handle: String, node: &str) -> AssignRequest {
     }
 }
 
-async fn worker(spec: &str, node: &str, count: usize, prefix: &str) -> Result<(), IpamError> {
-    let ipam = Ipam::new(lab::open_store(spec).await?);
-    for i in 0..count {
-        let handle = format!("{prefix}-{i}");
-        let (v4, _) = ipam.auto_assign(&request(handle.clone(), node)).await?;
+/// What a worker does.
+struct Work<'a> {
+    node: &'a str,
+    count: usize,
+    prefix: &'a str,
+    release: bool,
+}
+
+async fn worker<D: Datastore>(ipam: Ipam<D>, work: Work<'_>) -> Result<(), IpamError> {
+    use std::io::Write;
+    for i in 0..work.count {
+        let handle = format!("{}-{i}", work.prefix);
+        let (v4, _) = ipam
+            .auto_assign(&request(handle.clone(), work.node))
+            .await?;
         println!("assigned {handle} {}", v4[0].address);
+        if work.release {
+            ipam.release_by_handle(&handle).await?;
+            println!("released {handle}");
+        }
+        // Printed before the next write: what the test reads is what was acknowledged.
+        let _ = std::io::stdout().flush();
     }
     Ok(())
+}
+
+/// A store that aborts the process right after its `left`-th write, with the extension
+/// hidden so that every write is one object's (one step of an IPAM operation).
+struct CrashAfter {
+    inner: datastore::Store,
+    left: std::sync::atomic::AtomicUsize,
+}
+
+impl CrashAfter {
+    fn wrote(&self) {
+        if self.left.fetch_sub(1, std::sync::atomic::Ordering::SeqCst) == 1 {
+            std::process::abort();
+        }
+    }
+}
+
+impl Datastore for CrashAfter {
+    type Atomic = datastore::Store;
+
+    async fn get(&self, kind: Kind, name: &str) -> StoreResult<Option<Object>> {
+        self.inner.get(kind, name).await
+    }
+    async fn list(&self, kind: Kind, prefix: &str) -> StoreResult<ObjectList> {
+        self.inner.list(kind, prefix).await
+    }
+    async fn create(&self, kind: Kind, name: &str, value: Vec<u8>) -> StoreResult<Version> {
+        let v = self.inner.create(kind, name, value).await;
+        if v.is_ok() {
+            self.wrote();
+        }
+        v
+    }
+    async fn update(
+        &self,
+        kind: Kind,
+        name: &str,
+        value: Vec<u8>,
+        expected: Version,
+    ) -> StoreResult<Version> {
+        let v = self.inner.update(kind, name, value, expected).await;
+        if v.is_ok() {
+            self.wrote();
+        }
+        v
+    }
+    async fn delete(&self, kind: Kind, name: &str, expected: Version) -> StoreResult<()> {
+        let v = self.inner.delete(kind, name, expected).await;
+        if v.is_ok() {
+            self.wrote();
+        }
+        v
+    }
+    async fn watch(&self, kind: Kind, from: Version) -> StoreResult<ObjectWatch> {
+        self.inner.watch(kind, from).await
+    }
+    fn atomic(&self) -> Option<&datastore::Store> {
+        None
+    }
+    fn describe(&self) -> String {
+        format!("{} (aborts after writes)", self.inner.describe())
+    }
 }
 
 struct Rates {

@@ -81,17 +81,20 @@ pub fn try_binary(name: &str) -> Result<PathBuf, String> {
     }
 }
 
-/// Opens a store from "sqlite:PATH" or "etcd:URL[,URL...]" (what the load generators take).
+/// Opens a store from "sqlite:PATH" or "etcd:URL[,URL...]" (what the load generators take),
+/// either with "per-object:" before it for the store with its extension hidden.
 pub async fn open_store(spec: &str) -> Result<datastore::Store, datastore::contract::StoreError> {
     use datastore::{Store, StoreError};
     use datastore::{etcd, sqlite};
-    if let Some(path) = spec.strip_prefix("sqlite:") {
-        Ok(Store::Sqlite(
+    if let Some(rest) = spec.strip_prefix("per-object:") {
+        Ok(Box::pin(open_store(rest)).await?.per_object())
+    } else if let Some(path) = spec.strip_prefix("sqlite:") {
+        Ok(Store::sqlite(
             sqlite::SqliteStore::open(path, sqlite::SqliteOptions::default()).await?,
         ))
     } else if let Some(urls) = spec.strip_prefix("etcd:") {
         let endpoints: Vec<String> = urls.split(',').map(str::to_owned).collect();
-        Ok(Store::Etcd(
+        Ok(Store::etcd(
             etcd::EtcdStore::connect(&endpoints, etcd::EtcdOptions::default()).await?,
         ))
     } else {
