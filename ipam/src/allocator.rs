@@ -1,24 +1,22 @@
 //! IPAM against the datastore: pools, block claims, allocation, release, garbage collection
 //! and the consistency check (nodes, BGP peers and the like are `datastore::Resources`').
 //!
-//! Today every operation is a compare-and-swap transaction of the datastore's `Atomic`
-//! extension over the versions just read: a claim creates the block, with its first
-//! addresses, and its confirmed affinity in one commit (Calico's three steps, affinity
-//! pending → block → affinity confirmed, make up for a store without multi-key
-//! transactions); a block and the handles change together, so a crash never leaves an
-//! address without its handle or the other way round. A lost race re-reads and retries, a
-//! bounded number of times. Affinities left pending or pending deletion (by older versions)
-//! are finished by `claim`, `gc` and `reclaim_empty_blocks`.
+//! Every operation's writes are one description (`crate::steps`): steps on single objects in
+//! Calico's order (a claim: affinity pending, block, affinity confirmed; an allocation: the
+//! handle, then the block; a release the other way round), each compare-and-swap on the
+//! version read. Where the store has the `Atomic` extension they are merged into one
+//! transaction (a claim is one commit, with its first addresses); where it has not, they are
+//! written one at a time, and what a crash or a lost race between two of them leaves is
+//! finished: a claim's or a release's affinity by the node's `reclaim_empty_blocks` (run by
+//! GC too), a handle's stray count by the handle's release. A lost race re-reads and
+//! retries, a bounded number of times.
 //!
 //! One `Ipam` serves every request of a store (bgpd keeps one per connection): a node's
-//! requests are serialised by its lock and served together from its cached block (`Fast`,
-//! group commit) while the store has not changed under it.
+//! requests are serialised by its lock and, on a store with the extension, served together
+//! from its cached block (`Fast`, group commit) while the store has not changed under it.
 //!
-//! Not yet: the per-object path that stores without the extension (the Kubernetes API)
-//! need, in Calico's order, sharing one description of the steps with the transaction.
-//!
-//! Why this file is long: every IPAM operation is a read-check-write transaction on the same
-//! blocks, affinities and handles; they share the retry loop and the transaction helpers.
+//! Why this file is long: every IPAM operation is a read-check-write on the same blocks,
+//! affinities and handles; they share the retry loop, the steps and their executor.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::net::IpAddr;
