@@ -225,10 +225,13 @@ async fn held_for_retry(
     Ok(None)
 }
 
-/// Rounds of asking bgpd for replacements before giving up: a fresh block costs up to two (its
-/// network address, then its gateway), a block that fills up on its broadcast address one more
-/// before the next block's two.
-const SKIP_ROUNDS: usize = 6;
+/// Rounds of asking bgpd for replacements before giving up. A block holds three withheld
+/// addresses (network, gateway, broadcast), and those given back after earlier ADDs are
+/// free again: on a node whose blocks are otherwise full, every block may offer its three
+/// before bgpd claims a new one (whose first two are withheld too). They stay held while
+/// bgpd is asked again, so each round moves past one: three per block of the node's (20 by
+/// default, `maxBlocksPerHost`) and a new block's two.
+const SKIP_ROUNDS: usize = 3 * 20 + 2;
 
 /// Whether the allocation is one a pod must not get (an error for a block too small for the
 /// gateway mode).
