@@ -1539,7 +1539,11 @@ impl<D: Datastore> Ipam<D> {
             if lost.key == *affinity && lost.done == 0 {
                 self.claim(node, &block.pool, block.cidr).await?;
             } else if lost.key == block_key(&block.cidr) && lost.done == 1 {
-                self.withdraw_pending(node, block.cidr).await?;
+                self.settle_claim(node, block.cidr).await?;
+            } else if lost.key == *affinity && lost.done == 2 {
+                // The block is ours, its affinity changed meanwhile (confirmed by another of
+                // the node's claims, or a pending one cleared away): make it confirmed.
+                self.settle_claim(node, block.cidr).await?;
             }
         }
         Ok(())
@@ -1600,15 +1604,17 @@ impl<D: Datastore> Ipam<D> {
             Err(lost) => lost,
         };
         if lost.key != key || lost.done > 0 {
-            // Another node got the block first (after our pending affinity, one step at a
-            // time: withdraw it).
-            return self.withdraw_pending(node, cidr).await;
+            // The block is there (after our pending affinity, one step at a time).
+            return self.settle_claim(node, cidr).await;
         }
         let Some((a, r)) = self.get::<BlockAffinity>(&key).await? else {
             return Ok(());
         };
         if a.state != AffinityState::Pending {
             return Ok(());
+        }
+        if self.get::<Block>(&block_key(&cidr)).await?.is_some() {
+            return self.settle_claim(node, cidr).await;
         }
         // A pending claim of ours that did not finish: the block, then the affinity confirmed.
         let confirmed = BlockAffinity {
@@ -1621,12 +1627,52 @@ impl<D: Datastore> Ipam<D> {
         ];
         match self.commit(steps, vec![]).await? {
             Ok(_) => Ok(()),
-            Err(lost) if lost.key == block_key(&cidr) => {
-                // Another node got the block first: withdraw our claim.
-                self.withdraw_pending(node, cidr).await
-            }
+            Err(lost) if lost.key == block_key(&cidr) => self.settle_claim(node, cidr).await,
             Err(_) => Ok(()),
         }
+    }
+
+    /// After a claim of `cidr` by `node` found its block there: if it is the node's (made by
+    /// another of the node's claims: another process of the node, or a claim a crash left
+    /// half done that this one finished), the claim is the node's all the same and its
+    /// affinity is made confirmed; if it is another node's, the node's pending affinity goes.
+    /// (Withdrawing it from a block of the node's own would leave the block without its
+    /// affinity record.)
+    async fn settle_claim(&self, node: &str, cidr: IpNet) -> Result<(), IpamError> {
+        match self.get::<Block>(&block_key(&cidr)).await? {
+            Some((b, _)) if b.affinity.as_deref() == Some(node) => {
+                self.ensure_confirmed(node, cidr).await
+            }
+            Some(_) => self.withdraw_pending(node, cidr).await,
+            None => Ok(()),
+        }
+    }
+
+    /// Makes `node`'s affinity to its block `cidr` confirmed: created if missing, confirmed if
+    /// pending (one pending deletion is a release under way, left alone).
+    async fn ensure_confirmed(&self, node: &str, cidr: IpNet) -> Result<(), IpamError> {
+        let key = BlockAffinity::key_of(node, &cidr);
+        let confirmed = BlockAffinity {
+            node: node.into(),
+            cidr,
+            state: AffinityState::Confirmed,
+        };
+        for _ in 0..RETRIES {
+            let step = match self.get::<BlockAffinity>(&key).await? {
+                None => Self::put(key.clone(), &confirmed, None),
+                Some((a, v)) if a.state == AffinityState::Pending => {
+                    Self::put(key.clone(), &confirmed, Some(v))
+                }
+                Some(_) => return Ok(()),
+            };
+            if self.commit(vec![step], vec![]).await?.is_ok() {
+                return Ok(());
+            }
+        }
+        Err(IpamError::Contention {
+            what: format!("the affinity of {node} to {cidr}"),
+            attempts: RETRIES,
+        })
     }
 
     /// Allocates one given address.

@@ -1,6 +1,6 @@
-//! The allocator's per-object path under interleavings and crashes: three nodes claim,
-//! allocate and release at once on one store without the `Atomic` extension, every write
-//! preceded by a number of yields drawn from the case's seed (so the nodes' steps interleave
+//! The allocator's per-object path under interleavings and crashes: three nodes (one of
+//! them as two processes) claim, allocate and release at once on one store without the
+//! `Atomic` extension, every write preceded by a number of yields drawn from the case's seed (so the nodes' steps interleave
 //! differently in every case), and the "process" crashing at a drawn write: from there on
 //! every write fails, as if bgpd had been killed between two steps. Then a restarted
 //! allocator does what the cluster does after a crash: the runtime retries the CNI DEL of
@@ -128,13 +128,19 @@ struct Outcome {
     retry_del: BTreeSet<String>,
 }
 
-async fn node_run(ipam: Arc<Ipam<Chaos>>, node: &'static str, actions: Vec<Action>) -> Outcome {
+/// One process's pods on `node` (`tag` tells two processes of one node apart).
+async fn node_run(
+    ipam: Arc<Ipam<Chaos>>,
+    node: &'static str,
+    tag: &'static str,
+    actions: Vec<Action>,
+) -> Outcome {
     let mut out = Outcome::default();
     let mut started = Vec::new();
     for (i, action) in actions.into_iter().enumerate() {
         match action {
             Action::Add(n) => {
-                let handle = format!("net.{node}-{i}");
+                let handle = format!("net.{node}{tag}-{i}");
                 started.push(handle.clone());
                 let req = AssignRequest {
                     handle: handle.clone(),
@@ -170,7 +176,7 @@ async fn node_run(ipam: Arc<Ipam<Chaos>>, node: &'static str, actions: Vec<Actio
 async fn run_case(
     seed: u64,
     crash_at: Option<usize>,
-    plans: [Vec<Action>; 3],
+    plans: [Vec<Action>; 4],
 ) -> std::result::Result<(), TestCaseError> {
     let dir = tempfile::tempdir().unwrap();
     let sqlite = SqliteStore::open(dir.path().join("s.db"), SqliteOptions::default())
@@ -200,13 +206,20 @@ async fn run_case(
         .unwrap();
     store.state.armed.store(true, Ordering::SeqCst);
 
+    // Node a runs two processes (two allocators: their node locks are their own, and they
+    // race for the node's blocks as two bgpds of one node would); b and c share the first.
     let ipam = Arc::new(Ipam::new(store.clone()));
-    let [a, b, c] = plans;
-    let (oa, ob, oc) = tokio::join!(
-        node_run(ipam.clone(), NODES[0], a),
-        node_run(ipam.clone(), NODES[1], b),
-        node_run(ipam.clone(), NODES[2], c),
+    let other = Arc::new(Ipam::new(store.clone()));
+    let [a, a2, b, c] = plans;
+    let (oa, oa2, ob, oc) = tokio::join!(
+        node_run(ipam.clone(), NODES[0], "", a),
+        node_run(other, NODES[0], "x", a2),
+        node_run(ipam.clone(), NODES[1], "", b),
+        node_run(ipam.clone(), NODES[2], "", c),
     );
+    let mut oa = oa;
+    oa.live.extend(oa2.live);
+    oa.retry_del.extend(oa2.retry_del);
 
     // The restart: a new allocator (no cache, no locks held) on a store that works again.
     store.state.armed.store(false, Ordering::SeqCst);
@@ -276,6 +289,7 @@ proptest! {
         seed in any::<u64>(),
         crash_at in proptest::option::of(0..80usize),
         a in proptest::collection::vec(action(), 0..10),
+        a2 in proptest::collection::vec(action(), 0..10),
         b in proptest::collection::vec(action(), 0..10),
         c in proptest::collection::vec(action(), 0..10),
     ) {
@@ -283,6 +297,6 @@ proptest! {
             .enable_all()
             .build()
             .unwrap();
-        rt.block_on(run_case(seed, crash_at, [a, b, c]))?;
+        rt.block_on(run_case(seed, crash_at, [a, a2, b, c]))?;
     }
 }
