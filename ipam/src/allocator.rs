@@ -1940,7 +1940,11 @@ impl<D: Datastore> Ipam<D> {
                 .await?,
             );
         }
-        self.settle_handle(handle).await?;
+        // As a rule the handle recorded just what was freed, and the last release deleted
+        // it; only when it recorded more is it read again and put right.
+        if freed.len() as u64 != u64::from(h.total()) {
+            self.settle_handle(handle).await?;
+        }
         Ok(freed)
     }
 
