@@ -115,12 +115,7 @@ pub async fn start(config: &DatastoreConfig) -> Result<DatastoreHandle, StoreErr
     let describe = config.describe();
     match config.kind {
         DatastoreKind::Sqlite => {
-            let options = SqliteOptions {
-                sync: config.sync,
-                ..SqliteOptions::default()
-            };
-            let store = Store::sqlite(SqliteStore::open(&config.path, options).await?);
-            let current = Generation::new(with_transactions(store, config));
+            let current = Generation::new(connect(config).await?);
             let (tx, rx) = watch::channel(Snapshot {
                 state: DatastoreState::Connected,
                 current: Some(current.clone()),

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use ::datastore::contract::{Atomic, Datastore};
+use ::datastore::contract::Datastore;
 use ::datastore::model::Node;
 use ::datastore::{ResourceError, Resources};
 use ipam::IpamError;
@@ -71,10 +71,7 @@ pub async fn run(config: Config, mut datastore: DatastoreHandle, registered: wat
 }
 
 /// One registration pass.
-pub async fn register<D: Datastore + Atomic>(
-    config: &Config,
-    ipam: &Ipam<D>,
-) -> Result<(), IpamError> {
+pub async fn register<D: Datastore>(config: &Config, ipam: &Ipam<D>) -> Result<(), IpamError> {
     let name = &config.node.name;
     let resources = Resources::new(ipam.store());
     let mut node = match resources.get_node(name).await {

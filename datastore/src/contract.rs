@@ -11,9 +11,9 @@
 //!   optimisations use it, through [`Datastore::atomic`], and IPAM is correct without it.
 //!
 //! In the key-value backends an object of kind `k` named `n` is the key `k.prefix + n`, and
-//! its version is the key's mod revision. [`Store`] picks a backend at run time;
-//! [`PerObjectOnly`] hides a backend's extension (tests run the allocator's per-object path
-//! on real SQLite and etcd with it).
+//! its version is the key's mod revision. `crate::store::Store` picks a backend at run time,
+//! and `Store::per_object` hides its extension (bgpd's `datastore.transactions = false`, and
+//! the tests that run the per-object paths on real SQLite and etcd).
 //!
 //! Why this file is long: the two layers of the contract and their types belong together;
 //! the core over a key-value store (`over_keys`) is the bridge between them.
@@ -561,46 +561,6 @@ macro_rules! datastore_over_keys {
     };
 }
 pub(crate) use datastore_over_keys;
-
-/// A store with its [`Atomic`] extension hidden: callers take the per-object paths, as they
-/// will on a store that has none (the Kubernetes API).
-#[derive(Clone)]
-pub struct PerObjectOnly<D>(pub D);
-
-impl<D: Datastore> Datastore for PerObjectOnly<D> {
-    type Atomic = D::Atomic;
-
-    async fn get(&self, kind: Kind, name: &str) -> Result<Option<Object>> {
-        self.0.get(kind, name).await
-    }
-    async fn list(&self, kind: Kind, name_prefix: &str) -> Result<ObjectList> {
-        self.0.list(kind, name_prefix).await
-    }
-    async fn create(&self, kind: Kind, name: &str, value: Vec<u8>) -> Result<Version> {
-        self.0.create(kind, name, value).await
-    }
-    async fn update(
-        &self,
-        kind: Kind,
-        name: &str,
-        value: Vec<u8>,
-        expected: Version,
-    ) -> Result<Version> {
-        self.0.update(kind, name, value, expected).await
-    }
-    async fn delete(&self, kind: Kind, name: &str, expected: Version) -> Result<()> {
-        self.0.delete(kind, name, expected).await
-    }
-    async fn watch(&self, kind: Kind, from: Version) -> Result<ObjectWatch> {
-        self.0.watch(kind, from).await
-    }
-    fn atomic(&self) -> Option<&D::Atomic> {
-        None
-    }
-    fn describe(&self) -> String {
-        format!("{} (per-object only)", self.0.describe())
-    }
-}
 
 /// Checks what both backends require of keys and transactions.
 pub(crate) fn validate_ops(ops: &[Op]) -> Result<()> {

@@ -3,9 +3,9 @@
 //!
 //! - `contract`: the core contract ([`Datastore`]: objects of one kind, compare-and-swap on
 //!   each object's version, watch of one kind) and the optional [`Atomic`] extension
-//!   (multi-key transactions and reads at one store-wide revision), [`PerObjectOnly`] (a
-//!   store without its extension).
-//! - `store`: [`Store`], the backend chosen at run time.
+//!   (multi-key transactions and reads at one store-wide revision).
+//! - `store`: [`Store`], the backend chosen at run time, with its extension in use or hidden
+//!   (`Store::per_object`).
 //! - `syncer`: several kinds listed and watched as one stream (bgpd's brain).
 //! - `sqlite` (embedded default), `etcd` (clusters): the backends; both have the extension.
 //! - `resource`: how typed resources are encoded into stored values, with a schema version.
@@ -31,8 +31,7 @@ pub mod store;
 pub mod syncer;
 
 pub use contract::{
-    Atomic, Datastore, Kind, Object, ObjectEvent, ObjectList, ObjectWatch, PerObjectOnly,
-    StoreError, Version,
+    Atomic, Datastore, Kind, Object, ObjectEvent, ObjectList, ObjectWatch, StoreError, Version,
 };
 pub use error::ResourceError;
 pub use policy::selector;

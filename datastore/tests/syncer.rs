@@ -7,7 +7,7 @@ use std::time::Duration;
 use datastore::contract::{Datastore, Kind};
 use datastore::sqlite::{SqliteOptions, SqliteStore};
 use datastore::syncer::{self, KindsWatch};
-use datastore::{ObjectEvent, PerObjectOnly};
+use datastore::{ObjectEvent, Store};
 
 const A: Kind = Kind::new("A", "/t/a/");
 const B: Kind = Kind::new("B", "/t/b/");
@@ -79,5 +79,5 @@ async fn one_watch_per_kind_where_it_has_not() {
     let store = SqliteStore::open(dir.path().join("s.db"), SqliteOptions::default())
         .await
         .unwrap();
-    follows_its_kinds(PerObjectOnly(store)).await;
+    follows_its_kinds(Store::sqlite(store).per_object()).await;
 }

@@ -1,6 +1,6 @@
 //! The datastore contract's conformance suite, in two parts like the contract: the
 //! per-object cases ([`run_objects`]) run against every backend, and against SQLite and etcd
-//! with their extension hidden ([`datastore::PerObjectOnly`]); the key-value cases of the
+//! with their extension hidden (`datastore::Store::per_object`); the key-value cases of the
 //! [`Atomic`] extension ([`run_atomic`]) against the backends that have it. Each case works
 //! under its own prefix (or kind), so the cases can share one store, and checks versions only
 //! relative to what it read itself.

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use datastore::PerObjectOnly;
+use datastore::Store;
 use datastore::etcd::EtcdOptions;
 use datastore::sqlite::{SqliteOptions, SqliteStore};
 use interop_tests::{conformance, lab};
@@ -15,9 +15,10 @@ async fn sqlite_conforms() {
     let store = SqliteStore::open(dir.path().join("store.db"), SqliteOptions::default())
         .await
         .unwrap();
+    let store = Store::sqlite(store);
     let mut failures = conformance::run_objects(Arc::new(store.clone()), "/objects/").await;
     failures.extend(
-        conformance::run_objects(Arc::new(PerObjectOnly(store.clone())), "/per-object/").await,
+        conformance::run_objects(Arc::new(store.clone().per_object()), "/per-object/").await,
     );
     failures.extend(conformance::run_atomic(Arc::new(store), "/conformance/").await);
     assert!(failures.is_empty(), "{failures:#?}");
@@ -26,10 +27,10 @@ async fn sqlite_conforms() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_conforms() {
     let etcd = lab::etcd::EtcdCluster::start(1);
-    let store = etcd.store(EtcdOptions::default()).await;
+    let store = Store::etcd(etcd.store(EtcdOptions::default()).await);
     let mut failures = conformance::run_objects(Arc::new(store.clone()), "/objects/").await;
     failures.extend(
-        conformance::run_objects(Arc::new(PerObjectOnly(store.clone())), "/per-object/").await,
+        conformance::run_objects(Arc::new(store.clone().per_object()), "/per-object/").await,
     );
     failures.extend(conformance::run_atomic(Arc::new(store), "/conformance/").await);
     assert!(failures.is_empty(), "{failures:#?}");

@@ -60,13 +60,9 @@ impl BgpService {
 
     /// The store, or `unavailable` naming it.
     fn store(&self) -> Result<Store, Status> {
-        self.datastore.store().ok_or_else(|| {
-            Status::unavailable(format!(
-                "datastore {} unavailable: {:?}",
-                self.datastore.describe(),
-                self.datastore.state()
-            ))
-        })
+        self.datastore
+            .store()
+            .ok_or_else(|| convert::unavailable(&self.datastore))
     }
 }
 

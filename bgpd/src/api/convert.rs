@@ -14,6 +14,16 @@ use ipnet::IpNet;
 use proto::v1 as pb;
 use tonic::Status;
 
+/// The status of a call that needs the datastore while it is not connected: which one, and
+/// how it is.
+pub fn unavailable(datastore: &crate::datastore::DatastoreHandle) -> Status {
+    Status::unavailable(format!(
+        "datastore {} unavailable: {:?}",
+        datastore.describe(),
+        datastore.state()
+    ))
+}
+
 /// The gRPC status of an IPAM or resource error (the resource layer's errors are IPAM's of
 /// the same name).
 pub fn status(e: impl Into<IpamError>) -> Status {

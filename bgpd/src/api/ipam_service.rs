@@ -72,20 +72,16 @@ impl IpamService {
     /// The allocator of the current store (one per store, shared by every request), or
     /// `unavailable` naming the datastore.
     fn ipam(&self) -> Result<Arc<Ipam<Store>>, Status> {
-        self.datastore.ipam().ok_or_else(|| self.unavailable())
+        self.datastore
+            .ipam()
+            .ok_or_else(|| convert::unavailable(&self.datastore))
     }
 
     /// The current store, or `unavailable` naming the datastore.
     fn store(&self) -> Result<Store, Status> {
-        self.datastore.store().ok_or_else(|| self.unavailable())
-    }
-
-    fn unavailable(&self) -> Status {
-        Status::unavailable(format!(
-            "datastore {} unavailable: {:?}",
-            self.datastore.describe(),
-            self.datastore.state()
-        ))
+        self.datastore
+            .store()
+            .ok_or_else(|| convert::unavailable(&self.datastore))
     }
 
     fn node_or_default<'a>(&'a self, node: &'a str) -> &'a str {

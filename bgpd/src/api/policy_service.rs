@@ -15,7 +15,7 @@ use proto::v1::policy_server::Policy as PolicyApi;
 use serde_json::Value;
 use tonic::{Request, Response, Status};
 
-use super::convert::{invalid, required, status};
+use super::convert::{self, invalid, required, status};
 use crate::cluster::policy::{PolicyDocs, decode, doc_ref};
 use crate::datastore::DatastoreHandle;
 
@@ -107,13 +107,9 @@ impl PolicyService {
     }
 
     fn store(&self) -> Result<Store, Status> {
-        self.datastore.store().ok_or_else(|| {
-            Status::unavailable(format!(
-                "datastore {} unavailable: {:?}",
-                self.datastore.describe(),
-                self.datastore.state()
-            ))
-        })
+        self.datastore
+            .store()
+            .ok_or_else(|| convert::unavailable(&self.datastore))
     }
 
     /// Every policy input of the cluster, parsed as the brain parses it.

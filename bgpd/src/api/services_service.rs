@@ -33,13 +33,10 @@ impl ServicesService {
     }
 
     async fn configuration(&self) -> Result<BgpConfiguration, Status> {
-        let store = self.datastore.store().ok_or_else(|| {
-            Status::unavailable(format!(
-                "datastore {} unavailable: {:?}",
-                self.datastore.describe(),
-                self.datastore.state()
-            ))
-        })?;
+        let store = self
+            .datastore
+            .store()
+            .ok_or_else(|| convert::unavailable(&self.datastore))?;
         Ok(Resources::new(&store)
             .bgp_configuration()
             .await

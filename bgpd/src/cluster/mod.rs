@@ -532,14 +532,14 @@ pub async fn run(
     let mut brain = Brain::new(me, file, speaker);
     let mut backoff = Duration::from_millis(250);
     loop {
-        let (Some(store), Some(ipam)) = (datastore.store(), datastore.ipam()) else {
+        let Some(ipam) = datastore.ipam() else {
             datastore.changed().await;
             if !datastore.is_alive() {
                 return;
             }
             continue;
         };
-        match follow(&mut brain, &store, &ipam, &hub).await {
+        match follow(&mut brain, &ipam, &hub).await {
             Ok(()) => backoff = Duration::from_millis(250),
             Err(FollowError::Bgp(SpeakerError::Stopped)) => return,
             Err(e) => {
@@ -554,12 +554,8 @@ pub async fn run(
 /// Lists once, then follows the watch: each change updates the cache, and each burst of
 /// changes is computed and applied once. Returns (to list again) when the watch ends, or when
 /// the pools with VXLAN changed (which other nodes' blocks the cache keeps, [`Change::Relist`]).
-async fn follow(
-    brain: &mut Brain,
-    store: &Store,
-    ipam: &Ipam<Store>,
-    hub: &Hub,
-) -> Result<(), FollowError> {
+async fn follow(brain: &mut Brain, ipam: &Ipam<Store>, hub: &Hub) -> Result<(), FollowError> {
+    let store = ipam.store();
     // The listing's bytes (every value, handles included) are dropped once decoded, and so
     // is each pass's copy of the state before the wait: neither is kept while idle.
     let (mut cache, mut watch) = {

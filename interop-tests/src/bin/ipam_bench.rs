@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
 use datastore::contract::{
-    Atomic, Datastore, Kind, Object, ObjectList, ObjectWatch, Result as StoreResult, Version,
+    Datastore, Kind, Object, ObjectList, ObjectWatch, Result as StoreResult, Version,
 };
 use datastore::etcd::EtcdOptions;
 use datastore::model::IpPool;
@@ -153,10 +153,12 @@ struct CrashAfter {
 }
 
 impl CrashAfter {
-    fn wrote(&self) {
-        if self.left.fetch_sub(1, std::sync::atomic::Ordering::SeqCst) == 1 {
+    /// Passes a write's result on, aborting once the `left`-th write went through.
+    fn wrote<T>(&self, result: StoreResult<T>) -> StoreResult<T> {
+        if result.is_ok() && self.left.fetch_sub(1, std::sync::atomic::Ordering::SeqCst) == 1 {
             std::process::abort();
         }
+        result
     }
 }
 
@@ -170,11 +172,7 @@ impl Datastore for CrashAfter {
         self.inner.list(kind, prefix).await
     }
     async fn create(&self, kind: Kind, name: &str, value: Vec<u8>) -> StoreResult<Version> {
-        let v = self.inner.create(kind, name, value).await;
-        if v.is_ok() {
-            self.wrote();
-        }
-        v
+        self.wrote(self.inner.create(kind, name, value).await)
     }
     async fn update(
         &self,
@@ -183,18 +181,10 @@ impl Datastore for CrashAfter {
         value: Vec<u8>,
         expected: Version,
     ) -> StoreResult<Version> {
-        let v = self.inner.update(kind, name, value, expected).await;
-        if v.is_ok() {
-            self.wrote();
-        }
-        v
+        self.wrote(self.inner.update(kind, name, value, expected).await)
     }
     async fn delete(&self, kind: Kind, name: &str, expected: Version) -> StoreResult<()> {
-        let v = self.inner.delete(kind, name, expected).await;
-        if v.is_ok() {
-            self.wrote();
-        }
-        v
+        self.wrote(self.inner.delete(kind, name, expected).await)
     }
     async fn watch(&self, kind: Kind, from: Version) -> StoreResult<ObjectWatch> {
         self.inner.watch(kind, from).await
@@ -213,7 +203,7 @@ struct Rates {
 }
 
 /// `clients` concurrent tasks allocating `total` addresses on one node, then releasing them.
-async fn alloc_release<D: Datastore + Atomic>(
+async fn alloc_release<D: Datastore>(
     ipam: Arc<Ipam<D>>,
     run: &str,
     clients: usize,
@@ -259,7 +249,7 @@ async fn alloc_release<D: Datastore + Atomic>(
     Ok((Rates { alloc, release }, latencies))
 }
 
-async fn measure<D: Datastore + Atomic + Clone>(
+async fn measure<D: Datastore + Clone>(
     store: D,
     name: &str,
     n: usize,

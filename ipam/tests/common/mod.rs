@@ -7,113 +7,28 @@ use std::collections::HashSet;
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use std::future::Future;
-
-use datastore::contract::{
-    Atomic, Datastore, KeyValue, Kind, Listing, Object, ObjectList, ObjectWatch, Op, Read,
-    ReadResult, Result, Revision, Version, Watch,
-};
+use datastore::Store;
+use datastore::contract::Datastore;
 use datastore::model::{IpFamily, IpPool};
 use datastore::sqlite::{SqliteOptions, SqliteStore};
 use ipam::allocator::{AssignRequest, Ipam};
 
 /// A fresh store for one test's allocator: SQLite, with its `Atomic` extension in use, or
 /// hidden from the allocator when the test crate says `PER_OBJECT` (the same cases again on
-/// the per-object path, as on a store without the extension). The test itself may still
-/// use the extension, to set up or inspect the store.
-pub async fn ipam() -> (Ipam<TestStore>, tempfile::TempDir) {
+/// the per-object path, as on a store without the extension, through `Store::per_object`).
+/// The test itself may still use the extension, to set up or inspect the store.
+pub async fn ipam() -> (Ipam<Store>, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let store = SqliteStore::open(dir.path().join("s.db"), SqliteOptions::default())
         .await
         .unwrap();
-    let store = TestStore {
-        inner: store,
-        extension: !crate::PER_OBJECT,
+    let store = Store::sqlite(store);
+    let store = if crate::PER_OBJECT {
+        store.per_object()
+    } else {
+        store
     };
     (Ipam::new(store), dir)
-}
-
-/// A SQLite store whose extension the allocator sees or not (see [`ipam`]).
-pub struct TestStore {
-    pub inner: SqliteStore,
-    pub extension: bool,
-}
-
-impl Datastore for TestStore {
-    type Atomic = SqliteStore;
-
-    fn get(&self, kind: Kind, name: &str) -> impl Future<Output = Result<Option<Object>>> + Send {
-        self.inner.get(kind, name)
-    }
-    fn list(&self, kind: Kind, prefix: &str) -> impl Future<Output = Result<ObjectList>> + Send {
-        Datastore::list(&self.inner, kind, prefix)
-    }
-    fn create(
-        &self,
-        kind: Kind,
-        name: &str,
-        value: Vec<u8>,
-    ) -> impl Future<Output = Result<Version>> + Send {
-        self.inner.create(kind, name, value)
-    }
-    fn update(
-        &self,
-        kind: Kind,
-        name: &str,
-        value: Vec<u8>,
-        expected: Version,
-    ) -> impl Future<Output = Result<Version>> + Send {
-        self.inner.update(kind, name, value, expected)
-    }
-    fn delete(
-        &self,
-        kind: Kind,
-        name: &str,
-        expected: Version,
-    ) -> impl Future<Output = Result<()>> + Send {
-        self.inner.delete(kind, name, expected)
-    }
-    fn watch(&self, kind: Kind, from: Version) -> impl Future<Output = Result<ObjectWatch>> + Send {
-        self.inner.watch(kind, from)
-    }
-    fn atomic(&self) -> Option<&SqliteStore> {
-        self.extension.then_some(&self.inner)
-    }
-    fn describe(&self) -> String {
-        self.inner.describe()
-    }
-}
-
-/// The test's own use of the extension (setting up and inspecting the store).
-impl Atomic for TestStore {
-    fn get_key(&self, key: &str) -> impl Future<Output = Result<Option<KeyValue>>> + Send {
-        self.inner.get_key(key)
-    }
-    fn list_keys(&self, prefix: &str) -> impl Future<Output = Result<Listing>> + Send {
-        self.inner.list_keys(prefix)
-    }
-    fn read(
-        &self,
-        reads: Vec<Read>,
-    ) -> impl Future<Output = Result<(Vec<ReadResult>, Revision)>> + Send {
-        self.inner.read(reads)
-    }
-    fn txn(&self, ops: Vec<Op>) -> impl Future<Output = Result<Revision>> + Send {
-        self.inner.txn(ops)
-    }
-    fn watch_keys(
-        &self,
-        prefix: &str,
-        after: Revision,
-    ) -> impl Future<Output = Result<Watch>> + Send {
-        self.inner.watch_keys(prefix, after)
-    }
-    fn revision(&self) -> impl Future<Output = Result<Revision>> + Send {
-        self.inner.revision()
-    }
-    fn compact(&self, revision: Revision) -> impl Future<Output = Result<()>> + Send {
-        self.inner.compact(revision)
-    }
 }
 
 pub fn pool(name: &str, cidr: &str, block: u8) -> IpPool {
@@ -173,7 +88,7 @@ pub fn block_of(family: IpFamily, bits: u8) -> u8 {
 /// for `ask(t, i)` = (node, IPv4 count, IPv6 count) under the handle `net.t{t}-{i}`; each
 /// answer checked for the counts and families asked for. Every handle with what it got.
 pub async fn concurrent_requests<F>(
-    ipam: &Arc<Ipam<TestStore>>,
+    ipam: &Arc<Ipam<Store>>,
     tasks: usize,
     per_task: usize,
     ask: F,
@@ -209,10 +124,7 @@ where
 
 /// What [`concurrent_requests`] handed out: no address twice, each handle holding exactly
 /// what it was given, and `check` finding nothing wrong; its report's allocation count.
-pub async fn assert_distinct_and_held(
-    ipam: &Ipam<TestStore>,
-    all: &[(String, Vec<IpAddr>)],
-) -> u64 {
+pub async fn assert_distinct_and_held(ipam: &Ipam<Store>, all: &[(String, Vec<IpAddr>)]) -> u64 {
     let addresses: Vec<IpAddr> = all.iter().flat_map(|(_, a)| a.clone()).collect();
     let distinct: HashSet<&IpAddr> = addresses.iter().collect();
     assert_eq!(
