@@ -10,6 +10,7 @@ use std::time::Duration;
 use ::datastore::Store;
 use ::datastore::contract::{Datastore, StoreError};
 use ::datastore::etcd::{EtcdOptions, EtcdStore};
+use ::datastore::kubernetes::KubeStore;
 use ::datastore::model::BgpConfiguration;
 use ::datastore::resource::Resource;
 use ::datastore::sqlite::{SqliteOptions, SqliteStore};
@@ -123,7 +124,7 @@ pub async fn start(config: &DatastoreConfig) -> Result<DatastoreHandle, StoreErr
             tokio::spawn(supervise(tx, Some(current), config.clone()));
             Ok(DatastoreHandle { describe, rx })
         }
-        DatastoreKind::Etcd => {
+        DatastoreKind::Etcd | DatastoreKind::Kubernetes => {
             let (tx, rx) = watch::channel(Snapshot {
                 state: DatastoreState::Connecting,
                 current: None,
@@ -165,6 +166,20 @@ async fn connect(config: &DatastoreConfig) -> Result<Store, StoreError> {
                 Store::etcd(EtcdStore::connect(&config.endpoints, options).await?),
                 config,
             ))
+        }
+        DatastoreKind::Kubernetes => {
+            let store =
+                KubeStore::connect(config.kubeconfig.as_deref(), ipam::calico::codecs()).await?;
+            // Calico's CRDs (and margay's own) where the cluster lacks them; a cluster whose
+            // RBAC forbids it (calico-node may not create CRDs) has them installed already.
+            match store.install_crds().await {
+                Ok(created) if !created.is_empty() => {
+                    tracing::info!(crds = ?created, "installed the CRDs the cluster lacked");
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "could not install missing CRDs"),
+            }
+            Ok(Store::kubernetes(store))
         }
     }
 }
@@ -213,7 +228,7 @@ async fn supervise(
         };
         tokio::time::sleep(match config.kind {
             DatastoreKind::Sqlite => PROBE_EVERY_SQLITE,
-            DatastoreKind::Etcd => PROBE_EVERY,
+            DatastoreKind::Etcd | DatastoreKind::Kubernetes => PROBE_EVERY,
         })
         .await;
         // One read of one object: what every backend answers (the BGP configuration may

@@ -322,21 +322,44 @@ impl Drop for Watch {
 
 /// The changes of one kind after a list's version, in order; ends with `Err` as [`Watch`].
 pub struct ObjectWatch {
+    source: ObjectSource,
+}
+
+enum ObjectSource {
     /// The key-value backends watch the kind's prefix; the names are the keys' rest.
-    keys: Watch,
-    kind: Kind,
+    Keys { keys: Watch, kind: Kind },
+    /// A backend of objects (the Kubernetes API) sends them from its task.
+    Objects {
+        rx: mpsc::Receiver<Result<ObjectEvent>>,
+        task: tokio::task::JoinHandle<()>,
+    },
 }
 
 impl ObjectWatch {
+    /// A watch whose backend's `task` sends the kind's changes into `rx`; dropping the watch
+    /// stops the task.
+    pub(crate) fn of_objects(
+        rx: mpsc::Receiver<Result<ObjectEvent>>,
+        task: tokio::task::JoinHandle<()>,
+    ) -> Self {
+        ObjectWatch {
+            source: ObjectSource::Objects { rx, task },
+        }
+    }
+
     /// The next change; `None` only if the backend stopped without saying why.
     pub async fn next(&mut self) -> Option<Result<ObjectEvent>> {
+        let (keys, kind) = match &mut self.source {
+            ObjectSource::Objects { rx, .. } => return rx.recv().await,
+            ObjectSource::Keys { keys, kind } => (keys, *kind),
+        };
         loop {
-            let event = match self.keys.next().await? {
+            let event = match keys.next().await? {
                 Ok(e) => e,
                 Err(e) => return Some(Err(e)),
             };
             // A prefix watch of "/x/" cannot see other keys; the check keeps that an invariant.
-            let Some(name) = self.kind.name_of(&event.key) else {
+            let Some(name) = kind.name_of(&event.key) else {
                 continue;
             };
             return Some(Ok(ObjectEvent {
@@ -344,6 +367,14 @@ impl ObjectWatch {
                 value: event.value,
                 version: Version::of_revision(event.revision),
             }));
+        }
+    }
+}
+
+impl Drop for ObjectWatch {
+    fn drop(&mut self) {
+        if let ObjectSource::Objects { task, .. } = &self.source {
+            task.abort();
         }
     }
 }
@@ -391,6 +422,34 @@ pub trait Datastore: Send + Sync + 'static {
     fn atomic(&self) -> Option<&Self::Atomic>;
     /// e.g. "sqlite:/var/lib/margay/store.db".
     fn describe(&self) -> String;
+}
+
+/// The [`Datastore::Atomic`] of a store that has no extension (its `atomic()` is always
+/// `None`): no value of it exists.
+pub enum NoExtension {}
+
+impl Atomic for NoExtension {
+    async fn get_key(&self, _: &str) -> Result<Option<KeyValue>> {
+        match *self {}
+    }
+    async fn list_keys(&self, _: &str) -> Result<Listing> {
+        match *self {}
+    }
+    async fn read(&self, _: Vec<Read>) -> Result<(Vec<ReadResult>, Revision)> {
+        match *self {}
+    }
+    async fn txn(&self, _: Vec<Op>) -> Result<Revision> {
+        match *self {}
+    }
+    async fn watch_keys(&self, _: &str, _: Revision) -> Result<Watch> {
+        match *self {}
+    }
+    async fn revision(&self) -> Result<Revision> {
+        match *self {}
+    }
+    async fn compact(&self, _: Revision) -> Result<()> {
+        match *self {}
+    }
 }
 
 /// The optional extension of stores with one store-wide revision: keys, not objects.
@@ -492,8 +551,10 @@ pub(crate) mod over_keys {
 
     pub async fn watch<A: Atomic>(store: &A, kind: Kind, from: Version) -> Result<ObjectWatch> {
         Ok(ObjectWatch {
-            keys: store.watch_keys(kind.prefix, from.revision()).await?,
-            kind,
+            source: ObjectSource::Keys {
+                keys: store.watch_keys(kind.prefix, from.revision()).await?,
+                kind,
+            },
         })
     }
 }

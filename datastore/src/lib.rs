@@ -20,9 +20,11 @@
 //! crate's; they use this crate's contract and resource encoding.
 
 pub mod contract;
+pub mod crd;
 pub mod documents;
 pub mod error;
 pub mod etcd;
+pub mod kubernetes;
 pub mod model;
 pub mod resource;
 pub mod resources;

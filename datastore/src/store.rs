@@ -5,6 +5,7 @@ use crate::contract::{
     ReadResult, Result, Revision, Version, Watch,
 };
 use crate::etcd::EtcdStore;
+use crate::kubernetes::KubeStore;
 use crate::sqlite::SqliteStore;
 
 /// The backend chosen by configuration, and whether its `Atomic` extension is in use.
@@ -18,6 +19,8 @@ pub struct Store {
 enum Backend {
     Sqlite(SqliteStore),
     Etcd(EtcdStore),
+    /// No extension: the apiserver has no multi-object transaction.
+    Kubernetes(KubeStore),
 }
 
 impl Store {
@@ -32,6 +35,21 @@ impl Store {
         Store {
             backend: Backend::Etcd(store),
             extension: true,
+        }
+    }
+
+    pub fn kubernetes(store: KubeStore) -> Self {
+        Store {
+            backend: Backend::Kubernetes(store),
+            extension: false,
+        }
+    }
+
+    /// The Kubernetes backend, for what only it does (installing CRDs).
+    pub fn as_kubernetes(&self) -> Option<&KubeStore> {
+        match &self.backend {
+            Backend::Kubernetes(k) => Some(k),
+            _ => None,
         }
     }
 
@@ -56,6 +74,21 @@ macro_rules! dispatch {
         match &$self.backend {
             Backend::Sqlite($s) => $e,
             Backend::Etcd($s) => $e,
+            Backend::Kubernetes($s) => $e,
+        }
+    };
+}
+
+/// As `dispatch!`, for the extension's methods: the backends without one refuse.
+macro_rules! dispatch_atomic {
+    ($self:ident, $s:ident => $e:expr) => {
+        match &$self.backend {
+            Backend::Sqlite($s) => $e,
+            Backend::Etcd($s) => $e,
+            Backend::Kubernetes(k) => Err(crate::contract::StoreError::Backend(format!(
+                "{} has no multi-key transactions, reads or watches",
+                k.describe()
+            ))),
         }
     };
 }
@@ -88,7 +121,7 @@ impl Datastore for Store {
         dispatch!(self, s => s.watch(kind, from).await)
     }
     fn atomic(&self) -> Option<&Store> {
-        // Both of today's backends have the extension; a backend without it answers `None`.
+        // SQLite and etcd have the extension; the Kubernetes API has none (`extension` false).
         self.extension.then_some(self)
     }
     fn describe(&self) -> String {
@@ -103,24 +136,24 @@ impl Datastore for Store {
 
 impl Atomic for Store {
     async fn get_key(&self, key: &str) -> Result<Option<KeyValue>> {
-        dispatch!(self, s => s.get_key(key).await)
+        dispatch_atomic!(self, s => s.get_key(key).await)
     }
     async fn list_keys(&self, prefix: &str) -> Result<Listing> {
-        dispatch!(self, s => s.list_keys(prefix).await)
+        dispatch_atomic!(self, s => s.list_keys(prefix).await)
     }
     async fn read(&self, reads: Vec<Read>) -> Result<(Vec<ReadResult>, Revision)> {
-        dispatch!(self, s => s.read(reads).await)
+        dispatch_atomic!(self, s => s.read(reads).await)
     }
     async fn txn(&self, ops: Vec<Op>) -> Result<Revision> {
-        dispatch!(self, s => s.txn(ops).await)
+        dispatch_atomic!(self, s => s.txn(ops).await)
     }
     async fn watch_keys(&self, prefix: &str, after: Revision) -> Result<Watch> {
-        dispatch!(self, s => s.watch_keys(prefix, after).await)
+        dispatch_atomic!(self, s => s.watch_keys(prefix, after).await)
     }
     async fn revision(&self) -> Result<Revision> {
-        dispatch!(self, s => s.revision().await)
+        dispatch_atomic!(self, s => s.revision().await)
     }
     async fn compact(&self, revision: Revision) -> Result<()> {
-        dispatch!(self, s => s.compact(revision).await)
+        dispatch_atomic!(self, s => s.compact(revision).await)
     }
 }

@@ -4,7 +4,8 @@
 //! left after releasing everything; a process killed with SIGKILL in the middle of
 //! allocating, 50 times, changes none of that; and a process stopped right after each write
 //! of a claim, an allocation and a block's release leaves only what `check` reports and the
-//! runtime's DEL retry and GC finish.
+//! runtime's DEL retry and GC finish. The same on the real kube-apiserver (the Kubernetes
+//! datastore, which writes one object at a time).
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::io::{BufRead, BufReader};
@@ -48,11 +49,17 @@ fn acknowledged(child: &mut Child) -> Vec<(String, String)> {
 }
 
 async fn eight_processes(spec: &str, store: Store) {
+    eight_processes_of(spec, store, 500).await;
+}
+
+/// Eight workers of `EACH` allocations each.
+async fn eight_processes_of(spec: &str, store: Store, each: usize) {
     let ipam = Ipam::new(store);
     ipam.create_pool(&IpPool::new("p", "10.100.0.0/16".parse().unwrap()))
         .await
         .unwrap();
-    const EACH: usize = 500;
+    #[allow(non_snake_case)]
+    let EACH = each;
     // Four nodes, two processes each: processes of one node race for the same blocks.
     let mut children: Vec<Child> = (0..8)
         .map(|i| worker(spec, &format!("node-{}", i % 4), EACH, &format!("w{i}")))
@@ -132,14 +139,29 @@ async fn eight_processes_through_etcd_one_object_at_a_time() {
     eight_processes(&spec, store).await;
 }
 
+/// The real kube-apiserver: eight processes of four nodes, 100 allocations each, one object
+/// at a time (the Kubernetes API has no transaction over several objects).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_processes_through_the_kubernetes_api() {
+    let api = lab::kube_api::KubeApi::start();
+    let spec = format!("kubernetes:{}", api.kubeconfig.display());
+    let store = lab::open_store(&spec).await.unwrap();
+    store.as_kubernetes().unwrap().install_crds().await.unwrap();
+    eight_processes_of(&spec, store, 100).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_mid_allocation_never_hands_out_an_address_twice() {
-    kill_9_mid_allocation("sqlite").await;
+    let dir = tempfile::tempdir().unwrap();
+    let spec = format!("sqlite:{}", dir.path().join("ipam.db").display());
+    kill_9_mid_allocation(&spec, (20, 80)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_mid_allocation_one_object_at_a_time() {
-    kill_9_mid_allocation("per-object:sqlite").await;
+    let dir = tempfile::tempdir().unwrap();
+    let spec = format!("per-object:sqlite:{}", dir.path().join("ipam.db").display());
+    kill_9_mid_allocation(&spec, (20, 80)).await;
 }
 
 /// A worker is stopped right after its k-th write, for every k of one pod's life on the
@@ -150,9 +172,35 @@ async fn kill_9_mid_allocation_one_object_at_a_time() {
 /// finish it, and a pod of another node is untouched throughout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stop_between_any_two_steps_leaves_only_what_gc_finishes() {
-    use datastore::model::IpamConfig;
     let dir = tempfile::tempdir().unwrap();
     let spec = format!("per-object:sqlite:{}", dir.path().join("ipam.db").display());
+    stop_between_any_two_steps(&spec).await;
+}
+
+/// The same nine stops on the real kube-apiserver.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_between_any_two_steps_on_the_kubernetes_api() {
+    let api = lab::kube_api::KubeApi::start();
+    let spec = format!("kubernetes:{}", api.kubeconfig.display());
+    let store = lab::open_store(&spec).await.unwrap();
+    store.as_kubernetes().unwrap().install_crds().await.unwrap();
+    stop_between_any_two_steps(&spec).await;
+}
+
+/// Kill -9 of processes on the real kube-apiserver, 50 times, each after 150–450 ms (its
+/// allocations take longer than on SQLite: each write is a request).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_mid_allocation_on_the_kubernetes_api() {
+    let api = lab::kube_api::KubeApi::start();
+    let spec = format!("kubernetes:{}", api.kubeconfig.display());
+    let store = lab::open_store(&spec).await.unwrap();
+    store.as_kubernetes().unwrap().install_crds().await.unwrap();
+    kill_9_mid_allocation(&spec, (150, 300)).await;
+}
+
+async fn stop_between_any_two_steps(spec: &str) {
+    use datastore::model::IpamConfig;
+    let spec = spec.to_owned();
     let ipam = Ipam::new(lab::open_store(&spec).await.unwrap());
     let mut pool = IpPool::new("p", "10.102.0.0/24".parse().unwrap());
     pool.block_size = 29;
@@ -227,10 +275,9 @@ async fn a_stop_between_any_two_steps_leaves_only_what_gc_finishes() {
     }
 }
 
-async fn kill_9_mid_allocation(store: &str) {
-    let dir = tempfile::tempdir().unwrap();
-    let spec = format!("{store}:{}", dir.path().join("ipam.db").display());
-    let ipam = Ipam::new(lab::open_store(&spec).await.unwrap());
+/// Kills a worker `window.0 + random(window.1)` ms after it started, 50 times.
+async fn kill_9_mid_allocation(spec: &str, window: (u64, u64)) {
+    let ipam = Ipam::new(lab::open_store(spec).await.unwrap());
     // Small blocks, so the workers claim new ones often and get killed mid-claim too; ten
     // nodes of 20 such blocks hold more than 50 rounds allocate.
     let mut pool = IpPool::new("p", "10.101.0.0/16".parse().unwrap());
@@ -244,8 +291,8 @@ async fn kill_9_mid_allocation(store: &str) {
             .wrapping_mul(6364136223846793005)
             .wrapping_add(1442695040888963407);
         let node = format!("node-{}", round % 10);
-        let mut child = worker(&spec, &node, 1_000_000, &format!("r{round}"));
-        std::thread::sleep(Duration::from_millis(20 + (seed >> 33) % 80));
+        let mut child = worker(spec, &node, 1_000_000, &format!("r{round}"));
+        std::thread::sleep(Duration::from_millis(window.0 + (seed >> 33) % window.1));
         child.kill().unwrap();
         child.wait().unwrap();
         let acked = acknowledged(&mut child);
@@ -291,7 +338,7 @@ async fn kill_9_mid_allocation(store: &str) {
         "{collected} collected"
     );
     // New allocations never collide with what survived.
-    let mut after = worker(&spec, "node-1", 50, "after");
+    let mut after = worker(spec, "node-1", 50, "after");
     assert!(after.wait().unwrap().success());
     let more = acknowledged(&mut after);
     let taken: BTreeSet<&str> = acks.iter().map(|(_, a)| a.as_str()).collect();

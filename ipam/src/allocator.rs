@@ -466,7 +466,7 @@ impl<D: Datastore> Ipam<D> {
                     self.keep_fast(&node, states);
                     return Ok(None);
                 };
-                if !usable.iter().any(|p| p.name == state.block.pool) {
+                if !usable.iter().any(|p| state.block.in_pool(p)) {
                     self.keep_fast(&node, states);
                     return Ok(None);
                 }
@@ -902,7 +902,7 @@ impl<D: Datastore> Ipam<D> {
                 return Err(IpamError::Stale(format!("pool {}", pool.name)));
             }
             if current.cidr != pool.cidr || current.block_size != pool.block_size {
-                let blocks = self.blocks_of_pool(&current.name).await?;
+                let blocks = self.blocks_of_pool(&current).await?;
                 if let Some((b, _)) = blocks.first() {
                     return Err(IpamError::InUse(format!(
                         "pool {} has {} block(s) (e.g. {} affine to {}): its cidr and block size cannot change; create a new pool and disable this one",
@@ -932,7 +932,7 @@ impl<D: Datastore> Ipam<D> {
     pub async fn delete_pool(&self, name: &str) -> Result<(), IpamError> {
         for _ in 0..RETRIES {
             let (pool, rev) = self.get_pool(name).await?;
-            let blocks = self.blocks_of_pool(name).await?;
+            let blocks = self.blocks_of_pool(&pool).await?;
             let used: u32 = blocks.iter().map(|(b, _)| b.used()).sum();
             if used > 0 {
                 let example = blocks.iter().find(|(b, _)| b.used() > 0).map(|(b, _)| b);
@@ -1044,12 +1044,12 @@ impl<D: Datastore> Ipam<D> {
         ))
     }
 
-    async fn blocks_of_pool(&self, pool: &str) -> Result<Vec<(Block, Version)>, IpamError> {
+    async fn blocks_of_pool(&self, pool: &IpPool) -> Result<Vec<(Block, Version)>, IpamError> {
         Ok(self
             .all_blocks()
             .await?
             .into_iter()
-            .filter(|(b, _)| b.pool == pool)
+            .filter(|(b, _)| b.in_pool(pool))
             .collect())
     }
 
@@ -2251,7 +2251,7 @@ impl<D: Datastore> Ipam<D> {
             let mine: Vec<&Block> = blocks
                 .iter()
                 .map(|(b, _)| b)
-                .filter(|b| b.pool == pool.name)
+                .filter(|b| b.in_pool(pool))
                 .collect();
             pool_rows.push(PoolUsage {
                 name: pool.name.clone(),
@@ -2269,7 +2269,7 @@ impl<D: Datastore> Ipam<D> {
                 });
                 block_rows.push(BlockUsage {
                     cidr: b.cidr,
-                    pool: b.pool.clone(),
+                    pool: pool.name.clone(),
                     affinity: b.affinity.clone(),
                     state,
                     used: b.used(),
@@ -2340,7 +2340,7 @@ impl<D: Datastore> Ipam<D> {
                 None => report
                     .problems
                     .push(format!("block {} belongs to no pool", b.cidr)),
-                Some((p, _)) if p.name != b.pool => report.problems.push(format!(
+                Some((p, _)) if !b.in_pool(p) => report.problems.push(format!(
                     "block {} lies in pool {} ({}) but records pool {}",
                     b.cidr, p.name, p.cidr, b.pool
                 )),

@@ -89,6 +89,17 @@ impl Block {
         }
     }
 
+    /// Whether the block is one of `pool`'s: by the pool it records, or, for a block written
+    /// without one (Calico's blocks record no pool: the pool is the one whose range holds the
+    /// block), by the pool's range.
+    pub fn in_pool(&self, pool: &datastore::model::IpPool) -> bool {
+        if self.pool.is_empty() {
+            pool.cidr.contains(&self.cidr.network())
+        } else {
+            self.pool == pool.name
+        }
+    }
+
     pub fn size(&self) -> u32 {
         1u32 << (self.cidr.max_prefix_len() - self.cidr.prefix_len()).min(31)
     }

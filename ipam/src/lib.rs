@@ -9,6 +9,7 @@
 
 pub mod allocator;
 pub mod block;
+pub mod calico;
 pub mod error;
 pub mod steps;
 

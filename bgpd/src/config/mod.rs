@@ -202,6 +202,8 @@ pub enum DatastoreKind {
     Sqlite,
     /// An etcd cluster, for real multi-host clusters.
     Etcd,
+    /// The Kubernetes API (Calico's "Kubernetes API datastore"): Calico's CRDs.
+    Kubernetes,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -217,8 +219,11 @@ pub struct DatastoreConfig {
     pub endpoints: Vec<String>,
     /// etcd over TLS: `ca`, and `cert` + `key` when etcd wants client certificates.
     pub tls: Option<::datastore::etcd::EtcdTls>,
-    /// Whether IPAM uses the backend's transactions over several objects (both backends
-    /// have them): a claim is one commit. `false` writes one object at a time, as on a
+    /// Kubernetes: the kubeconfig to reach the API with; unset in a pod, whose service
+    /// account is used.
+    pub kubeconfig: Option<PathBuf>,
+    /// Whether IPAM uses the backend's transactions over several objects (SQLite and etcd
+    /// have them; the Kubernetes API has none, so this is moot there): a claim is one commit. `false` writes one object at a time, as on a
     /// datastore without them (the Kubernetes API); for testing that path on these backends.
     pub transactions: bool,
 }
@@ -231,6 +236,7 @@ impl Default for DatastoreConfig {
             sync: ::datastore::sqlite::Sync::Full,
             endpoints: vec!["http://127.0.0.1:2379".into()],
             tls: None,
+            kubeconfig: None,
             transactions: true,
         }
     }
@@ -242,6 +248,10 @@ impl DatastoreConfig {
         match self.kind {
             DatastoreKind::Sqlite => format!("sqlite:{}", self.path.display()),
             DatastoreKind::Etcd => format!("etcd:{}", self.endpoints.join(",")),
+            DatastoreKind::Kubernetes => match &self.kubeconfig {
+                Some(path) => format!("kubernetes:{}", path.display()),
+                None => "kubernetes:in-cluster".into(),
+            },
         }
     }
 }

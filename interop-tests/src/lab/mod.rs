@@ -9,6 +9,7 @@ pub mod etcd;
 pub mod frr;
 pub mod gobgp;
 pub mod kernel_observer;
+pub mod kube_api;
 pub mod link6;
 pub mod local;
 pub mod mesh;
@@ -81,8 +82,9 @@ pub fn try_binary(name: &str) -> Result<PathBuf, String> {
     }
 }
 
-/// Opens a store from "sqlite:PATH" or "etcd:URL[,URL...]" (what the load generators take),
-/// either with "per-object:" before it for the store with its extension hidden.
+/// Opens a store from "sqlite:PATH", "etcd:URL[,URL...]" or "kubernetes:KUBECONFIG" (what the
+/// load generators take), either of the first two with "per-object:" before it for the store
+/// with its extension hidden.
 pub async fn open_store(spec: &str) -> Result<datastore::Store, datastore::contract::StoreError> {
     use datastore::{Store, StoreError};
     use datastore::{etcd, sqlite};
@@ -97,9 +99,16 @@ pub async fn open_store(spec: &str) -> Result<datastore::Store, datastore::contr
         Ok(Store::etcd(
             etcd::EtcdStore::connect(&endpoints, etcd::EtcdOptions::default()).await?,
         ))
+    } else if let Some(kubeconfig) = spec.strip_prefix("kubernetes:") {
+        let store = datastore::kubernetes::KubeStore::connect(
+            Some(std::path::Path::new(kubeconfig)),
+            ipam::calico::codecs(),
+        )
+        .await?;
+        Ok(Store::kubernetes(store))
     } else {
         Err(StoreError::Backend(format!(
-            "{spec:?}: expected sqlite:PATH or etcd:URL"
+            "{spec:?}: expected sqlite:PATH, etcd:URL or kubernetes:KUBECONFIG"
         )))
     }
 }

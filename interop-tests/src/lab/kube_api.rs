@@ -1,0 +1,321 @@
+//! A real Kubernetes API on loopback: etcd 3.7 (the `etcd-bin-vendored-linux-amd64` crate's
+//! binary; Debian's 3.4 is older than Kubernetes supports) and the kube-apiserver that
+//! `scripts/build-kube` builds from the `k8s.io/kubernetes` module into
+//! `/var/cache/margay/kube-<release>/`. Set up as a cluster would be: TLS serving with a CA of
+//! its own, client certificates from that CA (an admin in `system:masters`), RBAC
+//! authorization, service-account token signing. Both processes are killed by PID when the
+//! [`KubeApi`] is dropped; either can be killed and started again on the same data.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::free_port;
+
+/// The Kubernetes release `scripts/kube/go.mod` pins.
+pub fn release() -> &'static str {
+    const GO_MOD: &str = include_str!("../../../scripts/kube/go.mod");
+    GO_MOD
+        .lines()
+        .find_map(|l| {
+            let mut words = l.split_whitespace();
+            (words.next() == Some("k8s.io/kubernetes"))
+                .then(|| words.next())
+                .flatten()
+                .filter(|v| v.starts_with("v1."))
+        })
+        .expect("scripts/kube/go.mod requires k8s.io/kubernetes")
+}
+
+/// Where `scripts/build-kube` puts the binaries of the pinned release.
+pub fn kube_dir() -> PathBuf {
+    PathBuf::from(format!("/var/cache/margay/kube-{}", release()))
+}
+
+/// `kubectl` of the pinned release.
+pub fn kubectl_path() -> PathBuf {
+    kube_dir().join("kubectl")
+}
+
+/// etcd 3.7, from the crate that ships it.
+pub fn etcd_path() -> PathBuf {
+    match etcd_bin_vendored_linux_amd64::etcd_bin_path() {
+        Ok(p) => p.to_path_buf(),
+        Err(never) => match never {},
+    }
+}
+
+/// etcd and a kube-apiserver over it, on 127.0.0.1.
+pub struct KubeApi {
+    dir: tempfile::TempDir,
+    etcd: Option<Child>,
+    apiserver: Option<Child>,
+    etcd_port: u16,
+    etcd_peer_port: u16,
+    /// The apiserver's HTTPS port.
+    pub port: u16,
+    /// An admin's kubeconfig (client certificate in `system:masters`).
+    pub kubeconfig: PathBuf,
+}
+
+impl KubeApi {
+    /// Starts etcd and the apiserver and waits until the apiserver is ready. Panics naming
+    /// the step that failed (and the apiserver's log) if it cannot be built or started.
+    pub fn start() -> KubeApi {
+        let apiserver = kube_dir().join("kube-apiserver");
+        assert!(
+            apiserver.exists(),
+            "{} is missing: run scripts/build-kube (./scripts/test does)",
+            apiserver.display()
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = write_pki(dir.path());
+        let mut api = KubeApi {
+            etcd: None,
+            apiserver: None,
+            etcd_port: free_port(),
+            etcd_peer_port: free_port(),
+            port: free_port(),
+            kubeconfig,
+            dir,
+        };
+        std::fs::write(&api.kubeconfig, kubeconfig_text(api.dir.path(), api.port)).unwrap();
+        api.start_etcd();
+        api.start_apiserver();
+        api
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// `https://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.port)
+    }
+
+    /// The apiserver's PID while it runs.
+    pub fn apiserver_pid(&self) -> Option<u32> {
+        self.apiserver.as_ref().map(Child::id)
+    }
+
+    /// etcd's PID while it runs.
+    pub fn etcd_pid(&self) -> Option<u32> {
+        self.etcd.as_ref().map(Child::id)
+    }
+
+    pub fn start_etcd(&mut self) {
+        let client = format!("http://127.0.0.1:{}", self.etcd_port);
+        let peer = format!("http://127.0.0.1:{}", self.etcd_peer_port);
+        let mut cmd = Command::new(etcd_path());
+        super::etcd::member_args(
+            &mut cmd,
+            "kube-etcd",
+            &self.dir.path().join("etcd"),
+            &client,
+            &peer,
+        );
+        let log = std::fs::File::create(self.dir.path().join("etcd.log")).unwrap();
+        self.etcd = Some(
+            cmd.stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .expect("start etcd 3.7"),
+        );
+    }
+
+    /// Starts the apiserver and waits (at most 90 s) until `/readyz` answers ok.
+    pub fn start_apiserver(&mut self) {
+        let d = self.dir.path();
+        let log = std::fs::File::create(d.join("apiserver.log")).unwrap();
+        let child = Command::new(kube_dir().join("kube-apiserver"))
+            .arg(format!(
+                "--etcd-servers=http://127.0.0.1:{}",
+                self.etcd_port
+            ))
+            .arg("--bind-address=127.0.0.1")
+            .arg("--advertise-address=127.0.0.1")
+            .arg(format!("--secure-port={}", self.port))
+            .arg(format!("--cert-dir={}", d.join("certs").display()))
+            .arg(format!(
+                "--tls-cert-file={}",
+                d.join("apiserver.pem").display()
+            ))
+            .arg(format!(
+                "--tls-private-key-file={}",
+                d.join("apiserver-key.pem").display()
+            ))
+            .arg(format!("--client-ca-file={}", d.join("ca.pem").display()))
+            .arg("--authorization-mode=RBAC")
+            .arg("--service-account-issuer=https://kubernetes.default.svc.cluster.local")
+            .arg(format!(
+                "--service-account-key-file={}",
+                d.join("sa.pub").display()
+            ))
+            .arg(format!(
+                "--service-account-signing-key-file={}",
+                d.join("sa-key.pem").display()
+            ))
+            .arg("--service-cluster-ip-range=10.96.0.0/16")
+            .arg("--endpoint-reconciler-type=none")
+            .arg("--profiling=false")
+            .arg("--v=1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start kube-apiserver");
+        self.apiserver = Some(child);
+        self.wait_ready(Duration::from_secs(90));
+    }
+
+    /// Waits until `/readyz` says ok, through kubectl with the admin's certificate.
+    pub fn wait_ready(&mut self, limit: Duration) {
+        let started = Instant::now();
+        loop {
+            if let Some(Some(status)) = self.apiserver.as_mut().map(|c| c.try_wait().unwrap()) {
+                panic!(
+                    "kube-apiserver exited ({status}) while starting:\n{}",
+                    self.apiserver_log_tail(40)
+                );
+            }
+            let out = self.kubectl(&["get", "--raw", "/readyz"]);
+            if out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "ok" {
+                return;
+            }
+            if started.elapsed() > limit {
+                panic!(
+                    "kube-apiserver not ready after {limit:?}: {}\n{}",
+                    String::from_utf8_lossy(&out.stderr),
+                    self.apiserver_log_tail(40)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
+    /// kubectl of the pinned release, as the admin.
+    pub fn kubectl(&self, args: &[&str]) -> std::process::Output {
+        Command::new(kubectl_path())
+            .arg(format!("--kubeconfig={}", self.kubeconfig.display()))
+            .args(args)
+            .output()
+            .expect("run kubectl")
+    }
+
+    /// kubectl's stdout; panics with its stderr if it fails.
+    pub fn kubectl_ok(&self, args: &[&str]) -> String {
+        let out = self.kubectl(args);
+        assert!(
+            out.status.success(),
+            "kubectl {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    pub fn apiserver_log_tail(&self, lines: usize) -> String {
+        let log =
+            std::fs::read_to_string(self.dir.path().join("apiserver.log")).unwrap_or_default();
+        let all: Vec<&str> = log.lines().collect();
+        all[all.len().saturating_sub(lines)..].join("\n")
+    }
+
+    /// kill -9 of the apiserver.
+    pub fn kill_apiserver(&mut self) {
+        kill(&mut self.apiserver);
+    }
+
+    /// kill -9 of etcd under the apiserver.
+    pub fn kill_etcd(&mut self) {
+        kill(&mut self.etcd);
+    }
+
+    /// A client of the API as the admin.
+    pub async fn client(&self) -> kube::Client {
+        let file = kube::config::Kubeconfig::read_from(&self.kubeconfig).unwrap();
+        let config = kube::Config::from_custom_kubeconfig(file, &Default::default())
+            .await
+            .unwrap();
+        kube::Client::try_from(config).unwrap()
+    }
+}
+
+fn kill(child: &mut Option<Child>) {
+    if let Some(mut c) = child.take() {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+}
+
+impl Drop for KubeApi {
+    fn drop(&mut self) {
+        kill(&mut self.apiserver);
+        kill(&mut self.etcd);
+    }
+}
+
+/// Writes the CA, the apiserver's serving certificate, the admin's client certificate and
+/// the service-account key pair into `dir`; returns where the kubeconfig goes.
+fn write_pki(dir: &Path) -> PathBuf {
+    use rcgen::{
+        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
+    };
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "margay lab kubernetes CA");
+    let ca_key = KeyPair::generate().unwrap();
+    let ca_pem = ca_params.self_signed(&ca_key).unwrap().pem();
+    let ca = Issuer::new(ca_params, ca_key);
+
+    let mut serving = CertificateParams::new(vec![
+        "127.0.0.1".to_owned(),
+        "localhost".to_owned(),
+        "kubernetes.default.svc".to_owned(),
+    ])
+    .unwrap();
+    serving
+        .distinguished_name
+        .push(DnType::CommonName, "kube-apiserver");
+    serving.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let serving_key = KeyPair::generate().unwrap();
+    let serving_pem = serving.signed_by(&serving_key, &ca).unwrap().pem();
+
+    let mut admin = CertificateParams::new(Vec::<String>::new()).unwrap();
+    admin
+        .distinguished_name
+        .push(DnType::CommonName, "margay-admin");
+    admin
+        .distinguished_name
+        .push(DnType::OrganizationName, "system:masters");
+    admin.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    let admin_key = KeyPair::generate().unwrap();
+    let admin_pem = admin.signed_by(&admin_key, &ca).unwrap().pem();
+
+    let sa_key = KeyPair::generate().unwrap();
+    for (name, text) in [
+        ("ca.pem", ca_pem),
+        ("apiserver.pem", serving_pem),
+        ("apiserver-key.pem", serving_key.serialize_pem()),
+        ("admin.pem", admin_pem),
+        ("admin-key.pem", admin_key.serialize_pem()),
+        ("sa.pub", sa_key.public_key_pem()),
+        ("sa-key.pem", sa_key.serialize_pem()),
+    ] {
+        std::fs::write(dir.join(name), text).unwrap();
+    }
+    dir.join("kubeconfig")
+}
+
+/// The admin's kubeconfig, naming the certificate files in `dir`.
+fn kubeconfig_text(dir: &Path, port: u16) -> String {
+    let d = dir.display();
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: lab\n  cluster:\n    server: https://127.0.0.1:{port}\n    certificate-authority: {d}/ca.pem\n\
+         users:\n- name: admin\n  user:\n    client-certificate: {d}/admin.pem\n    client-key: {d}/admin-key.pem\n\
+         contexts:\n- name: lab\n  context:\n    cluster: lab\n    user: admin\ncurrent-context: lab\n"
+    )
+}
