@@ -69,7 +69,8 @@ impl KubeApi {
             apiserver.display()
         );
         let dir = tempfile::tempdir().unwrap();
-        let kubeconfig = write_pki(dir.path());
+        write_pki(dir.path(), &["127.0.0.1", "localhost"]);
+        let kubeconfig = dir.path().join("kubeconfig");
         let mut api = KubeApi {
             etcd: None,
             apiserver: None,
@@ -79,7 +80,7 @@ impl KubeApi {
             kubeconfig,
             dir,
         };
-        std::fs::write(&api.kubeconfig, kubeconfig_text(api.dir.path(), api.port)).unwrap();
+        std::fs::write(&api.kubeconfig, kubeconfig_text(api.dir.path(), &api.url())).unwrap();
         api.start_etcd();
         api.start_apiserver();
         api
@@ -130,37 +131,12 @@ impl KubeApi {
         let d = self.dir.path();
         let log = std::fs::File::create(d.join("apiserver.log")).unwrap();
         let child = Command::new(kube_dir().join("kube-apiserver"))
-            .arg(format!(
-                "--etcd-servers=http://127.0.0.1:{}",
-                self.etcd_port
+            .args(apiserver_args(
+                d,
+                &format!("http://127.0.0.1:{}", self.etcd_port),
+                "127.0.0.1",
+                self.port,
             ))
-            .arg("--bind-address=127.0.0.1")
-            .arg("--advertise-address=127.0.0.1")
-            .arg(format!("--secure-port={}", self.port))
-            .arg(format!("--cert-dir={}", d.join("certs").display()))
-            .arg(format!(
-                "--tls-cert-file={}",
-                d.join("apiserver.pem").display()
-            ))
-            .arg(format!(
-                "--tls-private-key-file={}",
-                d.join("apiserver-key.pem").display()
-            ))
-            .arg(format!("--client-ca-file={}", d.join("ca.pem").display()))
-            .arg("--authorization-mode=RBAC")
-            .arg("--service-account-issuer=https://kubernetes.default.svc.cluster.local")
-            .arg(format!(
-                "--service-account-key-file={}",
-                d.join("sa.pub").display()
-            ))
-            .arg(format!(
-                "--service-account-signing-key-file={}",
-                d.join("sa-key.pem").display()
-            ))
-            .arg("--service-cluster-ip-range=10.96.0.0/16")
-            .arg("--endpoint-reconciler-type=none")
-            .arg("--profiling=false")
-            .arg("--v=1")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
@@ -256,9 +232,35 @@ impl Drop for KubeApi {
     }
 }
 
-/// Writes the CA, the apiserver's serving certificate, the admin's client certificate and
-/// the service-account key pair into `dir`; returns where the kubeconfig goes.
-fn write_pki(dir: &Path) -> PathBuf {
+/// The arguments of a kube-apiserver whose certificates `write_pki` wrote into `dir`, over
+/// the etcd at `etcd_url`, serving on `address:port`: TLS, client certificates of the CA,
+/// RBAC, service-account tokens signed with the key in `dir`.
+pub fn apiserver_args(dir: &Path, etcd_url: &str, address: &str, port: u16) -> Vec<String> {
+    let file = |name: &str| dir.join(name).display().to_string();
+    vec![
+        format!("--etcd-servers={etcd_url}"),
+        format!("--bind-address={address}"),
+        format!("--advertise-address={address}"),
+        format!("--secure-port={port}"),
+        format!("--cert-dir={}", file("certs")),
+        format!("--tls-cert-file={}", file("apiserver.pem")),
+        format!("--tls-private-key-file={}", file("apiserver-key.pem")),
+        format!("--client-ca-file={}", file("ca.pem")),
+        "--authorization-mode=RBAC".into(),
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local".into(),
+        format!("--service-account-key-file={}", file("sa.pub")),
+        format!("--service-account-signing-key-file={}", file("sa-key.pem")),
+        "--service-cluster-ip-range=10.96.0.0/16".into(),
+        // No Service endpoints to keep for a lab apiserver that no pod reaches.
+        "--endpoint-reconciler-type=none".into(),
+        "--profiling=false".into(),
+        "--v=1".into(),
+    ]
+}
+
+/// Writes the CA, the apiserver's serving certificate (for `hosts`: addresses or names),
+/// the admin's client certificate and the service-account key pair into `dir`.
+pub fn write_pki(dir: &Path, hosts: &[&str]) {
     use rcgen::{
         BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair,
     };
@@ -271,12 +273,9 @@ fn write_pki(dir: &Path) -> PathBuf {
     let ca_pem = ca_params.self_signed(&ca_key).unwrap().pem();
     let ca = Issuer::new(ca_params, ca_key);
 
-    let mut serving = CertificateParams::new(vec![
-        "127.0.0.1".to_owned(),
-        "localhost".to_owned(),
-        "kubernetes.default.svc".to_owned(),
-    ])
-    .unwrap();
+    let mut names: Vec<String> = hosts.iter().map(|h| (*h).to_owned()).collect();
+    names.push("kubernetes.default.svc".into());
+    let mut serving = CertificateParams::new(names).unwrap();
     serving
         .distinguished_name
         .push(DnType::CommonName, "kube-apiserver");
@@ -307,14 +306,14 @@ fn write_pki(dir: &Path) -> PathBuf {
     ] {
         std::fs::write(dir.join(name), text).unwrap();
     }
-    dir.join("kubeconfig")
 }
 
-/// The admin's kubeconfig, naming the certificate files in `dir`.
-fn kubeconfig_text(dir: &Path, port: u16) -> String {
+/// The admin's kubeconfig for the apiserver at `server`, naming the certificate files
+/// `write_pki` wrote into `dir`.
+pub fn kubeconfig_text(dir: &Path, server: &str) -> String {
     let d = dir.display();
     format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: lab\n  cluster:\n    server: https://127.0.0.1:{port}\n    certificate-authority: {d}/ca.pem\n\
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: lab\n  cluster:\n    server: {server}\n    certificate-authority: {d}/ca.pem\n\
          users:\n- name: admin\n  user:\n    client-certificate: {d}/admin.pem\n    client-key: {d}/admin-key.pem\n\
          contexts:\n- name: lab\n  context:\n    cluster: lab\n    user: admin\ncurrent-context: lab\n"
     )

@@ -55,6 +55,8 @@ pub enum Store {
     Sqlite,
     /// A three-member etcd cluster.
     Etcd,
+    /// The Kubernetes API: one kube-apiserver over one etcd.
+    Kubernetes,
 }
 
 /// The lab node the kill faults never hit, so that one node's daemons live through the whole
@@ -83,10 +85,14 @@ pub enum FaultKind {
     EtcdKillLeader,
     /// One member cut from the other members by nftables (its clients still reach it).
     EtcdPartition,
+    /// kill -9 of the (one) kube-apiserver, started again later.
+    ApiserverKill,
+    /// kill -9 of the etcd under the apiserver, started again later on its data.
+    KubeEtcdKill,
 }
 
 impl FaultKind {
-    pub const ALL: [FaultKind; 12] = [
+    pub const ALL: [FaultKind; 14] = [
         FaultKind::KillBgpd,
         FaultKind::KillRoutewriter,
         FaultKind::KillBoth,
@@ -99,6 +105,8 @@ impl FaultKind {
         FaultKind::EtcdKillMember,
         FaultKind::EtcdKillLeader,
         FaultKind::EtcdPartition,
+        FaultKind::ApiserverKill,
+        FaultKind::KubeEtcdKill,
     ];
 
     /// Whether the fault exists for a cluster on `store`.
@@ -108,6 +116,7 @@ impl FaultKind {
             FaultKind::EtcdKillMember | FaultKind::EtcdKillLeader | FaultKind::EtcdPartition => {
                 store == Store::Etcd
             }
+            FaultKind::ApiserverKill | FaultKind::KubeEtcdKill => store == Store::Kubernetes,
             _ => true,
         }
     }
@@ -130,6 +139,8 @@ impl FaultKind {
                 | FaultKind::EtcdKillMember
                 | FaultKind::EtcdKillLeader
                 | FaultKind::EtcdPartition
+                | FaultKind::ApiserverKill
+                | FaultKind::KubeEtcdKill
         )
     }
 
@@ -155,6 +166,8 @@ impl FaultKind {
             FaultKind::EtcdKillMember => "kill -9 etcd member",
             FaultKind::EtcdKillLeader => "kill -9 etcd leader",
             FaultKind::EtcdPartition => "etcd member partitioned",
+            FaultKind::ApiserverKill => "kill -9 kube-apiserver",
+            FaultKind::KubeEtcdKill => "kill -9 apiserver's etcd",
         }
     }
 
@@ -232,7 +245,10 @@ pub fn schedule(seed: u64, nodes: usize, total: Duration, store: Store) -> Vec<F
             FaultKind::UplinkDown => rng.millis(1_000, 10_000),
             FaultKind::RouterLoss => Duration::from_secs(30),
             FaultKind::DiskFull | FaultKind::EtcdPartition => rng.millis(5_000, 15_000),
-            FaultKind::EtcdKillMember | FaultKind::EtcdKillLeader => rng.millis(1_000, 10_000),
+            FaultKind::EtcdKillMember
+            | FaultKind::EtcdKillLeader
+            | FaultKind::ApiserverKill
+            | FaultKind::KubeEtcdKill => rng.millis(1_000, 10_000),
         };
         t += gap + hold + OVERHEAD;
         if churn {
@@ -303,14 +319,17 @@ pub struct Probe {
 impl Probe {
     /// Whether the outcome is what the datastore promises. An etcd cluster of three takes
     /// writes with one member down or cut off; a full disk may refuse a write (a clean CNI
-    /// error, nothing half-written) or take it (SQLite reuses its journal's pages); after any
-    /// fault, writes work.
+    /// error, nothing half-written) or take it (SQLite reuses its journal's pages); the one
+    /// apiserver, or the etcd under it, down refuses writes, cleanly; after any fault, writes
+    /// work.
     pub fn as_expected(&self) -> bool {
         match (&self.outcome, self.phase, self.kind) {
             (ProbeOutcome::Written { .. }, _, _) => true,
-            (ProbeOutcome::Refused { clean, .. }, ProbePhase::During, FaultKind::DiskFull) => {
-                *clean
-            }
+            (
+                ProbeOutcome::Refused { clean, .. },
+                ProbePhase::During,
+                FaultKind::DiskFull | FaultKind::ApiserverKill | FaultKind::KubeEtcdKill,
+            ) => *clean,
             (ProbeOutcome::Refused { .. }, _, _) => false,
         }
     }
@@ -564,6 +583,7 @@ impl Report {
             match self.store {
                 Store::Sqlite => "sqlite",
                 Store::Etcd => "etcd (3 members)",
+                Store::Kubernetes => "kubernetes (kube-apiserver over etcd)",
             },
             self.sent
         );
@@ -672,7 +692,7 @@ mod tests {
     #[test]
     fn the_schedule_keeps_its_bounds_and_churns_steadily() {
         let total = Duration::from_secs(1800);
-        for store in [Store::Sqlite, Store::Etcd] {
+        for store in [Store::Sqlite, Store::Etcd, Store::Kubernetes] {
             let plan = schedule(7, 4, total, store);
             let mut planned = Duration::ZERO;
             let mut since_churn = Duration::ZERO;
@@ -690,7 +710,9 @@ mod tests {
                     }
                     FaultKind::UplinkDown
                     | FaultKind::EtcdKillMember
-                    | FaultKind::EtcdKillLeader => {
+                    | FaultKind::EtcdKillLeader
+                    | FaultKind::ApiserverKill
+                    | FaultKind::KubeEtcdKill => {
                         assert!(within(1, 10), "{f:?}")
                     }
                     FaultKind::DiskFull | FaultKind::EtcdPartition => {

@@ -22,8 +22,12 @@
 //! daemons, so `down` stops them by PID and removes their data with the rest; `status` names
 //! the datastore in use.
 //!
-//! `soak --minutes N [--seed S] [--etcd]`: the lab under faults (`soak.rs`), then taken down
-//! and checked that nothing is left.
+//! `up --kubernetes` puts it in the Kubernetes API instead (`kube.rs`): etcd 3.7 and the
+//! kube-apiserver `scripts/build-kube` builds, in a namespace of their own, holding Calico's
+//! CRDs; `kubectl ARGS` runs kubectl of the same release against it.
+//!
+//! `soak --minutes N [--seed S] [--etcd|--kubernetes]`: the lab under faults (`soak.rs`), then
+//! taken down and checked that nothing is left.
 //!
 //! Everything it makes is named `mlab-*` (namespaces) or lives in /run/margay-lab (configs,
 //! pid files, logs, the datastore's mount). `MARGAY_LAB_NAME=x` makes that `x-*` and
@@ -37,6 +41,7 @@ use std::time::{Duration, Instant};
 use clap::{Parser, Subcommand};
 
 mod etcd;
+mod kube;
 mod soak;
 
 const NETWORK: &str = "k8s-pod-network";
@@ -71,8 +76,17 @@ enum Cmd {
     Up {
         /// Keep the cluster's state in a real etcd cluster (three members, a namespace each)
         /// instead of the shared SQLite file.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "kubernetes")]
         etcd: bool,
+        /// Keep it in the Kubernetes API (a kube-apiserver over etcd 3.7, in a namespace of
+        /// its own), in Calico's CRDs.
+        #[arg(long)]
+        kubernetes: bool,
+    },
+    /// kubectl against the lab's apiserver (`up --kubernetes`), e.g. `kubectl get ippools`.
+    Kubectl {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
     },
     /// Ping every pod from every pod.
     Check,
@@ -109,8 +123,12 @@ enum Cmd {
         seed: Option<u64>,
         /// Soak the lab on a three-member etcd cluster (with etcd's faults) instead of SQLite
         /// (with the full disk).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "kubernetes")]
         etcd: bool,
+        /// Soak the lab on the Kubernetes API (the apiserver killed and restarted, etcd under
+        /// it killed).
+        #[arg(long)]
+        kubernetes: bool,
         /// Print the seed's planned faults and stop.
         #[arg(long)]
         plan: bool,
@@ -423,6 +441,7 @@ fn socket(node: &str) -> PathBuf {
 enum Datastore {
     Sqlite,
     Etcd,
+    Kubernetes,
 }
 
 impl Datastore {
@@ -441,6 +460,19 @@ impl Datastore {
                     .collect::<Vec<_>>()
                     .join(", ")
             ),
+            Datastore::Kubernetes => format!(
+                "[datastore]\nkind = \"kubernetes\"\nkubeconfig = \"{}\"\n",
+                kube::kubeconfig().display()
+            ),
+        }
+    }
+
+    /// The `--etcd` / `--kubernetes` flags' choice.
+    fn chosen(etcd: bool, kubernetes: bool) -> Datastore {
+        match (etcd, kubernetes) {
+            (true, _) => Datastore::Etcd,
+            (_, true) => Datastore::Kubernetes,
+            _ => Datastore::Sqlite,
         }
     }
 
@@ -461,6 +493,7 @@ impl Datastore {
                     .join(" "),
                 etcd::dir().display()
             ),
+            Datastore::Kubernetes => kube::describe(),
         }
     }
 
@@ -472,6 +505,7 @@ impl Datastore {
         {
             "etcd" => Some(Datastore::Etcd),
             "sqlite" => Some(Datastore::Sqlite),
+            "kubernetes" => Some(Datastore::Kubernetes),
             _ => None,
         }
     }
@@ -480,6 +514,7 @@ impl Datastore {
         let name = match self {
             Datastore::Sqlite => "sqlite",
             Datastore::Etcd => "etcd",
+            Datastore::Kubernetes => "kubernetes",
         };
         std::fs::write(state().join("datastore"), name).map_err(|e| e.to_string())
     }
@@ -978,6 +1013,14 @@ fn up(datastore: Datastore) -> Result<bool, String> {
             );
             etcd::start_cluster()?;
         }
+        Datastore::Kubernetes => {
+            println!(
+                "margay-lab: kube-apiserver {} at {} over etcd 3.7",
+                interop_tests::lab::kube_api::release(),
+                kube::url()
+            );
+            kube::start()?;
+        }
         Datastore::Sqlite => mount_store()?,
     }
     for n in &NODES {
@@ -1118,11 +1161,14 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     let result = match Args::parse().command {
-        Cmd::Up { etcd } => up(if etcd {
-            Datastore::Etcd
-        } else {
-            Datastore::Sqlite
-        }),
+        Cmd::Up { etcd, kubernetes } => up(Datastore::chosen(etcd, kubernetes)),
+        Cmd::Kubectl { args } => {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            kube::kubectl(&args).map(|out| {
+                print!("{out}");
+                true
+            })
+        }
         Cmd::Check => check(Duration::from_secs(5)),
         Cmd::Status => status().map(|_| true),
         Cmd::Down => down().map(|_| true),
@@ -1139,16 +1185,13 @@ fn main() -> ExitCode {
             minutes,
             seed,
             etcd,
+            kubernetes,
             plan,
         } => soak::run(soak::SoakArgs {
             plan,
             minutes,
             seed: seed.unwrap_or_else(|| soak::unix_now() as u64),
-            datastore: if etcd {
-                Datastore::Etcd
-            } else {
-                Datastore::Sqlite
-            },
+            datastore: Datastore::chosen(etcd, kubernetes),
         }),
     };
     match result {

@@ -28,8 +28,9 @@ use interop_tests::lab::soak;
 
 use super::{
     Datastore, NETWORK, NODES, NodeSpec, Pod, alive, bgpctl, block_on, cni, cni_add, cni_del, down,
-    etcd, gone, in_ns, ip, is_mounted, is_up, kill9, lab_name, lab_namespaces, load_pods, matrix,
-    node_dir, ns, pids, pod_ns, recorded_pid, socket, start_again, state, store_dir, up, wait_for,
+    etcd, gone, in_ns, ip, is_mounted, is_up, kill9, kube, lab_name, lab_namespaces, load_pods,
+    matrix, node_dir, ns, pids, pod_ns, recorded_pid, socket, start_again, state, store_dir, up,
+    wait_for,
 };
 
 /// The soak's options (see `margay-lab soak --help`).
@@ -361,6 +362,35 @@ fn inject(
             probes.extend([during, after]);
             Ok(Injected::Done(what))
         }
+        K::ApiserverKill | K::KubeEtcdKill => {
+            let until = Instant::now() + hold;
+            let what = if f.kind == K::ApiserverKill {
+                kube::kill_apiserver()?;
+                "the kube-apiserver"
+            } else {
+                kube::kill_etcd()?;
+                "the etcd under the apiserver"
+            };
+            std::thread::sleep(PROBE_AFTER);
+            let during = probe(n, soak::ProbePhase::During, f.kind);
+            std::thread::sleep(until.saturating_duration_since(Instant::now()));
+            if f.kind == K::ApiserverKill {
+                kube::start_apiserver()?;
+            } else {
+                kube::start_etcd()?;
+                kube::wait_ready(Duration::from_secs(60))?;
+            }
+            let during = during.finish(n, pods);
+            let after = probe(n, soak::ProbePhase::After, f.kind).finish(n, pods);
+            let what = format!(
+                "{what} killed for {:.1} s, restarted; a write through {n} during: {}, after: {}",
+                hold.as_secs_f64(),
+                outcome(&during.outcome),
+                outcome(&after.outcome)
+            );
+            probes.extend([during, after]);
+            Ok(Injected::Done(what))
+        }
     }
 }
 
@@ -649,6 +679,7 @@ pub fn run(args: SoakArgs) -> Result<bool, String> {
     let store = match args.datastore {
         Datastore::Sqlite => soak::Store::Sqlite,
         Datastore::Etcd => soak::Store::Etcd,
+        Datastore::Kubernetes => soak::Store::Kubernetes,
     };
     if args.plan {
         print_plan(&args, store);
@@ -920,6 +951,7 @@ const MESH_HOLD_TIME: Duration = Duration::from_secs(bgpd::cluster::peers::DEFAU
 fn keep_logs(dir: &Path) {
     let mut from: Vec<PathBuf> = NODES.iter().map(|n| node_dir(n.name)).collect();
     from.push(etcd::dir());
+    from.push(kube::dir());
     for d in from {
         let Ok(entries) = std::fs::read_dir(&d) else {
             continue;
