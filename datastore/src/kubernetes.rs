@@ -1,21 +1,19 @@
 //! The Kubernetes API as margay's datastore (Calico's "Kubernetes API datastore"): each object
-//! is one custom resource, its version the resource's `resourceVersion`. This backend keeps
-//! the core contract ([`Datastore`]) and not the [`Atomic`] extension: the apiserver has no
-//! multi-object transaction, so the allocator takes its per-object path here.
+//! is one resource, its version the resource's `resourceVersion` (an etcd revision on every
+//! etcd-backed apiserver, which [`Version`] holds). It keeps the core contract
+//! ([`Datastore`]), not the [`Atomic`] extension: the apiserver has no multi-object
+//! transaction, so the allocator takes its per-object path here.
 //!
-//! - Calico's kinds are kept in Calico's CRDs (`crd.projectcalico.org/v1`) in Calico's field
-//!   layout, through the [`CrdCodec`] of each kind (the `ipam` crate's for blocks, affinities
-//!   and handles, `crate::crd::model_codecs` for pools, peers and configuration), so a Calico
-//!   cluster's objects are read as they are. margay-only kinds go into margay's own CRD
-//!   (`margayobjects.margay.dev`, [`ObjectCodec`]).
-//! - Compare-and-swap is the apiserver's: a PUT carrying `metadata.resourceVersion` and a
-//!   DELETE with a `resourceVersion` precondition; 409 is a [`StoreError::Conflict`] whose
-//!   caller reads again, never a blind overwrite.
-//! - A watch is the apiserver's watch from a list's `resourceVersion`, with bookmarks, resumed
-//!   from the last version seen when the server ends it; `410 Gone` ends it with
+//! - Calico's kinds live in Calico's CRDs (`crd.projectcalico.org/v1`) in Calico's layout,
+//!   through each kind's [`CrdCodec`] (`ipam::calico`, `crate::crd::model_codecs`); margay's
+//!   nodes are annotations on Kubernetes `Node`s (`nodes`); margay-only kinds go into
+//!   margay's own CRD (`margayobjects.margay.dev`, [`ObjectCodec`]).
+//! - Compare-and-swap is the apiserver's: a PUT carrying `metadata.resourceVersion`, a DELETE
+//!   with a `resourceVersion` precondition; 409 is a [`StoreError::Conflict`] whose caller
+//!   reads again, never a blind overwrite.
+//! - A watch is the apiserver's from a list's `resourceVersion`, with bookmarks, resumed from
+//!   the last version seen when the server ends it; `410 Gone` ends it with
 //!   [`StoreError::TooOld`] so its user lists again.
-//! - Resource versions are opaque to Kubernetes clients, but every etcd-backed apiserver
-//!   issues etcd revisions, decimal numbers; [`Version`] holds that number.
 //!
 //! Why this file is long: the contract's requests, the watch loop, the CRDs' installation
 //! and margay's own objects' codec, over one client.
@@ -38,12 +36,15 @@ use crate::contract::{
     Watch,
 };
 use crate::crd::{CodecError, CrdCodec, CrdObject, manifests};
+use crate::resource::Resource;
+
+mod nodes;
 
 /// margay's own CRD, for the kinds Calico keeps nowhere in the Kubernetes API.
 pub const MARGAY_OBJECTS_CRD: &str = include_str!("../crds/margay/objects.yaml");
 const MARGAY_GROUP: &str = "margay.dev";
 /// The objects of one list request; the rest come with its continue token.
-const PAGE: u32 = 500;
+pub(super) const PAGE: u32 = 500;
 /// How long the apiserver keeps one watch request open before we resume it.
 const WATCH_SECONDS: u32 = 290;
 
@@ -204,7 +205,7 @@ async fn wait_established(api: &Api<CustomResourceDefinition>, name: &str) -> Re
 
 /// A request's failure as the contract names it. Conflicts (409) and absence (404) are the
 /// callers' to map; here they are only what is left.
-fn request_error(e: kube::Error, what: &str) -> StoreError {
+pub(super) fn request_error(e: kube::Error, what: &str) -> StoreError {
     match e {
         kube::Error::Api(s) if matches!(s.code, 429 | 500 | 502 | 503 | 504) => {
             StoreError::Unavailable(format!("{what}: {} ({})", s.message, s.code))
@@ -219,7 +220,7 @@ fn request_error(e: kube::Error, what: &str) -> StoreError {
     }
 }
 
-fn http_code(e: &kube::Error) -> Option<u16> {
+pub(super) fn http_code(e: &kube::Error) -> Option<u16> {
     match e {
         kube::Error::Api(s) => Some(s.code),
         _ => None,
@@ -227,7 +228,7 @@ fn http_code(e: &kube::Error) -> Option<u16> {
 }
 
 /// A resource version as margay's [`Version`].
-fn version_of(resource_version: Option<&str>) -> Result<Version> {
+pub(super) fn version_of(resource_version: Option<&str>) -> Result<Version> {
     let rv = resource_version.unwrap_or_default();
     rv.parse().map(Version::from_wire).map_err(|_| {
         StoreError::Backend(format!(
@@ -267,6 +268,9 @@ impl Datastore for KubeStore {
     type Atomic = crate::contract::NoExtension;
 
     async fn get(&self, kind: Kind, name: &str) -> Result<Option<Object>> {
+        if kind == crate::model::Node::kind() {
+            return self.node_get(name).await;
+        }
         let codec = self.codec(kind);
         let (api, _) = self.api(&*codec);
         let resource = codec.resource_name(name);
@@ -289,6 +293,9 @@ impl Datastore for KubeStore {
     }
 
     async fn list(&self, kind: Kind, name_prefix: &str) -> Result<ObjectList> {
+        if kind == crate::model::Node::kind() {
+            return self.node_list(name_prefix).await;
+        }
         let codec = self.codec(kind);
         let (api, _) = self.api(&*codec);
         let mut params = ListParams::default().limit(PAGE);
@@ -327,6 +334,9 @@ impl Datastore for KubeStore {
     }
 
     async fn create(&self, kind: Kind, name: &str, value: Vec<u8>) -> Result<Version> {
+        if kind == crate::model::Node::kind() {
+            return self.node_create(name, value).await;
+        }
         let codec = self.codec(kind);
         let (api, resource) = self.api(&*codec);
         let object = codec.encode(name, &value).map_err(codec_error)?;
@@ -347,6 +357,9 @@ impl Datastore for KubeStore {
         value: Vec<u8>,
         expected: Version,
     ) -> Result<Version> {
+        if kind == crate::model::Node::kind() {
+            return self.node_replace(name, Some(value), expected).await;
+        }
         let codec = self.codec(kind);
         let (api, resource) = self.api(&*codec);
         let object = codec.encode(name, &value).map_err(codec_error)?;
@@ -368,6 +381,9 @@ impl Datastore for KubeStore {
     }
 
     async fn delete(&self, kind: Kind, name: &str, expected: Version) -> Result<()> {
+        if kind == crate::model::Node::kind() {
+            return self.node_replace(name, None, expected).await.map(|_| ());
+        }
         let codec = self.codec(kind);
         let (api, _) = self.api(&*codec);
         let resource_name = codec.resource_name(name);
@@ -388,10 +404,19 @@ impl Datastore for KubeStore {
     }
 
     async fn watch(&self, kind: Kind, from: Version) -> Result<ObjectWatch> {
+        if kind == crate::model::Node::kind() {
+            return Ok(self.node_watch(from));
+        }
         let codec = self.codec(kind);
         let (api, _) = self.api(&*codec);
         let (tx, rx) = mpsc::channel(Watch::DEPTH);
-        let task = tokio::spawn(follow(api, codec, from, tx));
+        // margay's name of each resource seen, for the resources whose last state names no
+        // object (Calico marks a resource `deleted` before it deletes it).
+        let mut names: HashMap<String, String> = HashMap::new();
+        let selector = codec.selector("");
+        let task = tokio::spawn(follow(api, selector, from, tx, move |d, deleted| {
+            changed(&*codec, d, deleted, &mut names)
+        }));
         Ok(ObjectWatch::of_objects(rx, task))
     }
 
@@ -404,20 +429,22 @@ impl Datastore for KubeStore {
     }
 }
 
-/// One kind's watch: the apiserver's watch from `from`, resumed from the last version seen
-/// (an event's or a bookmark's) each time the server ends a request, until an error.
-async fn follow(
-    api: Api<DynamicObject>,
-    codec: Arc<dyn CrdCodec>,
+/// One kind's watch: the apiserver's watch of `api` (its resources matching `selector`)
+/// from `from`, resumed from the last version seen (an event's or a bookmark's) each time the
+/// server ends a request, until an error. `changed` turns a resource's change into margay's
+/// event, if it is one.
+pub(super) async fn follow<K>(
+    api: Api<K>,
+    selector: Option<String>,
     from: Version,
     tx: mpsc::Sender<Result<ObjectEvent>>,
-) {
+    mut changed: impl FnMut(&K, bool) -> Result<Option<ObjectEvent>> + Send,
+) where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + 'static,
+{
     let mut last = from;
-    // margay's name of each resource seen, for the resources whose last state names no
-    // object (Calico marks a resource `deleted` before it deletes it).
-    let mut names: HashMap<String, String> = HashMap::new();
     let params = WatchParams {
-        label_selector: codec.selector(""),
+        label_selector: selector,
         timeout: Some(WATCH_SECONDS),
         bookmarks: true,
         ..WatchParams::default()
@@ -433,10 +460,8 @@ async fn follow(
         let mut stream = std::pin::pin!(stream);
         while let Some(item) = stream.next().await {
             let outcome = match item {
-                Ok(WatchEvent::Added(d) | WatchEvent::Modified(d)) => {
-                    changed(&*codec, &d, false, &mut names)
-                }
-                Ok(WatchEvent::Deleted(d)) => changed(&*codec, &d, true, &mut names),
+                Ok(WatchEvent::Added(d) | WatchEvent::Modified(d)) => changed(&d, false),
+                Ok(WatchEvent::Deleted(d)) => changed(&d, true),
                 Ok(WatchEvent::Bookmark(b)) => {
                     version_of(Some(&b.metadata.resource_version)).map(|v| {
                         last = v;

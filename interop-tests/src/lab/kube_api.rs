@@ -56,12 +56,19 @@ pub struct KubeApi {
     pub port: u16,
     /// An admin's kubeconfig (client certificate in `system:masters`).
     pub kubeconfig: PathBuf,
+    /// More arguments of the apiserver, the test's own.
+    extra: Vec<String>,
 }
 
 impl KubeApi {
     /// Starts etcd and the apiserver and waits until the apiserver is ready. Panics naming
     /// the step that failed (and the apiserver's log) if it cannot be built or started.
     pub fn start() -> KubeApi {
+        Self::start_with(&[])
+    }
+
+    /// As [`KubeApi::start`], the apiserver with `extra` arguments too.
+    pub fn start_with(extra: &[&str]) -> KubeApi {
         let apiserver = kube_dir().join("kube-apiserver");
         assert!(
             apiserver.exists(),
@@ -76,6 +83,7 @@ impl KubeApi {
             apiserver: None,
             etcd_port: free_port(),
             etcd_peer_port: free_port(),
+            extra: extra.iter().map(|a| (*a).to_owned()).collect(),
             port: free_port(),
             kubeconfig,
             dir,
@@ -137,6 +145,10 @@ impl KubeApi {
                 "127.0.0.1",
                 self.port,
             ))
+            // etcd's history compacted every 5 s (5 min by default), so that a test reaches
+            // a watch's 410 Gone in seconds.
+            .arg("--etcd-compaction-interval=5s")
+            .args(&self.extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)

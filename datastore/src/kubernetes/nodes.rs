@@ -1,0 +1,423 @@
+//! margay's `Node` in the Kubernetes datastore, as Calico keeps a node there: not a custom
+//! resource but annotations on the Kubernetes `Node` object (`projectcalico.org/IPv4Address`,
+//! `IPv6Address`, `ASNumber`, `RouteReflectorClusterID`, the VXLAN tunnel addresses and MACs,
+//! and Calico-only labels as JSON in `projectcalico.org/labels`). The Node belongs to the
+//! cluster (the kubelet writes its spec and status), so margay only merges its annotations
+//! into it: a write reads the Node, replaces the annotations margay owns and leaves the rest,
+//! and puts it back with the version read (a kubelet's status update in between is a
+//! conflict, and the caller reads again). Deleting margay's node removes those annotations,
+//! never the Kubernetes Node. A Node without them is no node of margay's (not registered).
+//!
+//! The mapping (`annotations_of`, `node_of`) is pure and unit-tested; the requests are
+//! `KubeStore`'s.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::Node as KubeNode;
+use kube::api::{Api, ListParams, PostParams};
+use tokio::sync::mpsc;
+
+use super::{KubeStore, PAGE, follow, http_code, request_error, version_of};
+use crate::contract::{
+    Object, ObjectEvent, ObjectList, ObjectWatch, Result, StoreError, Version, Watch,
+};
+use crate::model::Node;
+use crate::resource::{decode, encode};
+
+const IPV4: &str = "projectcalico.org/IPv4Address";
+const IPV6: &str = "projectcalico.org/IPv6Address";
+const ASN: &str = "projectcalico.org/ASNumber";
+const RR_CLUSTER: &str = "projectcalico.org/RouteReflectorClusterID";
+const VXLAN_V4: &str = "projectcalico.org/IPv4VXLANTunnelAddr";
+const VXLAN_MAC_V4: &str = "projectcalico.org/VXLANTunnelMACAddr";
+const VXLAN_V6: &str = "projectcalico.org/IPv6VXLANTunnelAddr";
+const VXLAN_MAC_V6: &str = "projectcalico.org/VXLANTunnelMACAddrV6";
+const LABELS: &str = "projectcalico.org/labels";
+
+/// Every annotation margay writes on a Node (and removes when it forgets the node).
+pub const OWNED: [&str; 9] = [
+    IPV4,
+    IPV6,
+    ASN,
+    RR_CLUSTER,
+    VXLAN_V4,
+    VXLAN_MAC_V4,
+    VXLAN_V6,
+    VXLAN_MAC_V6,
+    LABELS,
+];
+
+/// The annotations that hold `node`. Labels the Kubernetes Node already has with the same
+/// value are not repeated in `projectcalico.org/labels`.
+pub fn annotations_of(
+    node: &Node,
+    kube_labels: &BTreeMap<String, String>,
+) -> BTreeMap<String, String> {
+    let mut a = BTreeMap::new();
+    let mut put = |key: &str, value: Option<String>| {
+        if let Some(v) = value {
+            a.insert(key.to_owned(), v);
+        }
+    };
+    put(IPV4, node.ipv4.map(|n| n.to_string()));
+    put(IPV6, node.ipv6.map(|n| n.to_string()));
+    put(ASN, node.asn.map(|n| n.to_string()));
+    put(
+        RR_CLUSTER,
+        node.route_reflector_cluster_id.map(|n| n.to_string()),
+    );
+    put(VXLAN_V4, node.vxlan_tunnel_address.map(|n| n.to_string()));
+    put(VXLAN_MAC_V4, node.vxlan_tunnel_mac.clone());
+    put(
+        VXLAN_V6,
+        node.vxlan_tunnel_address_v6.map(|n| n.to_string()),
+    );
+    put(VXLAN_MAC_V6, node.vxlan_tunnel_mac_v6.clone());
+    let own: BTreeMap<&String, &String> = node
+        .labels
+        .iter()
+        .filter(|(k, v)| kube_labels.get(*k) != Some(*v))
+        .collect();
+    if !own.is_empty() {
+        put(LABELS, serde_json::to_string(&own).ok());
+    }
+    a
+}
+
+/// margay's node from a Kubernetes Node's name, labels and annotations; `Ok(None)` when it
+/// carries no address annotation (margay has not registered it). Labels are the Node's
+/// Kubernetes labels over the Calico-only ones (Kubernetes' win, as in Calico).
+pub fn node_of(
+    name: &str,
+    kube_labels: &BTreeMap<String, String>,
+    annotations: &BTreeMap<String, String>,
+) -> Result<Option<Node>, String> {
+    if !annotations.contains_key(IPV4) && !annotations.contains_key(IPV6) {
+        return Ok(None);
+    }
+    fn field<T: std::str::FromStr>(
+        a: &BTreeMap<String, String>,
+        key: &str,
+    ) -> Result<Option<T>, String>
+    where
+        T::Err: std::fmt::Display,
+    {
+        a.get(key)
+            .filter(|v| !v.is_empty())
+            .map(|v| {
+                v.parse()
+                    .map_err(|e| format!("annotation {key}={v:?}: {e}"))
+            })
+            .transpose()
+    }
+    let mut node = Node::new(name);
+    node.ipv4 = field(annotations, IPV4)?;
+    node.ipv6 = field(annotations, IPV6)?;
+    node.asn = field(annotations, ASN)?;
+    node.route_reflector_cluster_id = field(annotations, RR_CLUSTER)?;
+    node.vxlan_tunnel_address = field(annotations, VXLAN_V4)?;
+    node.vxlan_tunnel_mac = field(annotations, VXLAN_MAC_V4)?;
+    node.vxlan_tunnel_address_v6 = field(annotations, VXLAN_V6)?;
+    node.vxlan_tunnel_mac_v6 = field(annotations, VXLAN_MAC_V6)?;
+    if let Some(json) = annotations.get(LABELS) {
+        node.labels = serde_json::from_str(json)
+            .map_err(|e| format!("annotation {LABELS}: not a JSON map of strings: {e}"))?;
+    }
+    for (k, v) in kube_labels {
+        node.labels.insert(k.clone(), v.clone());
+    }
+    Ok(Some(node))
+}
+
+/// The parts of a Kubernetes Node the mapping reads.
+pub(super) fn parts(n: &KubeNode) -> (String, BTreeMap<String, String>, BTreeMap<String, String>) {
+    (
+        n.metadata.name.clone().unwrap_or_default(),
+        n.metadata.labels.clone().unwrap_or_default(),
+        n.metadata.annotations.clone().unwrap_or_default(),
+    )
+}
+
+/// margay's object of a Kubernetes Node at `version`, if it is margay's node.
+pub(super) fn object_of(n: &KubeNode, version: Version) -> Result<Option<Object>> {
+    let (name, labels, annotations) = parts(n);
+    let node = node_of(&name, &labels, &annotations)
+        .map_err(|reason| StoreError::Backend(format!("Kubernetes Node {name}: {reason}")))?;
+    Ok(node.map(|node| Object {
+        name,
+        value: encode(&node),
+        version,
+    }))
+}
+
+/// `n` with margay's annotations set from `value` (or removed, for `None`), the rest kept.
+pub(super) fn with_annotations(mut n: KubeNode, value: Option<&[u8]>) -> Result<KubeNode> {
+    let (name, labels, mut annotations) = parts(&n);
+    annotations.retain(|k, _| !OWNED.contains(&k.as_str()));
+    if let Some(value) = value {
+        let node: Node =
+            decode(value).map_err(|e| StoreError::Backend(format!("Node {name}: {e}")))?;
+        annotations.extend(annotations_of(&node, &labels));
+    }
+    n.metadata.annotations = Some(annotations);
+    Ok(n)
+}
+
+/// The event of a watched Node's change: margay's node, or its absence for one that carries
+/// no annotation of margay's (any longer). `seen` holds the nodes of margay's seen so far, so
+/// that a Node that never was one makes no event.
+pub(super) fn event_of(
+    n: &KubeNode,
+    deleted: bool,
+    version: Version,
+    seen: &mut std::collections::HashSet<String>,
+) -> Result<Option<ObjectEvent>> {
+    let object = if deleted {
+        None
+    } else {
+        object_of(n, version)?
+    };
+    let name = n.metadata.name.clone().unwrap_or_default();
+    Ok(match object {
+        Some(o) => {
+            seen.insert(name);
+            Some(ObjectEvent {
+                name: o.name,
+                value: Some(o.value),
+                version,
+            })
+        }
+        None if seen.remove(&name) => Some(ObjectEvent {
+            name,
+            value: None,
+            version,
+        }),
+        None => None,
+    })
+}
+
+/// The requests of the contract for margay's nodes.
+impl KubeStore {
+    fn nodes(&self) -> Api<KubeNode> {
+        Api::all(self.client().clone())
+    }
+
+    pub(super) async fn node_get(&self, name: &str) -> Result<Option<Object>> {
+        match self.nodes().get_opt(name).await {
+            Ok(Some(n)) => object_of(&n, version_of(n.metadata.resource_version.as_deref())?),
+            Ok(None) => Ok(None),
+            Err(e) => Err(request_error(e, &format!("Node {name}"))),
+        }
+    }
+
+    pub(super) async fn node_list(&self, name_prefix: &str) -> Result<ObjectList> {
+        let mut params = ListParams::default().limit(PAGE);
+        let mut items = Vec::new();
+        let version = loop {
+            let page = self
+                .nodes()
+                .list(&params)
+                .await
+                .map_err(|e| request_error(e, "nodes"))?;
+            for n in &page.items {
+                let version = version_of(n.metadata.resource_version.as_deref())?;
+                match object_of(n, version) {
+                    Ok(Some(o)) if o.name.starts_with(name_prefix) => items.push(o),
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(error = %e, "skipping a Node margay cannot read"),
+                }
+            }
+            match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                Some(token) => params.continue_token = Some(token),
+                None => break version_of(page.metadata.resource_version.as_deref())?,
+            }
+        };
+        items.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(ObjectList { items, version })
+    }
+
+    /// Registers the node: its annotations on the Kubernetes Node, which is created when the
+    /// cluster has none of that name (a lab without kubelets).
+    pub(super) async fn node_create(&self, name: &str, value: Vec<u8>) -> Result<Version> {
+        let api = self.nodes();
+        let found = api
+            .get_opt(name)
+            .await
+            .map_err(|e| request_error(e, &format!("Node {name}")))?;
+        let written = match found {
+            None => {
+                let mut n = KubeNode::default();
+                n.metadata.name = Some(name.to_owned());
+                api.create(&PostParams::default(), &with_annotations(n, Some(&value))?)
+                    .await
+            }
+            Some(n) => {
+                let version = version_of(n.metadata.resource_version.as_deref())?;
+                if object_of(&n, version)?.is_some() {
+                    return Err(conflict(name, None, Some(version)));
+                }
+                api.replace(
+                    name,
+                    &PostParams::default(),
+                    &with_annotations(n, Some(&value))?,
+                )
+                .await
+            }
+        };
+        self.node_written(name, None, written).await
+    }
+
+    /// Rewrites (`Some`) or removes (`None`) margay's annotations on the Node, if it is still
+    /// at `expected`.
+    pub(super) async fn node_replace(
+        &self,
+        name: &str,
+        value: Option<Vec<u8>>,
+        expected: Version,
+    ) -> Result<Version> {
+        let api = self.nodes();
+        let found = api
+            .get_opt(name)
+            .await
+            .map_err(|e| request_error(e, &format!("Node {name}")))?;
+        let Some(n) = found else {
+            return Err(conflict(name, Some(expected), None));
+        };
+        let version = version_of(n.metadata.resource_version.as_deref())?;
+        if version != expected || object_of(&n, version)?.is_none() {
+            let actual = object_of(&n, version)?.map(|_| version);
+            return Err(conflict(name, Some(expected), actual));
+        }
+        let written = api
+            .replace(
+                name,
+                &PostParams::default(),
+                &with_annotations(n, value.as_deref())?,
+            )
+            .await;
+        self.node_written(name, Some(expected), written).await
+    }
+
+    async fn node_written(
+        &self,
+        name: &str,
+        expected: Option<Version>,
+        written: kube::Result<KubeNode>,
+    ) -> Result<Version> {
+        match written {
+            Ok(n) => version_of(n.metadata.resource_version.as_deref()),
+            Err(e) if matches!(http_code(&e), Some(404 | 409)) => {
+                let actual = self.node_get(name).await.ok().flatten().map(|o| o.version);
+                Err(conflict(name, expected, actual))
+            }
+            Err(e) => Err(request_error(e, &format!("Node {name}"))),
+        }
+    }
+
+    pub(super) fn node_watch(&self, from: Version) -> ObjectWatch {
+        let (tx, rx) = mpsc::channel(Watch::DEPTH);
+        let mut seen = std::collections::HashSet::new();
+        let task = tokio::spawn(follow(
+            self.nodes(),
+            None,
+            from,
+            tx,
+            move |n: &KubeNode, deleted| {
+                let version = version_of(n.metadata.resource_version.as_deref())?;
+                event_of(n, deleted, version, &mut seen)
+            },
+        ));
+        ObjectWatch::of_objects(rx, task)
+    }
+}
+
+fn conflict(name: &str, expected: Option<Version>, actual: Option<Version>) -> StoreError {
+    StoreError::Conflict {
+        key: format!("Node {name}"),
+        expected,
+        actual,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn full() -> Node {
+        let mut n = Node::new("worker-2");
+        n.ipv4 = Some("192.0.2.10/24".parse().unwrap());
+        n.ipv6 = Some("fd00:99::10/64".parse().unwrap());
+        n.asn = Some(64512);
+        n.route_reflector_cluster_id = Some("224.0.0.1".parse().unwrap());
+        n.vxlan_tunnel_address = Some("172.20.1.0".parse().unwrap());
+        n.vxlan_tunnel_mac = Some("66:11:22:33:44:55".into());
+        n.vxlan_tunnel_address_v6 = Some("fd00:20::1".parse().unwrap());
+        n.vxlan_tunnel_mac_v6 = Some("66:11:22:33:44:66".into());
+        n.labels = BTreeMap::from([
+            ("rack".into(), "r1".into()),
+            ("kubernetes.io/hostname".into(), "worker-2".into()),
+        ]);
+        n
+    }
+
+    #[test]
+    fn a_node_round_trips_through_calicos_annotations() {
+        let kube_labels = BTreeMap::from([("kubernetes.io/hostname".into(), "worker-2".into())]);
+        let node = full();
+        let a = annotations_of(&node, &kube_labels);
+        assert_eq!(a[IPV4], "192.0.2.10/24");
+        assert_eq!(a[IPV6], "fd00:99::10/64");
+        assert_eq!(a[ASN], "64512");
+        assert_eq!(a[VXLAN_V4], "172.20.1.0");
+        assert_eq!(a[VXLAN_MAC_V6], "66:11:22:33:44:66");
+        // The label the Kubernetes Node has already is not repeated.
+        assert_eq!(a[LABELS], r#"{"rack":"r1"}"#);
+        assert_eq!(node_of("worker-2", &kube_labels, &a).unwrap(), Some(node));
+    }
+
+    #[test]
+    fn kubernetes_labels_win_and_a_node_without_addresses_is_not_margays() {
+        let a = BTreeMap::from([
+            (IPV4.to_owned(), "192.0.2.10/24".to_owned()),
+            (
+                LABELS.to_owned(),
+                r#"{"zone":"calico","rack":"r1"}"#.to_owned(),
+            ),
+        ]);
+        let kube = BTreeMap::from([("zone".into(), "kube".into())]);
+        let n = node_of("w", &kube, &a).unwrap().unwrap();
+        assert_eq!(n.labels["zone"], "kube");
+        assert_eq!(n.labels["rack"], "r1");
+        assert_eq!(node_of("w", &kube, &BTreeMap::new()).unwrap(), None);
+    }
+
+    #[test]
+    fn a_malformed_annotation_is_refused_naming_it() {
+        let a = BTreeMap::from([
+            (IPV4.to_owned(), "192.0.2.10/24".to_owned()),
+            (ASN.to_owned(), "sixty".to_owned()),
+        ]);
+        let err = node_of("w", &BTreeMap::new(), &a).unwrap_err();
+        assert!(err.contains(ASN), "{err}");
+    }
+
+    #[test]
+    fn writing_keeps_what_is_not_margays_and_forgetting_removes_only_margays() {
+        let mut kube = KubeNode::default();
+        kube.metadata.name = Some("worker-2".into());
+        kube.metadata.annotations = Some(BTreeMap::from([
+            ("node.alpha.kubernetes.io/ttl".into(), "0".into()),
+            (VXLAN_V4.into(), "10.9.9.9".into()),
+        ]));
+        let written = with_annotations(kube, Some(&encode(&full()))).unwrap();
+        let a = written.metadata.annotations.clone().unwrap();
+        assert_eq!(a["node.alpha.kubernetes.io/ttl"], "0");
+        assert_eq!(a[VXLAN_V4], "172.20.1.0");
+        let forgotten = with_annotations(written, None).unwrap();
+        let a = forgotten.metadata.annotations.unwrap();
+        assert_eq!(
+            a.keys().collect::<Vec<_>>(),
+            ["node.alpha.kubernetes.io/ttl"]
+        );
+    }
+}
