@@ -133,33 +133,92 @@ impl KubeStore {
     /// they are: a Calico cluster's own definitions stay in charge. Returns the names created.
     pub async fn install_crds(&self) -> Result<Vec<String>> {
         let api: Api<CustomResourceDefinition> = Api::all(self.inner.client.clone());
+        // A Calico 3.32 cluster in its v3 mode keeps IPAM in `projectcalico.org` CRDs: v1
+        // CRDs beside them would be an empty second store, whose blocks margay would hand
+        // out again (and which Calico would switch to on its next start).
+        if api
+            .get_opt("ipamblocks.projectcalico.org")
+            .await
+            .map_err(|e| request_error(e, "CRD ipamblocks.projectcalico.org"))?
+            .is_some()
+        {
+            return Err(StoreError::Backend(
+                "this cluster keeps Calico's state in projectcalico.org/v3 CRDs (Calico 3.32's v3 mode), which margay does not read; nothing was installed (see README, the Kubernetes datastore)".into(),
+            ));
+        }
         let yamls = manifests::ALL
             .iter()
             .map(|m| m.yaml)
             .chain(std::iter::once(MARGAY_OBJECTS_CRD));
-        let mut created = Vec::new();
+        let (mut created, mut waiting, mut failed) = (Vec::new(), Vec::new(), Vec::new());
         for yaml in yamls {
             let crd: CustomResourceDefinition = serde_saphyr::from_str(yaml)
                 .map_err(|e| StoreError::Backend(format!("a built-in CRD does not parse: {e}")))?;
             let name = crd.metadata.name.clone().unwrap_or_default();
-            if api
-                .get_opt(&name)
-                .await
-                .map_err(|e| request_error(e, &name))?
-                .is_some()
-            {
-                continue;
+            match api.get_opt(&name).await {
+                Ok(Some(_)) => continue,
+                Ok(None) => {}
+                Err(e) => {
+                    failed.push(request_error(e, &name).to_string());
+                    continue;
+                }
             }
+            // Every CRD is tried: one refused must not keep the others from the cluster.
             match api.create(&PostParams::default(), &crd).await {
                 Ok(_) => created.push(name),
-                Err(kube::Error::Api(s)) if s.code == 409 => {} // another node was first
-                Err(e) => return Err(request_error(e, &name)),
+                // Another node was first: wait for it all the same.
+                Err(kube::Error::Api(s)) if s.code == 409 => waiting.push(name),
+                Err(e) => failed.push(request_error(e, &name).to_string()),
             }
         }
-        for name in &created {
+        for name in created.iter().chain(&waiting) {
             wait_established(&api, name).await?;
         }
+        if !failed.is_empty() {
+            return Err(StoreError::Backend(format!(
+                "{} CRD(s) could not be installed (apply datastore/crds/ with kubectl): {}",
+                failed.len(),
+                failed.join("; ")
+            )));
+        }
         Ok(created)
+    }
+
+    /// Deletes the resource of margay's `name` if Calico marked it deleted (it stands for no
+    /// object); whether it was such a leftover.
+    async fn finish_marked(
+        &self,
+        api: &Api<DynamicObject>,
+        codec: &dyn CrdCodec,
+        name: &str,
+    ) -> Result<bool> {
+        let resource = codec.resource_name(name);
+        let Some(found) = api
+            .get_opt(&resource)
+            .await
+            .map_err(|e| request_error(e, &resource))?
+        else {
+            return Ok(false);
+        };
+        if codec
+            .decode(&crd_object(&found))
+            .map_err(codec_error)?
+            .is_some()
+        {
+            return Ok(false);
+        }
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                resource_version: found.metadata.resource_version.clone(),
+                uid: found.metadata.uid.clone(),
+            }),
+            ..DeleteParams::default()
+        };
+        match api.delete(&resource, &params).await {
+            Ok(_) => Ok(true),
+            Err(e) if matches!(http_code(&e), Some(404 | 409)) => Ok(true),
+            Err(e) => Err(request_error(e, &resource)),
+        }
     }
 
     /// The object's current version, for a conflict's report.
@@ -207,7 +266,7 @@ async fn wait_established(api: &Api<CustomResourceDefinition>, name: &str) -> Re
 /// callers' to map; here they are only what is left.
 pub(super) fn request_error(e: kube::Error, what: &str) -> StoreError {
     match e {
-        kube::Error::Api(s) if matches!(s.code, 429 | 500 | 502 | 503 | 504) => {
+        kube::Error::Api(s) if matches!(s.code, 408 | 429 | 500 | 502 | 503 | 504) => {
             StoreError::Unavailable(format!("{what}: {} ({})", s.message, s.code))
         }
         kube::Error::Api(s) => {
@@ -302,10 +361,17 @@ impl Datastore for KubeStore {
         params.label_selector = codec.selector(name_prefix);
         let mut items = Vec::new();
         let version = loop {
-            let page = api
-                .list(&params)
-                .await
-                .map_err(|e| request_error(e, codec.plural()))?;
+            let page = match api.list(&params).await {
+                Ok(page) => page,
+                // The continue token expired (its snapshot compacted): list again from the
+                // first page, at a newer snapshot.
+                Err(e) if http_code(&e) == Some(410) && params.continue_token.is_some() => {
+                    params.continue_token = None;
+                    items.clear();
+                    continue;
+                }
+                Err(e) => return Err(request_error(e, codec.plural())),
+            };
             for d in &page.items {
                 match codec.decode(&crd_object(d)) {
                     Ok(Some((name, value))) if name.starts_with(name_prefix) => {
@@ -340,14 +406,21 @@ impl Datastore for KubeStore {
         let codec = self.codec(kind);
         let (api, resource) = self.api(&*codec);
         let object = codec.encode(name, &value).map_err(codec_error)?;
-        match api
-            .create(&PostParams::default(), &dynamic(object, &resource, None))
-            .await
-        {
-            Ok(d) => version_of(d.metadata.resource_version.as_deref()),
-            Err(e) if http_code(&e) == Some(409) => Err(self.conflict(&*codec, name, None).await),
-            Err(e) => Err(request_error(e, &codec.resource_name(name))),
+        let object = dynamic(object, &resource, None);
+        for _ in 0..2 {
+            match api.create(&PostParams::default(), &object).await {
+                Ok(d) => return version_of(d.metadata.resource_version.as_deref()),
+                Err(e) if http_code(&e) == Some(409) => {
+                    // A resource Calico marked deleted and did not delete (it stopped between
+                    // the two): finish its deletion, as Calico's reads do, and create again.
+                    if !self.finish_marked(&api, &*codec, name).await? {
+                        return Err(self.conflict(&*codec, name, None).await);
+                    }
+                }
+                Err(e) => return Err(request_error(e, &codec.resource_name(name))),
+            }
         }
+        Err(self.conflict(&*codec, name, None).await)
     }
 
     async fn update(
@@ -460,8 +533,14 @@ pub(super) async fn follow<K>(
         let mut stream = std::pin::pin!(stream);
         while let Some(item) = stream.next().await {
             let outcome = match item {
-                Ok(WatchEvent::Added(d) | WatchEvent::Modified(d)) => changed(&d, false),
-                Ok(WatchEvent::Deleted(d)) => changed(&d, true),
+                Ok(WatchEvent::Added(d) | WatchEvent::Modified(d)) => {
+                    passed(&mut last, &d);
+                    changed(&d, false)
+                }
+                Ok(WatchEvent::Deleted(d)) => {
+                    passed(&mut last, &d);
+                    changed(&d, true)
+                }
                 Ok(WatchEvent::Bookmark(b)) => {
                     version_of(Some(&b.metadata.resource_version)).map(|v| {
                         last = v;
@@ -485,6 +564,15 @@ pub(super) async fn follow<K>(
                 }
             }
         }
+    }
+}
+
+/// Moves the watch's resume point past a resource's change, also one that makes no event
+/// (another kind's, a resource margay does not read): a quiet kind's watch does not fall
+/// behind the history the apiserver keeps.
+fn passed<K: kube::Resource>(last: &mut Version, d: &K) {
+    if let Ok(v) = version_of(d.meta().resource_version.as_deref()) {
+        *last = v;
     }
 }
 
@@ -521,7 +609,10 @@ fn changed(
                 version,
             }
         }
-        (None, _) => match names.remove(&object.name) {
+        (None, _) => match names
+            .remove(&object.name)
+            .or_else(|| name_of_marked(codec, &object))
+        {
             Some(name) => ObjectEvent {
                 name,
                 value: None,
@@ -531,6 +622,21 @@ fn changed(
         },
     };
     Ok(Some(event))
+}
+
+/// margay's name of a resource Calico marked `deleted` (which decodes to no object): the
+/// same resource decoded unmarked. A watch that began after the mark, or listed the object
+/// and saw no change of it since, learns the name only so.
+fn name_of_marked(codec: &dyn CrdCodec, object: &CrdObject) -> Option<String> {
+    let mut unmarked = object.clone();
+    let deleted = unmarked.spec.get_mut("deleted")?;
+    // BlockAffinity keeps it as a string, the others as a boolean.
+    *deleted = if deleted.is_string() {
+        serde_json::Value::from("false")
+    } else {
+        serde_json::Value::from(false)
+    };
+    codec.decode(&unmarked).ok()?.map(|(name, _)| name)
 }
 
 fn status_error(status: &kube::core::Status, last: Version) -> StoreError {
@@ -607,22 +713,26 @@ impl CrdCodec for ObjectCodec {
         MARGAY_GROUP
     }
     fn resource_name(&self, name: &str) -> String {
-        let encoded = data_encoding::BASE32HEX_NOPAD
-            .encode(name.as_bytes())
-            .to_ascii_lowercase();
-        // Base32 of "" is "": keep the name non-empty and its parts DNS labels.
-        format!("{}.n{encoded}", self.kind_label())
+        use sha2::Digest;
+        let base32 = |bytes: &[u8]| {
+            data_encoding::BASE32HEX_NOPAD
+                .encode(bytes)
+                .to_ascii_lowercase()
+        };
+        // Base32 of "" is "": the `n` keeps the name non-empty and its parts DNS labels.
+        let named = format!("{}.n{}", self.kind_label(), base32(name.as_bytes()));
+        if named.len() <= 253 {
+            return named;
+        }
+        // A long name by its hash (the object's own name is in its spec).
+        format!(
+            "{}.h{}",
+            self.kind_label(),
+            base32(&sha2::Sha256::digest(name.as_bytes()))
+        )
     }
     fn encode(&self, name: &str, value: &[u8]) -> Result<CrdObject, CodecError> {
         let resource = self.resource_name(name);
-        if resource.len() > 253 {
-            return Err(CodecError {
-                kind: self.kind.name,
-                name: name.to_owned(),
-                reason: "the name is too long for a Kubernetes resource (at most about 150 bytes)"
-                    .into(),
-            });
-        }
         let (value, encoding) = match std::str::from_utf8(value) {
             Ok(text) => (text.to_owned(), "utf8"),
             Err(_) => (data_encoding::BASE64.encode(value), "base64"),
@@ -704,11 +814,16 @@ mod tests {
     }
 
     #[test]
-    fn a_name_too_long_for_kubernetes_is_refused_naming_the_object() {
+    fn a_name_too_long_to_spell_out_is_kept_by_its_hash() {
         let codec = ObjectCodec::new(THING);
-        let name = "x".repeat(200);
-        let err = codec.encode(&name, b"{}").unwrap_err();
-        assert!(err.to_string().contains("too long"), "{err}");
+        let (long, longer) = ("x".repeat(300), "x".repeat(301));
+        let object = codec.encode(&long, b"{}").unwrap();
+        assert!(object.name.len() <= 253, "{}", object.name);
+        assert_ne!(object.name, codec.resource_name(&longer));
+        assert_eq!(
+            codec.decode(&object).unwrap(),
+            Some((long.clone(), b"{}".to_vec()))
+        );
     }
 
     #[test]

@@ -181,3 +181,70 @@ async fn a_watch_from_a_forgotten_version_is_too_old_then_a_relist_resumes() {
         .unwrap();
     assert_eq!(next.value.as_deref(), Some(&b"21"[..]));
 }
+
+/// Calico deletes an IPAM object in two steps, marking it `deleted` and then deleting it;
+/// a watch that listed the object before (and so saw neither its creation nor a change)
+/// still sees it go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_sees_calicos_two_step_delete_of_a_listed_object() {
+    use datastore::contract::Datastore;
+    use datastore::resource::Resource;
+    use ipam::block::Handle;
+    let api = KubeApi::start();
+    let store = store(&api).await;
+    let mut handle = Handle {
+        id: "k8s-pod-network.abc".into(),
+        ..Handle::default()
+    };
+    handle.add(&"10.244.7.64/26".parse().unwrap(), 1);
+    store
+        .create(
+            Handle::kind(),
+            &handle.id,
+            datastore::resource::encode(&handle),
+        )
+        .await
+        .unwrap();
+    let list = store.list(Handle::kind(), "").await.unwrap();
+    assert_eq!(list.items.len(), 1);
+    let mut watch = store.watch(Handle::kind(), list.version).await.unwrap();
+    api.kubectl_ok(&[
+        "patch",
+        "ipamhandles.crd.projectcalico.org",
+        "k8s-pod-network.abc",
+        "--type=merge",
+        "-p",
+        r#"{"spec":{"deleted":true}}"#,
+    ]);
+    let marked = tokio::time::timeout(std::time::Duration::from_secs(10), watch.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    println!("after the mark: {marked:?}");
+    assert_eq!(marked.name, "k8s-pod-network.abc");
+    assert_eq!(marked.value, None, "a marked object is gone for margay");
+    assert!(
+        store
+            .get(Handle::kind(), &handle.id)
+            .await
+            .unwrap()
+            .is_none()
+    );
+    // A create over the leftover finishes Calico's delete and succeeds.
+    store
+        .create(
+            Handle::kind(),
+            &handle.id,
+            datastore::resource::encode(&handle),
+        )
+        .await
+        .unwrap();
+    assert!(
+        store
+            .get(Handle::kind(), &handle.id)
+            .await
+            .unwrap()
+            .is_some()
+    );
+}

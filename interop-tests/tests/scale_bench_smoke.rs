@@ -177,3 +177,50 @@ fn scale_bench_smoke_reflects_through_two_reflectors() {
     check_kernel_rows(&text, "rr");
     check_floor_row(&text, "rr");
 }
+
+/// The claims on every datastore side by side, the Kubernetes API's with the apiserver's own
+/// figures (request rate and watches idle and in a burst, CPU, RSS).
+#[test]
+fn scale_bench_smoke_times_claims_on_every_datastore() {
+    let text = scale_bench_of(
+        &[
+            "--event-latency",
+            "--n",
+            "3",
+            "--events",
+            "3",
+            "--event-gap-ms",
+            "100",
+            "--timeout-s",
+            "60",
+            "--store",
+            "sqlite,etcd,kubernetes",
+        ],
+        &["bgpd"],
+    );
+    let events = text
+        .split("# --event-latency")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no claims table:\n{text}"));
+    for name in ["bgpd/sqlite", "bgpd/etcd", "bgpd/kube"] {
+        let v = row(events, &["3", name], 2, 8);
+        assert_eq!(v[0], 3.0, "{name}: {v:?}");
+        assert!(v[1] > 0.0 && v[1] <= v[2], "{name}: claims {v:?}");
+        // The kernel table has the row's per-node memory on that datastore.
+        let k = row(&text, &["3", "mesh", name], 3, 4);
+        assert!(k[3] > 0.0, "{name}: {k:?}");
+    }
+    let apiserver = text
+        .split("# kube-apiserver under bgpd")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no apiserver table:\n{text}"));
+    // idle requests/s, watches; burst claims, s, requests/s, watches; CPU s, RSS MiB
+    let v = row(apiserver, &["3"], 1, 8);
+    assert!(v[1] >= 3.0, "every bgpd watches: {v:?}");
+    assert_eq!(v[2], 4.0, "one round of the four blocks: {v:?}");
+    assert!(
+        v[4] > v[0],
+        "a burst asks more of the apiserver than idle: {v:?}"
+    );
+    assert!(v[6] > 0.0 && v[7] > 0.0, "{v:?}");
+}

@@ -851,18 +851,13 @@ impl CrdCodec for AffinityCodec {
         )))
     }
 
-    /// A node's affinities (`<node>/`, as [`BlockAffinity::prefix_of`] builds it, with or
-    /// without the kind's prefix) by Calico's hostname-hash label. Rows Calico wrote before
-    /// v3.31 carry no labels until a Calico component of that node relabels them.
-    fn selector(&self, name_prefix: &str) -> Option<String> {
-        let rest = name_prefix
-            .strip_prefix(BlockAffinity::PREFIX)
-            .unwrap_or(name_prefix);
-        let node = rest.strip_suffix('/')?;
-        if node.is_empty() || node.contains('/') {
-            return None;
-        }
-        Some(format!("{LABEL_HOSTNAME_HASH}={}", hostname_hash(node)))
+    /// No selector: a node's affinities are found by their names after decoding. Calico's
+    /// hostname-hash label would narrow the list, but rows Calico wrote before v3.31 carry no
+    /// labels until a Calico component of their node relabels them, and on a cluster margay
+    /// adopted no such component may be left: a release or a GC that missed them would leave
+    /// blocks affine to a node that is gone.
+    fn selector(&self, _name_prefix: &str) -> Option<String> {
+        None
     }
 }
 
@@ -1519,15 +1514,11 @@ mod tests {
         let expected = "53WSO6MBY4ZPU6KG6FI4VASUYQ3HFBO7TQGX7PRHXADNUR67KKUA";
         assert_eq!(hostname_hash("worker-2"), expected);
         assert_eq!(expected.len(), 52);
-        let selector = format!("projectcalico.org/hostname-hash={expected}");
+        // Listed by name, so that unlabelled rows (Calico before 3.31) are found too.
         assert_eq!(
             AffinityCodec.selector(&BlockAffinity::prefix_of("worker-2")),
-            Some(selector.clone())
+            None
         );
-        assert_eq!(AffinityCodec.selector("worker-2/"), Some(selector));
-        assert_eq!(AffinityCodec.selector(""), None);
-        assert_eq!(AffinityCodec.selector("worker-2/10.0"), None);
-        assert_eq!(AffinityCodec.selector("worker"), None);
         assert_eq!(BlockCodec.selector("10."), None);
     }
 

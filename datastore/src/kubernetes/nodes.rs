@@ -14,7 +14,7 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Node as KubeNode;
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use tokio::sync::mpsc;
 
 use super::{KubeStore, PAGE, follow, http_code, request_error, version_of};
@@ -163,37 +163,25 @@ pub(super) fn with_annotations(mut n: KubeNode, value: Option<&[u8]>) -> Result<
     Ok(n)
 }
 
-/// The event of a watched Node's change: margay's node, or its absence for one that carries
-/// no annotation of margay's (any longer). `seen` holds the nodes of margay's seen so far, so
-/// that a Node that never was one makes no event.
-pub(super) fn event_of(
-    n: &KubeNode,
-    deleted: bool,
-    version: Version,
-    seen: &mut std::collections::HashSet<String>,
-) -> Result<Option<ObjectEvent>> {
+/// The event of a watched Node's change: margay's node, or its absence for a Node that is
+/// deleted or carries no annotation of margay's (any longer; for one that never did, the
+/// absence is news to no one, and bgpd's cache drops it). A Node whose annotations margay
+/// cannot read is absent too, and said, as a list leaves it out.
+pub(super) fn event_of(n: &KubeNode, deleted: bool, version: Version) -> ObjectEvent {
+    let name = n.metadata.name.clone().unwrap_or_default();
     let object = if deleted {
         None
     } else {
-        object_of(n, version)?
+        object_of(n, version).unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "a watched Node margay cannot read is taken as no node");
+            None
+        })
     };
-    let name = n.metadata.name.clone().unwrap_or_default();
-    Ok(match object {
-        Some(o) => {
-            seen.insert(name);
-            Some(ObjectEvent {
-                name: o.name,
-                value: Some(o.value),
-                version,
-            })
-        }
-        None if seen.remove(&name) => Some(ObjectEvent {
-            name,
-            value: None,
-            version,
-        }),
-        None => None,
-    })
+    ObjectEvent {
+        name,
+        value: object.map(|o| o.value),
+        version,
+    }
 }
 
 /// The requests of the contract for margay's nodes.
@@ -256,12 +244,7 @@ impl KubeStore {
                 if object_of(&n, version)?.is_some() {
                     return Err(conflict(name, None, Some(version)));
                 }
-                api.replace(
-                    name,
-                    &PostParams::default(),
-                    &with_annotations(n, Some(&value))?,
-                )
-                .await
+                patch_annotations(&api, &n, Some(&value), version).await?
             }
         };
         self.node_written(name, None, written).await
@@ -288,13 +271,7 @@ impl KubeStore {
             let actual = object_of(&n, version)?.map(|_| version);
             return Err(conflict(name, Some(expected), actual));
         }
-        let written = api
-            .replace(
-                name,
-                &PostParams::default(),
-                &with_annotations(n, value.as_deref())?,
-            )
-            .await;
+        let written = patch_annotations(&api, &n, value.as_deref(), expected).await?;
         self.node_written(name, Some(expected), written).await
     }
 
@@ -316,7 +293,6 @@ impl KubeStore {
 
     pub(super) fn node_watch(&self, from: Version) -> ObjectWatch {
         let (tx, rx) = mpsc::channel(Watch::DEPTH);
-        let mut seen = std::collections::HashSet::new();
         let task = tokio::spawn(follow(
             self.nodes(),
             None,
@@ -324,11 +300,46 @@ impl KubeStore {
             tx,
             move |n: &KubeNode, deleted| {
                 let version = version_of(n.metadata.resource_version.as_deref())?;
-                event_of(n, deleted, version, &mut seen)
+                Ok(Some(event_of(n, deleted, version)))
             },
         ));
         ObjectWatch::of_objects(rx, task)
     }
+}
+
+/// Sets margay's annotations of the Node `n` from `value` (removes them, for `None`) with a
+/// merge patch of `nodes/status`, as Calico writes them (calico-node may patch a Node's
+/// status, not the Node): the patch names only margay's annotations, and carries `version`,
+/// which the apiserver checks (409 if the Node changed since).
+async fn patch_annotations(
+    api: &Api<KubeNode>,
+    n: &KubeNode,
+    value: Option<&[u8]>,
+    version: Version,
+) -> Result<kube::Result<KubeNode>> {
+    let name = n.metadata.name.clone().unwrap_or_default();
+    let wanted = with_annotations(n.clone(), value)?
+        .metadata
+        .annotations
+        .unwrap_or_default();
+    let annotations: serde_json::Map<String, serde_json::Value> = OWNED
+        .iter()
+        .map(|k| {
+            let v = wanted.get(*k).map_or(serde_json::Value::Null, |v| {
+                serde_json::Value::from(v.as_str())
+            });
+            ((*k).to_owned(), v)
+        })
+        .collect();
+    let patch = serde_json::json!({
+        "metadata": {
+            "resourceVersion": version.to_wire().to_string(),
+            "annotations": annotations,
+        }
+    });
+    Ok(api
+        .patch_status(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await)
 }
 
 fn conflict(name: &str, expected: Option<Version>, actual: Option<Version>) -> StoreError {

@@ -64,7 +64,7 @@ use proto::v1::ipam_client::IpamClient;
 use tonic::transport::Channel;
 
 use super::{
-    Args, Daemons, INTERRUPTED, Impl, SeedOptions, StoreKind, calico_rr, floor, interrupted,
+    Args, Daemons, INTERRUPTED, Impl, SeedOptions, StoreKind, calico_rr, floor, interrupted, kube,
     log_file, seed, sleep_interruptible, start_etcd, store_spec, without_overrides,
     write_node_configs,
 };
@@ -103,6 +103,8 @@ const EVENT_HANDLE: &str = "scale-bench-event.";
 pub struct KernelRow {
     pub n: usize,
     pub imp: Impl,
+    /// The row's name in the table (the implementation, and bgpd's datastore).
+    pub label: String,
     pub topology: Topology,
     pub converge: Duration,
     pub started: Duration,
@@ -119,6 +121,8 @@ pub struct KernelRow {
 pub struct EventRow {
     pub n: usize,
     pub imp: Impl,
+    /// The row's name in the table.
+    pub label: String,
     pub claim: Vec<Duration>,
     pub release: Vec<Duration>,
     /// The same for the claiming node's own kernel alone (its blackhole): the part before
@@ -233,6 +237,8 @@ struct Side {
     /// margay: each node's API socket.
     sockets: Vec<PathBuf>,
     _etcd: Option<NsProcess>,
+    /// `--store kubernetes`: the apiserver and its etcd.
+    kube: Option<kube::KubeProcs>,
     /// The kernel floor's threads (no daemons then).
     floor: Option<floor::Floor>,
 }
@@ -246,6 +252,7 @@ impl Side {
             bird_dirs: Vec::new(),
             sockets: Vec::new(),
             _etcd: None,
+            kube: None,
             floor: None,
         }
     }
@@ -296,7 +303,11 @@ fn start_margay(
     let routewriter = lab::try_binary("routewriter")?;
     let etcd = match args.store {
         StoreKind::Etcd => Some(start_etcd(mesh, dir)?),
-        StoreKind::Sqlite => None,
+        StoreKind::Sqlite | StoreKind::Kubernetes => None,
+    };
+    let kube = match args.store {
+        StoreKind::Kubernetes => Some(kube::start(mesh, dir)?),
+        StoreKind::Sqlite | StoreKind::Etcd => None,
     };
     let spec = store_spec(args.store, dir);
     seed(mesh, &spec, opts)?;
@@ -304,6 +315,7 @@ fn start_margay(
     let mut side = Side {
         sockets: configs.iter().map(|(_, s)| s.clone()).collect(),
         _etcd: etcd,
+        kube,
         ..Side::empty()
     };
     let t0 = monotonic_ns();
@@ -401,7 +413,7 @@ pub fn run(
     n: usize,
     imp: Impl,
     events: bool,
-) -> Result<(KernelRow, Option<EventRow>), String> {
+) -> Result<(KernelRow, Option<EventRow>, Option<kube::ApiserverRow>), String> {
     let reflectors = match args.topology {
         Topology::Mesh => 0,
         Topology::Rr => REFLECTORS,
@@ -509,6 +521,7 @@ pub fn run(
     let mut row = KernelRow {
         n,
         imp,
+        label: imp.name().to_owned(),
         topology: args.topology,
         converge: Duration::from_nanos(at.at.saturating_sub(t0)),
         started: Duration::from_nanos(side.started.saturating_sub(t0)),
@@ -547,6 +560,13 @@ pub fn run(
     } else {
         None
     };
+    let apiserver_row = match &side.kube {
+        Some(k) if events => match apiserver_figures(rt, k, &side, n, args.events) {
+            Ok(r) => Some(r),
+            Err(e) => return Err(failed(e, &mut side, dir)),
+        },
+        _ => None,
+    };
     if let Some((k, s)) = side.daemons.exited() {
         return Err(failed(
             format!("daemon {k} exited with {s} during the run"),
@@ -565,7 +585,7 @@ pub fn run(
             dir.keep().display()
         );
     }
-    Ok((row, event_row))
+    Ok((row, event_row, apiserver_row))
 }
 
 /// How one side claims and releases a block on node `node`.
@@ -645,8 +665,69 @@ impl Claimer<'_> {
     }
 }
 
+/// The apiserver under bgpd after the claims: 10 s idle, then a burst of claims back to back
+/// on the last node and their releases (rounds of four: the four blocks of the claims' /24),
+/// each through its bgpd.
+fn apiserver_figures(
+    rt: &tokio::runtime::Runtime,
+    kube: &kube::KubeProcs,
+    side: &Side,
+    n: usize,
+    events: usize,
+) -> Result<kube::ApiserverRow, String> {
+    let idle_from = kube.sample();
+    sleep_interruptible(Duration::from_secs(10))?;
+    let idle_to = kube.sample();
+    let socket = &side.sockets[n - 1];
+    // The claims' /24 holds four blocks: rounds of four claims back to back, then their
+    // four releases, up to `events` claims.
+    let rounds = events.div_ceil(4).clamp(1, 5);
+    let burst = rounds * 4;
+    let burst_from = kube.sample();
+    let started = std::time::Instant::now();
+    rt.block_on(async {
+        let mut claimer = Claimer::Margay(IpamClient::new(
+            proto::client::connect_unix(socket)
+                .await
+                .map_err(|e| format!("{}: {e}", socket.display()))?,
+        ));
+        for _ in 0..rounds {
+            for k in 0..4 {
+                claimer.claim(event_block(n, k)?, k).await?;
+            }
+            for k in 0..4 {
+                claimer.release(k).await?;
+            }
+        }
+        Ok::<_, String>(())
+    })?;
+    let burst_s = started.elapsed().as_secs_f64();
+    let burst_to = kube.sample();
+    eprintln!(
+        "scale_bench: N={n} apiserver: idle {:.1} requests/s, {} watches; a burst of {burst} claims and releases in {burst_s:.2} s, {:.1} requests/s",
+        kube::rate(&idle_from, &idle_to),
+        idle_to.watches,
+        kube::rate(&burst_from, &burst_to)
+    );
+    Ok(kube::ApiserverRow {
+        n,
+        idle_rps: kube::rate(&idle_from, &idle_to),
+        idle_watches: idle_to.watches,
+        burst_rps: kube::rate(&burst_from, &burst_to),
+        burst_watches: burst_to.watches,
+        burst_claims: burst,
+        burst_s,
+        cpu_s: burst_to.cpu_s,
+        rss_mib: burst_to.rss_mib,
+    })
+}
+
 /// --event-latency on a converged run.
 #[allow(clippy::too_many_arguments)]
+#[expect(
+    clippy::too_many_lines,
+    reason = "the claims in order: the claimer, each claim and release timed in every kernel, the CPU they took"
+)]
 fn claims(
     rt: &tokio::runtime::Runtime,
     args: &Args,
@@ -689,6 +770,7 @@ fn claims(
     let mut row = EventRow {
         n,
         imp,
+        label: imp.name().to_owned(),
         claim: Vec::new(),
         release: Vec::new(),
         claim_own: Vec::new(),
@@ -786,7 +868,7 @@ pub fn print_kernel_table(
 ) -> std::io::Result<()> {
     writeln!(
         out,
-        "{:>5}  {:<4} {:<8} {:>11} {:>7} {:>8} {:>8} {:>13} {:>5} {:>5} {:>7}  {:>6} {:>6} {:>6} {:>6}  {:>6}",
+        "{:>5}  {:<4} {:<11} {:>11} {:>7} {:>8} {:>8} {:>13} {:>5} {:>5} {:>7}  {:>6} {:>6} {:>6} {:>6}  {:>6}",
         "N",
         "topo",
         "impl",
@@ -821,10 +903,10 @@ pub fn print_kernel_table(
         };
         writeln!(
             out,
-            "{:>5}  {:<4} {:<8} {} {:>7.2} {:>8.2} {:>8.2} {:>13} {:>5} {:>5} {:>7.2}  {:>6} {:>6} {:>6} {:>6}  {:>6}",
+            "{:>5}  {:<4} {:<11} {} {:>7.2} {:>8.2} {:>8.2} {:>13} {:>5} {:>5} {:>7.2}  {:>6} {:>6} {:>6} {:>6}  {:>6}",
             r.n,
             r.topology.name(),
-            r.imp.name(),
+            r.label,
             marked(r.converge, r.resolution, 11),
             ms(r.resolution),
             r.started.as_secs_f64(),
@@ -857,7 +939,7 @@ pub fn print_event_table(
 ) -> std::io::Result<()> {
     writeln!(
         out,
-        "{:>5}  {:<8} {:>7} {:>10} {:>10} {:>10}  {:>10} {:>10} {:>10}  {:>7}  {:>11} {:>8}  {:>6} {:>6}  {:>10} {:>11}",
+        "{:>5}  {:<11} {:>7} {:>10} {:>10} {:>10}  {:>10} {:>10} {:>10}  {:>7}  {:>11} {:>8}  {:>6} {:>6}  {:>10} {:>11}",
         "N",
         "impl",
         "events",
@@ -895,9 +977,9 @@ pub fn print_event_table(
         let w = [0.5, 0.99, 1.0].map(|q| percentile(&mut r.release, q));
         writeln!(
             out,
-            "{:>5}  {:<8} {:>7} {} {} {}  {} {} {}  {:>7.2}  {:>11.1} {:>8.1}  {:>6} {:>6}  {:>10.1} {:>11.1}",
+            "{:>5}  {:<11} {:>7} {} {} {}  {} {} {}  {:>7.2}  {:>11.1} {:>8.1}  {:>6} {:>6}  {:>10.1} {:>11.1}",
             r.n,
-            r.imp.name(),
+            r.label,
             r.claim.len(),
             marked(c[0], res, 10),
             marked(c[1], res, 10),

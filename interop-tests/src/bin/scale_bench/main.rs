@@ -55,8 +55,9 @@ use tonic::transport::Channel;
 mod calico_rr;
 mod floor;
 mod kernel;
+mod kube;
 
-#[derive(Parser)]
+#[derive(Parser, Clone)]
 #[command(about = "The node-to-node mesh at scale: bgpd against BIRD 1.6 as Calico runs it")]
 struct Args {
     /// Node counts (2 to 1024; up to 256 the pool is 172.20.0.0/16, beyond it a /14).
@@ -112,8 +113,12 @@ struct Args {
     /// Poll interval per node while waiting for convergence, milliseconds.
     #[arg(long, default_value_t = 50)]
     poll_ms: u64,
-    /// bgpd's shared datastore.
-    #[arg(long, value_enum, default_value_t = StoreKind::Sqlite)]
+    /// bgpd's shared datastore; several (`sqlite,etcd,kubernetes`) run bgpd once on each,
+    /// side by side in one table.
+    #[arg(long = "store", value_enum, value_delimiter = ',', default_values_t = [StoreKind::Sqlite])]
+    stores: Vec<StoreKind>,
+    /// The datastore of the run under way (one of `stores`).
+    #[arg(skip)]
     store: StoreKind,
     /// BIRD with Calico's default logging (everything to a file, sessions' states) instead
     /// of none.
@@ -150,10 +155,50 @@ enum Observe {
     Kernel,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
 enum StoreKind {
+    #[default]
     Sqlite,
     Etcd,
+    Kubernetes,
+}
+
+impl StoreKind {
+    fn name(self) -> &'static str {
+        match self {
+            StoreKind::Sqlite => "sqlite",
+            StoreKind::Etcd => "etcd",
+            StoreKind::Kubernetes => "kube",
+        }
+    }
+}
+
+/// The runs of one N: each implementation, bgpd once per datastore; with the arguments of
+/// that run (`store` set).
+fn runs(args: &Args) -> Vec<(Impl, Args)> {
+    let mut runs = Vec::new();
+    for &imp in &args.impls {
+        let stores: &[StoreKind] = if imp == Impl::Bgpd {
+            &args.stores
+        } else {
+            &args.stores[..1]
+        };
+        for &store in stores {
+            let mut a = args.clone();
+            a.store = store;
+            runs.push((imp, a));
+        }
+    }
+    runs
+}
+
+/// A row's name: the implementation, and bgpd's datastore when several are compared.
+fn label(imp: Impl, store: StoreKind, args: &Args) -> String {
+    if imp == Impl::Bgpd && args.stores.len() > 1 {
+        format!("{}/{}", imp.name(), store.name())
+    } else {
+        imp.name().to_owned()
+    }
 }
 
 /// Set by SIGINT/SIGTERM; every wait checks it and the run unwinds, cleaning up.
@@ -461,6 +506,7 @@ fn store_spec(kind: StoreKind, dir: &Path) -> String {
     match kind {
         StoreKind::Sqlite => format!("sqlite:{}", dir.join("store.db").display()),
         StoreKind::Etcd => format!("etcd:http://{}:2379", mesh::HUB_ADDR),
+        StoreKind::Kubernetes => format!("kubernetes:{}", kube::kubeconfig(dir).display()),
     }
 }
 
@@ -524,6 +570,11 @@ fn seed(mesh: &Mesh, spec: &str, opts: SeedOptions) -> Result<(), String> {
                         Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
                     }
                 };
+                if let Some(k) = store.as_kubernetes() {
+                    k.install_crds()
+                        .await
+                        .map_err(|e| format!("installing the CRDs: {e}"))?;
+                }
                 let ipam = Ipam::new(store);
                 let pool = IpPool::new(
                     "default-ipv4-ippool",
@@ -591,7 +642,14 @@ fn write_node_configs(
     let datastore = match spec.split_once(':') {
         Some(("sqlite", path)) => format!("[datastore]\nkind = \"sqlite\"\npath = \"{path}\"\n"),
         Some(("etcd", url)) => format!("[datastore]\nkind = \"etcd\"\nendpoints = [\"{url}\"]\n"),
-        _ => return Err(format!("{spec}: expected sqlite:PATH or etcd:URL")),
+        Some(("kubernetes", path)) => {
+            format!("[datastore]\nkind = \"kubernetes\"\nkubeconfig = \"{path}\"\n")
+        }
+        _ => {
+            return Err(format!(
+                "{spec}: expected sqlite:PATH, etcd:URL or kubernetes:KUBECONFIG"
+            ));
+        }
     };
     let mut configs = Vec::new();
     for (i, node) in mesh.nodes.iter().enumerate() {
@@ -664,6 +722,7 @@ fn run_one(rt: &tokio::runtime::Runtime, args: &Args, n: usize, imp: Impl) -> Re
         .map_err(|e| format!("a temporary directory: {e}"))?;
     interrupted()?;
     let mut _etcd = None;
+    let mut _kube = None;
     let t0;
     let (mut daemons, mut probes) = match imp {
         Impl::Bird16 => {
@@ -674,6 +733,9 @@ fn run_one(rt: &tokio::runtime::Runtime, args: &Args, n: usize, imp: Impl) -> Re
         Impl::Bgpd => {
             if args.store == StoreKind::Etcd {
                 _etcd = Some(start_etcd(&mesh, dir.path())?);
+            }
+            if args.store == StoreKind::Kubernetes {
+                _kube = Some(kube::start(&mesh, dir.path())?);
             }
             let spec = store_spec(args.store, dir.path());
             seed(&mesh, &spec, SeedOptions::default())?;
@@ -896,7 +958,7 @@ fn main() -> ExitCode {
         args.idle_secs,
         args.settle_secs,
         args.poll_ms,
-        args.store,
+        args.stores,
         if args.bird_log {
             "as Calico (all)"
         } else {
@@ -906,9 +968,12 @@ fn main() -> ExitCode {
     let mut rows = Vec::new();
     let mut failed = false;
     'all: for &n in &args.n {
-        for &imp in &args.impls {
-            eprintln!("scale_bench: N={n} {} ...", imp.name());
-            match run_one(&rt, &args, n, imp) {
+        for (imp, run_args) in runs(&args) {
+            eprintln!(
+                "scale_bench: N={n} {} ...",
+                label(imp, run_args.store, &args)
+            );
+            match run_one(&rt, &run_args, n, imp) {
                 Ok(r) => {
                     eprintln!(
                         "scale_bench: N={n} {}: converged in {:.2} s",
@@ -953,18 +1018,25 @@ fn kernel_main(rt: &tokio::runtime::Runtime, args: &Args, profile: &str) -> Exit
         },
         args.topology.name_for_header(),
         mesh::BLOCKS_PER_NODE,
-        args.store,
+        args.stores,
     );
     let mut rows = Vec::new();
     let mut events = Vec::new();
     let mut failed = false;
+    let mut apiservers = Vec::new();
     'all: for &n in &args.n {
-        for &imp in &args.impls {
-            eprintln!("scale_bench: N={n} {} (kernel) ...", imp.name());
-            match kernel::run(rt, args, n, imp, args.event_latency) {
-                Ok((row, ev)) => {
+        for (imp, run_args) in runs(args) {
+            let name = label(imp, run_args.store, args);
+            eprintln!("scale_bench: N={n} {name} (kernel) ...");
+            match kernel::run(rt, &run_args, n, imp, args.event_latency) {
+                Ok((mut row, ev, apiserver)) => {
+                    row.label = name.clone();
                     rows.push(row);
-                    events.extend(ev);
+                    events.extend(ev.map(|mut e| {
+                        e.label = name.clone();
+                        e
+                    }));
+                    apiservers.extend(apiserver);
                 }
                 Err(e) => {
                     eprintln!("scale_bench: {e}");
@@ -991,6 +1063,9 @@ fn kernel_main(rt: &tokio::runtime::Runtime, args: &Args, profile: &str) -> Exit
             args.events
         );
         let _ = kernel::print_event_table(&mut out, &mut events);
+    }
+    if !apiservers.is_empty() {
+        let _ = kube::print_table(&mut out, &apiservers);
     }
     if failed {
         ExitCode::FAILURE
