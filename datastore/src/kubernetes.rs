@@ -44,7 +44,7 @@ mod nodes;
 pub const MARGAY_OBJECTS_CRD: &str = include_str!("../crds/margay/objects.yaml");
 const MARGAY_GROUP: &str = "margay.dev";
 /// The objects of one list request; the rest come with its continue token.
-pub(super) const PAGE: u32 = 500;
+const PAGE: u32 = 500;
 /// How long the apiserver keeps one watch request open before we resume it.
 const WATCH_SECONDS: u32 = 290;
 
@@ -193,11 +193,7 @@ impl KubeStore {
         name: &str,
     ) -> Result<bool> {
         let resource = codec.resource_name(name);
-        let Some(found) = api
-            .get_opt(&resource)
-            .await
-            .map_err(|e| request_error(e, &resource))?
-        else {
+        let Some(found) = fetch(api, codec, name).await? else {
             return Ok(false);
         };
         if codec
@@ -224,7 +220,7 @@ impl KubeStore {
     /// The object's current version, for a conflict's report.
     async fn version_now(&self, codec: &dyn CrdCodec, name: &str) -> Option<Version> {
         let (api, _) = self.api(codec);
-        let found = api.get_opt(&codec.resource_name(name)).await.ok()??;
+        let found = fetch(&api, codec, name).await.ok()??;
         version_of(found.metadata.resource_version.as_deref()).ok()
     }
 
@@ -240,6 +236,65 @@ impl KubeStore {
             actual: self.version_now(codec, name).await,
         }
     }
+}
+
+/// The resource holding margay's object `name`, if there is one.
+async fn fetch(
+    api: &Api<DynamicObject>,
+    codec: &dyn CrdCodec,
+    name: &str,
+) -> Result<Option<DynamicObject>> {
+    let resource = codec.resource_name(name);
+    api.get_opt(&resource)
+        .await
+        .map_err(|e| request_error(e, &resource))
+}
+
+/// margay's objects among the resources of `api` that `selector` picks, with names starting
+/// with `name_prefix`, sorted, and the version to watch from: page by page from one snapshot
+/// (from the first page again, at a newer one, if the continue token expired). `object`
+/// reads one resource at its version; one it cannot read is skipped and said, and stays as
+/// it is in the store: it must not hide the others.
+pub(super) async fn list_objects<K>(
+    api: &Api<K>,
+    selector: Option<String>,
+    what: &str,
+    name_prefix: &str,
+    object: impl Fn(&K, Version) -> std::result::Result<Option<Object>, String>,
+) -> Result<ObjectList>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let mut params = ListParams::default().limit(PAGE);
+    params.label_selector = selector;
+    let mut items = Vec::new();
+    let version = loop {
+        let page = match api.list(&params).await {
+            Ok(page) => page,
+            Err(e) if http_code(&e) == Some(410) && params.continue_token.is_some() => {
+                params.continue_token = None;
+                items.clear();
+                continue;
+            }
+            Err(e) => return Err(request_error(e, what)),
+        };
+        for resource in &page.items {
+            let version = version_of(resource.meta().resource_version.as_deref())?;
+            match object(resource, version) {
+                Ok(Some(o)) if o.name.starts_with(name_prefix) => items.push(o),
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(%what, error = %e, "skipping a stored object margay cannot read")
+                }
+            }
+        }
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params.continue_token = Some(token),
+            None => break version_of(page.metadata.resource_version.as_deref())?,
+        }
+    };
+    items.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(ObjectList { items, version })
 }
 
 /// Waits until the apiserver reports the CRD `name` Established (at most 30 s).
@@ -332,12 +387,7 @@ impl Datastore for KubeStore {
         }
         let codec = self.codec(kind);
         let (api, _) = self.api(&*codec);
-        let resource = codec.resource_name(name);
-        let Some(found) = api
-            .get_opt(&resource)
-            .await
-            .map_err(|e| request_error(e, &resource))?
-        else {
+        let Some(found) = fetch(&api, &*codec, name).await? else {
             return Ok(None);
         };
         let version = version_of(found.metadata.resource_version.as_deref())?;
@@ -357,46 +407,16 @@ impl Datastore for KubeStore {
         }
         let codec = self.codec(kind);
         let (api, _) = self.api(&*codec);
-        let mut params = ListParams::default().limit(PAGE);
-        params.label_selector = codec.selector(name_prefix);
-        let mut items = Vec::new();
-        let version = loop {
-            let page = match api.list(&params).await {
-                Ok(page) => page,
-                // The continue token expired (its snapshot compacted): list again from the
-                // first page, at a newer snapshot.
-                Err(e) if http_code(&e) == Some(410) && params.continue_token.is_some() => {
-                    params.continue_token = None;
-                    items.clear();
-                    continue;
-                }
-                Err(e) => return Err(request_error(e, codec.plural())),
-            };
-            for d in &page.items {
-                match codec.decode(&crd_object(d)) {
-                    Ok(Some((name, value))) if name.starts_with(name_prefix) => {
-                        let version = version_of(d.metadata.resource_version.as_deref())?;
-                        items.push(Object {
-                            name,
-                            value,
-                            version,
-                        });
-                    }
-                    Ok(_) => {}
-                    // Left as it is in the store, and said: one unreadable object must not
-                    // hide the others.
-                    Err(e) => {
-                        tracing::warn!(error = %e, "skipping a stored object margay cannot read")
-                    }
-                }
-            }
-            match page.metadata.continue_.filter(|c| !c.is_empty()) {
-                Some(token) => params.continue_token = Some(token),
-                None => break version_of(page.metadata.resource_version.as_deref())?,
-            }
-        };
-        items.sort_by(|a, b| a.name.cmp(&b.name));
-        Ok(ObjectList { items, version })
+        let selector = codec.selector(name_prefix);
+        list_objects(&api, selector, codec.plural(), name_prefix, |d, version| {
+            let decoded = codec.decode(&crd_object(d)).map_err(|e| e.to_string())?;
+            Ok(decoded.map(|(name, value)| Object {
+                name,
+                value,
+                version,
+            }))
+        })
+        .await
     }
 
     async fn create(&self, kind: Kind, name: &str, value: Vec<u8>) -> Result<Version> {
@@ -483,12 +503,9 @@ impl Datastore for KubeStore {
         let codec = self.codec(kind);
         let (api, _) = self.api(&*codec);
         let (tx, rx) = mpsc::channel(Watch::DEPTH);
-        // margay's name of each resource seen, for the resources whose last state names no
-        // object (Calico marks a resource `deleted` before it deletes it).
-        let mut names: HashMap<String, String> = HashMap::new();
         let selector = codec.selector("");
         let task = tokio::spawn(follow(api, selector, from, tx, move |d, deleted| {
-            changed(&*codec, d, deleted, &mut names)
+            changed(&*codec, d, deleted)
         }));
         Ok(ObjectWatch::of_objects(rx, task))
     }
@@ -577,12 +594,7 @@ fn passed<K: kube::Resource>(last: &mut Version, d: &K) {
 }
 
 /// The event of a resource's change; `None` for a resource that is no object of margay's.
-fn changed(
-    codec: &dyn CrdCodec,
-    d: &DynamicObject,
-    deleted: bool,
-    names: &mut HashMap<String, String>,
-) -> Result<Option<ObjectEvent>> {
+fn changed(codec: &dyn CrdCodec, d: &DynamicObject, deleted: bool) -> Result<Option<ObjectEvent>> {
     let version = version_of(d.metadata.resource_version.as_deref())?;
     let object = crd_object(d);
     let decoded = match codec.decode(&object) {
@@ -592,41 +604,25 @@ fn changed(
             return Ok(None);
         }
     };
-    let event = match (decoded, deleted) {
-        (Some((name, value)), false) => {
-            names.insert(object.name, name.clone());
-            ObjectEvent {
-                name,
-                value: Some(value),
-                version,
-            }
-        }
-        (Some((name, _)), true) => {
-            names.remove(&object.name);
-            ObjectEvent {
-                name,
-                value: None,
-                version,
-            }
-        }
-        (None, _) => match names
-            .remove(&object.name)
-            .or_else(|| name_of_marked(codec, &object))
-        {
-            Some(name) => ObjectEvent {
-                name,
-                value: None,
-                version,
-            },
+    let (name, value) = match (decoded, deleted) {
+        (Some((name, value)), false) => (name, Some(value)),
+        (Some((name, _)), true) => (name, None),
+        // Marked deleted by Calico (its mark, then its deletion): gone for margay.
+        (None, _) => match name_of_marked(codec, &object) {
+            Some(name) => (name, None),
             None => return Ok(None),
         },
     };
-    Ok(Some(event))
+    Ok(Some(ObjectEvent {
+        name,
+        value,
+        version,
+    }))
 }
 
 /// margay's name of a resource Calico marked `deleted` (which decodes to no object): the
-/// same resource decoded unmarked. A watch that began after the mark, or listed the object
-/// and saw no change of it since, learns the name only so.
+/// same resource decoded unmarked. The resource itself says it, whatever the watch saw of it
+/// before (a watch may have only listed it, or begun after the mark).
 fn name_of_marked(codec: &dyn CrdCodec, object: &CrdObject) -> Option<String> {
     let mut unmarked = object.clone();
     let deleted = unmarked.spec.get_mut("deleted")?;

@@ -14,10 +14,10 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::Node as KubeNode;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 use tokio::sync::mpsc;
 
-use super::{KubeStore, PAGE, follow, http_code, request_error, version_of};
+use super::{KubeStore, follow, http_code, list_objects, request_error, version_of};
 use crate::contract::{
     Object, ObjectEvent, ObjectList, ObjectWatch, Result, StoreError, Version, Watch,
 };
@@ -199,29 +199,10 @@ impl KubeStore {
     }
 
     pub(super) async fn node_list(&self, name_prefix: &str) -> Result<ObjectList> {
-        let mut params = ListParams::default().limit(PAGE);
-        let mut items = Vec::new();
-        let version = loop {
-            let page = self
-                .nodes()
-                .list(&params)
-                .await
-                .map_err(|e| request_error(e, "nodes"))?;
-            for n in &page.items {
-                let version = version_of(n.metadata.resource_version.as_deref())?;
-                match object_of(n, version) {
-                    Ok(Some(o)) if o.name.starts_with(name_prefix) => items.push(o),
-                    Ok(_) => {}
-                    Err(e) => tracing::warn!(error = %e, "skipping a Node margay cannot read"),
-                }
-            }
-            match page.metadata.continue_.filter(|c| !c.is_empty()) {
-                Some(token) => params.continue_token = Some(token),
-                None => break version_of(page.metadata.resource_version.as_deref())?,
-            }
-        };
-        items.sort_by(|a, b| a.name.cmp(&b.name));
-        Ok(ObjectList { items, version })
+        list_objects(&self.nodes(), None, "nodes", name_prefix, |n, version| {
+            object_of(n, version).map_err(|e| e.to_string())
+        })
+        .await
     }
 
     /// Registers the node: its annotations on the Kubernetes Node, which is created when the
