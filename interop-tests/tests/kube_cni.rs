@@ -4,69 +4,15 @@
 //! DELs (also at once) nothing is left: no allocation, no handle.
 
 use std::collections::HashSet;
-use std::io::Write;
-use std::process::{Command, Stdio};
 
 use datastore::model::IpPool;
 use interop_tests::lab;
-use interop_tests::lab::bgpd::Daemon;
+use interop_tests::lab::bgpd::{Daemon, ipam_plugin};
 use interop_tests::lab::kube_api::KubeApi;
 use ipam::allocator::Ipam;
 
 const NODES: usize = 4;
 const PER_NODE: usize = 25;
-
-/// bgpd as `node` on the apiserver, on a BGP port of its own (four share this host).
-fn bgpd(api: &KubeApi, node: usize) -> Daemon {
-    let dir = tempfile::tempdir().unwrap();
-    let socket = dir.path().join("bgpd.sock");
-    let config = dir.path().join("bgpd.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[node]\nname = \"node-{node}\"\naddress = \"10.0.0.{}/24\"\n\
-             [datastore]\nkind = \"kubernetes\"\nkubeconfig = \"{}\"\n\
-             [api]\nsocket = \"{}\"\n[bgp]\nlisten_port = {}\n",
-            10 + node,
-            api.kubeconfig.display(),
-            socket.display(),
-            lab::free_port()
-        ),
-    )
-    .unwrap();
-    Daemon::start_with_config(dir, socket, &config)
-}
-
-/// `margay-ipam` with `command` for the pod `id` of `node`, as a runtime runs it; its stdout.
-fn plugin(command: &str, id: &str, node: usize, socket: &std::path::Path) -> std::process::Child {
-    let conf = serde_json::json!({
-        "cniVersion": "1.0.0", "name": "k8s-pod-network", "type": "ptp",
-        "nodename": format!("node-{node}"),
-        "ipam": {"type": "margay-ipam", "socket": socket},
-    });
-    let mut child = Command::new(lab::binary("margay-ipam"))
-        .env("CNI_COMMAND", command)
-        .env("CNI_CONTAINERID", id)
-        .env("CNI_NETNS", "/run/netns/none")
-        .env("CNI_IFNAME", "eth0")
-        .env("CNI_PATH", "/usr/lib/cni")
-        .env(
-            "CNI_ARGS",
-            format!("K8S_POD_NAMESPACE=default;K8S_POD_NAME={id}"),
-        )
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(conf.to_string().as_bytes())
-        .unwrap();
-    child
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hundred_cni_adds_over_four_nodes_on_the_kubernetes_api() {
@@ -78,12 +24,22 @@ async fn a_hundred_cni_adds_over_four_nodes_on_the_kubernetes_api() {
     ipam.create_pool(&IpPool::new("p", "10.250.0.0/16".parse().unwrap()))
         .await
         .unwrap();
-    let daemons: Vec<Daemon> = (0..NODES).map(|n| bgpd(&api, n)).collect();
+    let daemons: Vec<Daemon> = (0..NODES)
+        .map(|n| {
+            let address = format!("10.0.0.{}/24", 10 + n);
+            Daemon::on_kubernetes(&api.kubeconfig, &format!("node-{n}"), &address)
+        })
+        .collect();
     let started = std::time::Instant::now();
     let adds: Vec<_> = (0..NODES * PER_NODE)
         .map(|i| {
             let node = i % NODES;
-            plugin("ADD", &format!("pod{i}"), node, &daemons[node].socket)
+            ipam_plugin(
+                "ADD",
+                &format!("pod{i}"),
+                &format!("node-{node}"),
+                &daemons[node].socket,
+            )
         })
         .collect();
     let mut addresses = HashSet::new();
@@ -114,7 +70,12 @@ async fn a_hundred_cni_adds_over_four_nodes_on_the_kubernetes_api() {
     let dels: Vec<_> = (0..NODES * PER_NODE)
         .map(|i| {
             let node = i % NODES;
-            plugin("DEL", &format!("pod{i}"), node, &daemons[node].socket)
+            ipam_plugin(
+                "DEL",
+                &format!("pod{i}"),
+                &format!("node-{node}"),
+                &daemons[node].socket,
+            )
         })
         .collect();
     for (i, child) in dels.into_iter().enumerate() {

@@ -41,6 +41,50 @@ impl Daemon {
         d
     }
 
+    /// bgpd as the node `name` (at `address`, a CIDR) on the Kubernetes datastore of
+    /// `kubeconfig`, on a BGP port of its own (so several share a host); its configuration
+    /// file is `bgpd.toml` in its directory.
+    pub fn on_kubernetes(kubeconfig: &Path, name: &str, address: &str) -> Daemon {
+        let dir = tempfile::tempdir().unwrap();
+        let socket = dir.path().join("bgpd.sock");
+        let config = dir.path().join("bgpd.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "[node]\nname = \"{name}\"\naddress = \"{address}\"\n\
+                 [datastore]\nkind = \"kubernetes\"\nkubeconfig = \"{}\"\n\
+                 [api]\nsocket = \"{}\"\n[bgp]\nlisten_port = {}\n",
+                kubeconfig.display(),
+                socket.display(),
+                super::free_port()
+            ),
+        )
+        .unwrap();
+        Daemon::start_with_config(dir, socket, &config)
+    }
+
+    /// The configuration file of a daemon made by [`Daemon::on_kubernetes`].
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.path().join("bgpd.toml")
+    }
+
+    /// Starts bgpd again with `config` once the last process has ended (it is reaped here,
+    /// killed if it still runs); its log goes on in the same `bgpd.log`.
+    pub fn restart(&mut self, config: &Path) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let log = std::fs::File::options()
+            .append(true)
+            .open(self.dir.path().join("bgpd.log"))
+            .unwrap();
+        self.child = command(config)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.wait_ready();
+    }
+
     /// What bgpd logged so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("bgpd.log")).unwrap_or_default()
@@ -216,6 +260,40 @@ fn command(config: &Path) -> Command {
     }
     c.stdin(Stdio::null());
     c
+}
+
+/// `margay-ipam` with `command` (ADD, DEL) for the pod `id` of `node`, as a runtime runs it
+/// (the CNI variables, the network's configuration on stdin) against the bgpd at `socket`;
+/// the running child, its stdout and stderr piped.
+pub fn ipam_plugin(command: &str, id: &str, node: &str, socket: &Path) -> Child {
+    use std::io::Write;
+    let conf = serde_json::json!({
+        "cniVersion": "1.0.0", "name": "k8s-pod-network", "type": "ptp",
+        "nodename": node,
+        "ipam": {"type": "margay-ipam", "socket": socket},
+    });
+    let mut child = Command::new(binary("margay-ipam"))
+        .env("CNI_COMMAND", command)
+        .env("CNI_CONTAINERID", id)
+        .env("CNI_NETNS", "/run/netns/none")
+        .env("CNI_IFNAME", "eth0")
+        .env("CNI_PATH", "/usr/lib/cni")
+        .env(
+            "CNI_ARGS",
+            format!("K8S_POD_NAMESPACE=default;K8S_POD_NAME={id}"),
+        )
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(conf.to_string().as_bytes())
+        .unwrap();
+    child
 }
 
 /// Runs bgpctl with `args` against `socket`.

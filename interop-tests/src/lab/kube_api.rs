@@ -203,6 +203,28 @@ impl KubeApi {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// A kubeconfig (written into the apiserver's directory) of the service account
+    /// `namespace/name`, which must exist: a token the apiserver issues for it (TokenRequest,
+    /// valid two hours), so its requests are that account's and RBAC decides them.
+    pub fn service_account_kubeconfig(&self, namespace: &str, name: &str) -> PathBuf {
+        let token = self.kubectl_ok(&["create", "token", name, "-n", namespace, "--duration=2h"]);
+        let path = self.dir().join(format!("kubeconfig-{namespace}-{name}"));
+        let ca = self.dir().join("ca.pem");
+        std::fs::write(
+            &path,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: lab\n  cluster:\n    server: {}\n    certificate-authority: {}\n\
+                 users:\n- name: {name}\n  user:\n    token: {}\n\
+                 contexts:\n- name: lab\n  context:\n    cluster: lab\n    user: {name}\ncurrent-context: lab\n",
+                self.url(),
+                ca.display(),
+                token.trim()
+            ),
+        )
+        .unwrap();
+        path
+    }
+
     pub fn apiserver_log_tail(&self, lines: usize) -> String {
         let log =
             std::fs::read_to_string(self.dir.path().join("apiserver.log")).unwrap_or_default();

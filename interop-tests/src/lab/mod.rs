@@ -10,6 +10,7 @@ pub mod frr;
 pub mod gobgp;
 pub mod kernel_observer;
 pub mod kube_api;
+pub mod kube_webhook;
 pub mod link6;
 pub mod local;
 pub mod mesh;
