@@ -166,6 +166,11 @@ impl Block {
             let Some(ordinal) = self.free.pop_front() else {
                 break;
             };
+            // A damaged block may list an allocated ordinal as free too (`check` reports
+            // it): it was never free, and goes from the list rather than to a second pod.
+            if self.slots.contains_key(&ordinal) {
+                continue;
+            }
             self.slots.insert(
                 ordinal,
                 Slot {
@@ -335,6 +340,23 @@ mod tests {
 
     fn block() -> Block {
         Block::new("10.0.0.0/30".parse().unwrap(), "p", Some("n1"), 0)
+    }
+
+    #[test]
+    fn an_allocated_address_listed_free_by_damage_is_never_handed_out_again() {
+        let mut b = block();
+        let attrs = BTreeMap::new();
+        let first = b.allocate(1, "h1", "n1", &attrs)[0].0;
+        b.free.push_front(0);
+        let next: Vec<IpAddr> = b
+            .allocate(3, "h2", "n1", &attrs)
+            .iter()
+            .map(|(a, _)| *a)
+            .collect();
+        assert!(!next.contains(&first), "{first} handed out twice");
+        assert_eq!(next.len(), 3);
+        assert_eq!(b.slots[&0].handle, "h1");
+        assert!(b.free.is_empty());
     }
 
     #[test]

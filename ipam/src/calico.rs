@@ -350,7 +350,7 @@ fn decode_block(object: &CrdObject) -> Result<Option<Block>, CodecError> {
     };
     let attributes = decode_attributes(name, spec)?;
     let slots = decode_slots(name, spec, size, &attributes)?;
-    let free = decode_free(name, spec, size, &slots)?;
+    let free = decode_free(name, spec, size)?;
     let seq = match spec.get("sequenceNumber") {
         None | Some(Value::Null) => 0,
         Some(v) => v.as_u64().ok_or_else(|| {
@@ -563,13 +563,14 @@ fn decode_slots(
     Ok(slots)
 }
 
-/// The free ordinals from `unallocated`, in order. Duplicates and free ordinals missing from
-/// it pass through: margay's `check` reports them, as Calico's does.
+/// The free ordinals from `unallocated`, in order. Duplicates, ordinals also allocated and
+/// free ordinals missing from it pass through: margay's `check` reports them, as Calico's
+/// does (refusing the block would hide it and its allocations), and the allocator never
+/// hands out one that is allocated (`Block::allocate`).
 fn decode_free(
     name: &str,
     spec: &Map<String, Value>,
     size: u32,
-    slots: &BTreeMap<u32, Slot>,
 ) -> Result<VecDeque<u32>, CodecError> {
     let kind = Block::KIND;
     let entries = match spec.get("unallocated") {
@@ -599,14 +600,6 @@ fn decode_free(
                     format!("{entry} is not an ordinal of a block of {size}"),
                 )
             })?;
-        if slots.contains_key(&ordinal) {
-            return Err(refuse(
-                kind,
-                name,
-                field,
-                format!("ordinal {ordinal} is also allocated"),
-            ));
-        }
         free.push_back(ordinal);
     }
     Ok(free)
@@ -1283,6 +1276,17 @@ mod tests {
     }
 
     #[test]
+    fn an_ordinal_both_allocated_and_unallocated_is_read_as_it_is_for_check_to_report() {
+        let mut spec: Value = serde_json::from_str(CALICO_BLOCK).unwrap();
+        spec["allocations"][1] = json!(0);
+        let block = decode_calico(spec).unwrap().unwrap();
+        assert!(
+            block.slots.contains_key(&1) && block.free.contains(&1),
+            "{block:?}"
+        );
+    }
+
+    #[test]
     fn malformed_blocks_are_refused_naming_the_field() {
         refused(
             |s| s["allocations"].as_array_mut().unwrap().truncate(63),
@@ -1290,7 +1294,6 @@ mod tests {
         );
         refused(|s| s["allocations"][2] = json!(2), "spec.allocations[2]:");
         refused(|s| s["allocations"][2] = json!(-1), "spec.allocations[2]:");
-        refused(|s| s["allocations"][1] = json!(0), "spec.unallocated[1]:");
         refused(|s| s["unallocated"][5] = json!(64), "spec.unallocated[5]:");
         refused(|s| s["cidr"] = json!("10.244.7.64/33"), "spec.cidr:");
         refused(|s| s["cidr"] = json!("worker-2"), "spec.cidr:");

@@ -3,5 +3,9 @@
 
 const PER_OBJECT: bool = true;
 
+async fn fresh_store() -> (datastore::Store, cases::common::Backing) {
+    cases::common::sqlite().await
+}
+
 #[path = "allocator.rs"]
 mod cases;

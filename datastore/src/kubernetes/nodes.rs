@@ -6,7 +6,8 @@
 //! into it: a write reads the Node, replaces the annotations margay owns and leaves the rest,
 //! and puts it back with the version read (a kubelet's status update in between is a
 //! conflict, and the caller reads again). Deleting margay's node removes those annotations,
-//! never the Kubernetes Node. A Node without them is no node of margay's (not registered).
+//! never the Kubernetes Node. A Node without any of them is no node of margay's (not
+//! registered).
 //!
 //! The mapping (`annotations_of`, `node_of`) is pure and unit-tested; the requests are
 //! `KubeStore`'s.
@@ -85,14 +86,16 @@ pub fn annotations_of(
 }
 
 /// margay's node from a Kubernetes Node's name, labels and annotations; `Ok(None)` when it
-/// carries no address annotation (margay has not registered it). Labels are the Node's
-/// Kubernetes labels over the Calico-only ones (Kubernetes' win, as in Calico).
+/// carries none of margay's annotations (margay has not registered it, or forgot it). A
+/// node registered without addresses (only labels, say, for pools' node selectors) is one.
+/// Labels are the Node's Kubernetes labels over the Calico-only ones (Kubernetes' win, as
+/// in Calico).
 pub fn node_of(
     name: &str,
     kube_labels: &BTreeMap<String, String>,
     annotations: &BTreeMap<String, String>,
 ) -> Result<Option<Node>, String> {
-    if !annotations.contains_key(IPV4) && !annotations.contains_key(IPV6) {
+    if !OWNED.iter().any(|k| annotations.contains_key(*k)) {
         return Ok(None);
     }
     fn field<T: std::str::FromStr>(
@@ -368,7 +371,7 @@ mod tests {
     }
 
     #[test]
-    fn kubernetes_labels_win_and_a_node_without_addresses_is_not_margays() {
+    fn kubernetes_labels_win_and_a_node_without_margays_annotations_is_not_margays() {
         let a = BTreeMap::from([
             (IPV4.to_owned(), "192.0.2.10/24".to_owned()),
             (
@@ -381,6 +384,14 @@ mod tests {
         assert_eq!(n.labels["zone"], "kube");
         assert_eq!(n.labels["rack"], "r1");
         assert_eq!(node_of("w", &kube, &BTreeMap::new()).unwrap(), None);
+        let other = BTreeMap::from([("node.alpha.kubernetes.io/ttl".into(), "0".into())]);
+        assert_eq!(node_of("w", &kube, &other).unwrap(), None);
+        // Registered with labels only (no address yet): margay's all the same.
+        let labels_only = BTreeMap::from([(LABELS.to_owned(), r#"{"zone":"b"}"#.to_owned())]);
+        let n = node_of("w", &BTreeMap::new(), &labels_only)
+            .unwrap()
+            .unwrap();
+        assert_eq!((n.ipv4, n.labels["zone"].as_str()), (None, "b"));
     }
 
     #[test]

@@ -1,5 +1,6 @@
-//! What the allocator's test files share: a fresh SQLite store, pools and requests, and the
-//! per-family spelling of a test's addresses, so that one test body runs for IPv4 and IPv6.
+//! What the allocator's test files share: a fresh store (of the crate root's choosing) and a
+//! count of its writes, pools and requests, and the per-family spelling of a test's
+//! addresses, so that one test body runs for IPv4 and IPv6.
 
 #![allow(dead_code)] // each test file uses its own part
 
@@ -8,27 +9,63 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use datastore::Store;
-use datastore::contract::Datastore;
+use datastore::contract::{Atomic, Datastore};
 use datastore::model::{IpFamily, IpPool};
 use datastore::sqlite::{SqliteOptions, SqliteStore};
 use ipam::allocator::{AssignRequest, Ipam};
 
-/// A fresh store for one test's allocator: SQLite, with its `Atomic` extension in use, or
-/// hidden from the allocator when the test crate says `PER_OBJECT` (the same cases again on
-/// the per-object path, as on a store without the extension, through `Store::per_object`).
-/// The test itself may still use the extension, to set up or inspect the store.
-pub async fn ipam() -> (Ipam<Store>, tempfile::TempDir) {
+/// What one test's store needs kept alive (its temporary directory, a kube-apiserver), and
+/// how its writes are counted. The crate root's `fresh_store` makes it.
+pub struct Backing {
+    pub keep: Box<dyn std::any::Any>,
+    pub counter: WriteCounter,
+}
+
+/// How a test counts the writes made to its store.
+pub enum WriteCounter {
+    /// The store's revision: one per commit (SQLite, etcd).
+    Revision(Store),
+    /// Counted where the writes are seen (the kube-apiserver's admission webhook).
+    Observed(Box<dyn Fn() -> u64>),
+}
+
+impl Backing {
+    /// The writes (commits) made to the store so far.
+    pub async fn writes(&self) -> u64 {
+        match &self.counter {
+            WriteCounter::Revision(store) => store.revision().await.unwrap().0,
+            WriteCounter::Observed(count) => count(),
+        }
+    }
+}
+
+/// A fresh SQLite store in a temporary directory, with its `Atomic` extension.
+pub async fn sqlite() -> (Store, Backing) {
     let dir = tempfile::tempdir().unwrap();
     let store = SqliteStore::open(dir.path().join("s.db"), SqliteOptions::default())
         .await
         .unwrap();
     let store = Store::sqlite(store);
+    let backing = Backing {
+        keep: Box::new(dir),
+        counter: WriteCounter::Revision(store.clone()),
+    };
+    (store, backing)
+}
+
+/// A fresh store for one test's allocator, of the crate root's `fresh_store` (SQLite in
+/// this crate; the Kubernetes API in interop-tests' run of these cases): with its `Atomic`
+/// extension in use, or hidden from the allocator when the crate root says `PER_OBJECT`
+/// (the same cases again on the per-object path, as on a store without the extension,
+/// through `Store::per_object`).
+pub async fn ipam() -> (Ipam<Store>, Backing) {
+    let (store, backing) = crate::fresh_store().await;
     let store = if crate::PER_OBJECT {
         store.per_object()
     } else {
         store
     };
-    (Ipam::new(store), dir)
+    (Ipam::new(store), backing)
 }
 
 pub fn pool(name: &str, cidr: &str, block: u8) -> IpPool {
