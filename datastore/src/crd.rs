@@ -67,7 +67,114 @@ pub trait CrdCodec: Send + Sync + 'static {
         let _ = name_prefix;
         None
     }
+    /// The `spec` fields margay models for this kind, which it rewrites; `None` when it
+    /// models them all. An update of a kind that leaves some out keeps the others as the
+    /// stored resource has them ([`keep_unmodelled`]).
+    fn modelled_spec_fields(&self) -> Option<&'static [&'static str]> {
+        None
+    }
+}
+
+/// Annotations under this prefix are margay's own (settings Calico's spec cannot hold).
+pub const MARGAY_ANNOTATIONS: &str = "margay.dev/";
+
+/// What margay writes (`new`) over the resource as it is stored (`stored`): `new`'s spec
+/// replaces the `modelled` fields, and every other spec field, label and annotation of
+/// `stored` stays (Calico's fields margay does not model, such as a BGPPeer's
+/// `sourceAddress`; a user's labels; Calico's `projectcalico.org/metadata`), so a rewrite by
+/// margay loses nothing another tool wrote. margay's own annotations (`margay.dev/`) are
+/// `new`'s alone: one it no longer sets goes.
+pub fn keep_unmodelled(new: CrdObject, stored: &CrdObject, modelled: &[&str]) -> CrdObject {
+    let mut spec = match &stored.spec {
+        serde_json::Value::Object(fields) => fields
+            .iter()
+            .filter(|(k, _)| !modelled.contains(&k.as_str()))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        _ => serde_json::Map::new(),
+    };
+    if let serde_json::Value::Object(fields) = new.spec {
+        spec.extend(fields);
+    }
+    let mut labels = stored.labels.clone();
+    labels.extend(new.labels);
+    let mut annotations: BTreeMap<String, String> = stored
+        .annotations
+        .iter()
+        .filter(|(k, _)| !k.starts_with(MARGAY_ANNOTATIONS))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    annotations.extend(new.annotations);
+    CrdObject {
+        name: new.name,
+        labels,
+        annotations,
+        spec: serde_json::Value::Object(spec),
+    }
 }
 
 pub mod manifests;
 pub mod model_codecs;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn object(
+        spec: serde_json::Value,
+        labels: &[(&str, &str)],
+        notes: &[(&str, &str)],
+    ) -> CrdObject {
+        let map = |pairs: &[(&str, &str)]| {
+            pairs
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect()
+        };
+        CrdObject {
+            name: "peer-a".into(),
+            labels: map(labels),
+            annotations: map(notes),
+            spec,
+        }
+    }
+
+    #[test]
+    fn a_rewrite_keeps_what_margay_does_not_model_and_replaces_what_it_does() {
+        let stored = object(
+            json!({"peerIP": "192.0.2.1", "asNumber": 65001, "keepaliveTime": "30s",
+                   "sourceAddress": "None", "filters": ["f"]}),
+            &[("team", "net")],
+            &[
+                ("projectcalico.org/metadata", "{\"uid\":\"u\"}"),
+                ("margay.dev/passive", "true"),
+                ("margay.dev/max-prefixes", "10"),
+            ],
+        );
+        let new = object(
+            json!({"peerIP": "192.0.2.1", "asNumber": 65002}),
+            &[],
+            &[("margay.dev/max-prefixes", "20")],
+        );
+        let modelled = ["peerIP", "asNumber", "keepaliveTime", "filters"];
+        let merged = keep_unmodelled(new, &stored, &modelled);
+        assert_eq!(
+            merged.spec,
+            json!({"peerIP": "192.0.2.1", "asNumber": 65002, "sourceAddress": "None"}),
+            "modelled fields are margay's to drop; sourceAddress stays"
+        );
+        assert_eq!(merged.labels, stored.labels);
+        assert_eq!(
+            merged.annotations,
+            BTreeMap::from([
+                ("margay.dev/max-prefixes".to_owned(), "20".to_owned()),
+                (
+                    "projectcalico.org/metadata".to_owned(),
+                    "{\"uid\":\"u\"}".to_owned()
+                ),
+            ]),
+            "margay's passive annotation it no longer sets goes; Calico's stays"
+        );
+    }
+}

@@ -35,7 +35,7 @@ use crate::contract::{
     Datastore, Kind, Object, ObjectEvent, ObjectList, ObjectWatch, Result, StoreError, Version,
     Watch,
 };
-use crate::crd::{CodecError, CrdCodec, CrdObject, manifests};
+use crate::crd::{CodecError, CrdCodec, CrdObject, keep_unmodelled, manifests};
 use crate::resource::Resource;
 
 mod nodes;
@@ -457,12 +457,28 @@ impl Datastore for KubeStore {
         let (api, resource) = self.api(&*codec);
         let object = codec.encode(name, &value).map_err(codec_error)?;
         let resource_name = object.name.clone();
+        let body = match codec.modelled_spec_fields() {
+            None => dynamic(object, &resource, Some(expected)),
+            // Calico's fields margay does not model, and the rest of the metadata, stay as
+            // stored: the stored resource, at the version expected, with margay's fields
+            // replaced (a replace of the whole would drop what Calico or a user wrote).
+            Some(modelled) => {
+                let Some(mut stored) = fetch(&api, &*codec, name).await? else {
+                    return Err(self.conflict(&*codec, name, Some(expected)).await);
+                };
+                if version_of(stored.metadata.resource_version.as_deref())? != expected {
+                    return Err(self.conflict(&*codec, name, Some(expected)).await);
+                }
+                let merged = keep_unmodelled(object, &crd_object(&stored), modelled);
+                stored.metadata.labels = (!merged.labels.is_empty()).then_some(merged.labels);
+                stored.metadata.annotations =
+                    (!merged.annotations.is_empty()).then_some(merged.annotations);
+                stored.data["spec"] = merged.spec;
+                stored
+            }
+        };
         match api
-            .replace(
-                &resource_name,
-                &PostParams::default(),
-                &dynamic(object, &resource, Some(expected)),
-            )
+            .replace(&resource_name, &PostParams::default(), &body)
             .await
         {
             Ok(d) => version_of(d.metadata.resource_version.as_deref()),

@@ -4,7 +4,8 @@
 //! numbers, a labelled BlockAffinity, IPAMHandles). margay then reads them as they are: the
 //! existing pods keep their addresses, `ipam check` is clean, new claims never collide with
 //! them, a release rewrites the block still in Calico's shape, `kubectl get ippools` shows
-//! what bgpctl shows, and bgpd on that node routes the adopted block.
+//! what bgpctl shows, and bgpd on that node routes the adopted block. A rewrite by margay of
+//! a Calico BGPPeer or BGPConfiguration keeps the fields it does not model.
 
 use std::collections::HashSet;
 use std::net::IpAddr;
@@ -288,4 +289,125 @@ async fn bgpd_routes_the_adopted_block(api: &KubeApi, _store: &Store) {
     println!("kubectl get ippools:\n{kubectl}bgpctl get ippool:\n{bgpctl}");
     assert!(kubectl.contains("ippool.crd.projectcalico.org/default-ipv4-ippool"));
     assert!(bgpctl.contains("default-ipv4-ippool") && bgpctl.contains("10.244.0.0/16"));
+}
+
+/// A BGPPeer and the BGPConfiguration as Calico and a user wrote them, with fields margay
+/// does not model.
+const CALICO_BGP: &str = r#"apiVersion: crd.projectcalico.org/v1
+kind: BGPPeer
+metadata:
+  name: tor-a
+  labels: {team: net}
+  annotations:
+    projectcalico.org/metadata: '{"uid":"0b1c","creationTimestamp":"2026-01-02T03:04:05Z"}'
+spec:
+  peerIP: 192.0.2.1
+  asNumber: 65001
+  keepaliveTime: 30s
+  sourceAddress: None
+---
+apiVersion: crd.projectcalico.org/v1
+kind: BGPConfiguration
+metadata:
+  name: default
+spec:
+  asNumber: 64512
+  logSeverityScreen: Info
+  bindMode: NodeIP
+  nodeToNodeMeshEnabled: true
+"#;
+
+/// margay rewrites a Calico BGPPeer and the BGPConfiguration (as bgpctl's changes do) and
+/// keeps what it does not model as Calico or the user wrote it: `sourceAddress`,
+/// `bindMode`, `logSeverityScreen`, a user's label, Calico's v3 metadata annotation; the
+/// fields it models are its own to change and to drop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rewrite_keeps_the_calico_fields_margay_does_not_model() {
+    use datastore::contract::Datastore;
+    use datastore::model::{BgpConfiguration, BgpPeer};
+    use datastore::resource::{Resource, decode, encode};
+    let api = KubeApi::start();
+    let store = lab::open_store(&format!("kubernetes:{}", api.kubeconfig.display()))
+        .await
+        .unwrap();
+    store.as_kubernetes().unwrap().install_crds().await.unwrap();
+    let objects = api.dir().join("bgp.yaml");
+    std::fs::write(&objects, CALICO_BGP).unwrap();
+    api.kubectl_ok(&["apply", "-f", objects.to_str().unwrap()]);
+
+    let peer = store.get(BgpPeer::kind(), "tor-a").await.unwrap().unwrap();
+    let mut changed: BgpPeer = decode(&peer.value).unwrap();
+    assert_eq!(changed.keepalive_time_s, 30);
+    changed.as_number = 65002;
+    changed.keepalive_time_s = 0;
+    store
+        .update(BgpPeer::kind(), "tor-a", encode(&changed), peer.version)
+        .await
+        .unwrap();
+    let config = store
+        .get(BgpConfiguration::kind(), "default")
+        .await
+        .unwrap()
+        .unwrap();
+    let mut cluster: BgpConfiguration = decode(&config.value).unwrap();
+    cluster.as_number = 64513;
+    store
+        .update(
+            BgpConfiguration::kind(),
+            "default",
+            encode(&cluster),
+            config.version,
+        )
+        .await
+        .unwrap();
+
+    let get = |what: &str| -> serde_json::Value {
+        serde_json::from_str(&api.kubectl_ok(&["get", what, "-o", "json"])).unwrap()
+    };
+    let peer = get("bgppeers.crd.projectcalico.org/tor-a");
+    println!("the BGPPeer after margay's rewrite: {peer}");
+    assert_eq!(peer["spec"]["asNumber"], 65002);
+    assert!(
+        peer["spec"].get("keepaliveTime").is_none(),
+        "margay dropped its own field: {peer}"
+    );
+    assert_eq!(peer["spec"]["sourceAddress"], "None", "{peer}");
+    assert_eq!(peer["metadata"]["labels"]["team"], "net", "{peer}");
+    assert!(
+        peer["metadata"]["annotations"]["projectcalico.org/metadata"]
+            .as_str()
+            .unwrap()
+            .contains("0b1c"),
+        "{peer}"
+    );
+    let config = get("bgpconfigurations.crd.projectcalico.org/default");
+    println!("the BGPConfiguration after margay's rewrite: {config}");
+    assert_eq!(config["spec"]["asNumber"], 64513);
+    assert_eq!(config["spec"]["bindMode"], "NodeIP", "{config}");
+    assert_eq!(config["spec"]["logSeverityScreen"], "Info", "{config}");
+    // A stale version is still a conflict: the merge never writes over a newer resource.
+    let read = peer_version(&peer);
+    changed.as_number = 65003;
+    store
+        .update(BgpPeer::kind(), "tor-a", encode(&changed), read)
+        .await
+        .unwrap();
+    changed.as_number = 65004;
+    let stale = store
+        .update(BgpPeer::kind(), "tor-a", encode(&changed), read)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(stale, datastore::contract::StoreError::Conflict { .. }),
+        "{stale}"
+    );
+    assert_eq!(
+        get("bgppeers.crd.projectcalico.org/tor-a")["spec"]["asNumber"],
+        65003
+    );
+}
+
+fn peer_version(resource: &serde_json::Value) -> datastore::contract::Version {
+    let text = resource["metadata"]["resourceVersion"].as_str().unwrap();
+    datastore::contract::Version::from_wire(text.parse().unwrap())
 }

@@ -8,13 +8,11 @@
 //! hold travel in `margay.dev/` annotations. Pure: no client, no I/O (`crate::kubernetes`
 //! does the requests).
 //!
-//! Calico fields margay does not model are ignored when ignoring them can only make margay
-//! do less than the resource asks (`logSeverityScreen`, `bindMode`, `ignoredInterfaces`,
-//! `sourceAddress`, `ipCooldownSeconds`...), and refused when ignoring them would make margay
-//! do more (a BGPPeer's `nodeSelector` would become every node; a BGPFilter rule without its
-//! `peerType` or `communities` match would match more routes; a `secretKeyRef` password
-//! would become none). Calico's v3 metadata (annotation `projectcalico.org/metadata`) is
-//! neither read nor written: margay's resources have no labels or annotations of their own.
+//! Calico fields margay does not model are kept as stored when margay rewrites a resource
+//! (`modelled_spec_fields` lists a kind's own), ignored when that can only make margay do
+//! less (`bindMode`, `sourceAddress`...), and refused when it would make margay do more (a
+//! BGPPeer's `nodeSelector`; a BGPFilter rule's `peerType`; a `secretKeyRef` password).
+//! Calico's v3 metadata annotation is neither read nor changed.
 //!
 //! Why this file is long: five kinds, each mapped both ways field by field with the refusals
 //! naming Calico's fields; the tests read Calico-shaped literals as users write them.
@@ -476,6 +474,20 @@ fn spec_object(name: &str, spec: Map<String, Value>) -> CrdObject {
 /// `IpPool` ⇄ Calico's IPPool: every field of margay's pool is Calico's.
 pub struct IpPoolCodec;
 
+/// The spec fields of Calico's IPPool that margay reads and writes (a rewrite keeps the others).
+const POOL_FIELDS_MODELLED: [&str; 10] = [
+    "cidr",
+    "blockSize",
+    "vxlanMode",
+    "ipipMode",
+    "natOutgoing",
+    "disabled",
+    "disableBGPExport",
+    "nodeSelector",
+    "allowedUses",
+    "assignmentMode",
+];
+
 impl CrdCodec for IpPoolCodec {
     fn kind(&self) -> Kind {
         IpPool::kind()
@@ -492,6 +504,9 @@ impl CrdCodec for IpPoolCodec {
     fn encode(&self, name: &str, value: &[u8]) -> Result<CrdObject, CodecError> {
         let pool: IpPool = stored(self.crd_kind(), name, value)?;
         Ok(spec_object(name, pool_spec(&pool)))
+    }
+    fn modelled_spec_fields(&self) -> Option<&'static [&'static str]> {
+        Some(&POOL_FIELDS_MODELLED)
     }
     fn decode(&self, object: &CrdObject) -> Result<Option<(String, Vec<u8>)>, CodecError> {
         let pool = pool_from(object).map_err(|r| r.into_error(self.crd_kind(), &object.name))?;
@@ -582,6 +597,18 @@ fn allowed_uses(spec: &Fields) -> Parsed<Vec<AllowedUse>> {
 /// place in margay's model: they decode as absent.
 pub struct BgpConfigurationCodec;
 
+/// The spec fields of Calico's BGPConfiguration that margay reads and writes (a rewrite keeps the others).
+const CONFIG_FIELDS_MODELLED: [&str; 8] = [
+    "nodeToNodeMeshEnabled",
+    "asNumber",
+    "listenPort",
+    "serviceClusterIPs",
+    "serviceExternalIPs",
+    "serviceLoadBalancerIPs",
+    "communities",
+    "prefixAdvertisements",
+];
+
 impl CrdCodec for BgpConfigurationCodec {
     fn kind(&self) -> Kind {
         BgpConfiguration::kind()
@@ -599,6 +626,9 @@ impl CrdCodec for BgpConfigurationCodec {
         singleton_name(self.crd_kind(), name)?;
         let config: BgpConfiguration = stored(self.crd_kind(), name, value)?;
         Ok(config_object(name, &config))
+    }
+    fn modelled_spec_fields(&self) -> Option<&'static [&'static str]> {
+        Some(&CONFIG_FIELDS_MODELLED)
     }
     fn decode(&self, object: &CrdObject) -> Result<Option<(String, Vec<u8>)>, CodecError> {
         if object.name != BgpConfiguration::NAME {
@@ -753,6 +783,22 @@ fn prefix_advertisements(spec: &Fields) -> Parsed<Vec<PrefixAdvertisement>> {
 /// not written (see [`peer_object`]).
 pub struct BgpPeerCodec;
 
+/// The spec fields of Calico's BGPPeer that margay reads and writes (a rewrite keeps the others).
+const PEER_FIELDS_MODELLED: [&str; 12] = [
+    "peerIP",
+    "asNumber",
+    "node",
+    "ttlSecurity",
+    "keepaliveTime",
+    "nextHopMode",
+    "keepOriginalNextHop",
+    "filters",
+    "localASNumber",
+    "numAllowedLocalASNumbers",
+    "maxRestartTime",
+    "reachableBy",
+];
+
 impl CrdCodec for BgpPeerCodec {
     fn kind(&self) -> Kind {
         BgpPeer::kind()
@@ -769,6 +815,9 @@ impl CrdCodec for BgpPeerCodec {
     fn encode(&self, name: &str, value: &[u8]) -> Result<CrdObject, CodecError> {
         let peer: BgpPeer = stored(self.crd_kind(), name, value)?;
         peer_object(name, &peer).map_err(|r| r.into_error(self.crd_kind(), name))
+    }
+    fn modelled_spec_fields(&self) -> Option<&'static [&'static str]> {
+        Some(&PEER_FIELDS_MODELLED)
     }
     fn decode(&self, object: &CrdObject) -> Result<Option<(String, Vec<u8>)>, CodecError> {
         let peer = peer_from(object).map_err(|r| r.into_error(self.crd_kind(), &object.name))?;
@@ -970,6 +1019,9 @@ fn filter_names(spec: &Fields) -> Parsed<Vec<String>> {
 /// `BgpFilter` ⇄ Calico's BGPFilter: the four rule lists, each rule's fields margay has.
 pub struct BgpFilterCodec;
 
+/// The spec fields of Calico's BGPFilter that margay reads and writes (a rewrite keeps the others).
+const FILTER_FIELDS_MODELLED: [&str; 4] = ["exportV4", "importV4", "exportV6", "importV6"];
+
 impl CrdCodec for BgpFilterCodec {
     fn kind(&self) -> Kind {
         BgpFilter::kind()
@@ -992,6 +1044,9 @@ impl CrdCodec for BgpFilterCodec {
             }
         }
         Ok(spec_object(name, spec))
+    }
+    fn modelled_spec_fields(&self) -> Option<&'static [&'static str]> {
+        Some(&FILTER_FIELDS_MODELLED)
     }
     fn decode(&self, object: &CrdObject) -> Result<Option<(String, Vec<u8>)>, CodecError> {
         let filter =
@@ -1084,6 +1139,10 @@ fn filter_rule(item: &Fields) -> Parsed<BgpFilterRule> {
 /// default limit); the empty-block grace is margay's own (an annotation).
 pub struct IpamConfigCodec;
 
+/// The spec fields of Calico's IPAMConfig that margay reads and writes (a rewrite keeps the others).
+const IPAM_CONFIG_FIELDS_MODELLED: [&str; 3] =
+    ["strictAffinity", "autoAllocateBlocks", "maxBlocksPerHost"];
+
 impl CrdCodec for IpamConfigCodec {
     fn kind(&self) -> Kind {
         IpamConfig::kind()
@@ -1115,6 +1174,9 @@ impl CrdCodec for IpamConfigCodec {
             );
         }
         Ok(object)
+    }
+    fn modelled_spec_fields(&self) -> Option<&'static [&'static str]> {
+        Some(&IPAM_CONFIG_FIELDS_MODELLED)
     }
     fn decode(&self, object: &CrdObject) -> Result<Option<(String, Vec<u8>)>, CodecError> {
         if object.name != SINGLETON {
@@ -1167,7 +1229,9 @@ mod tests {
     }
 
     /// margay → resource → margay gives the object back; the resource carries no Calico v3
-    /// metadata and no labels.
+    /// metadata and no labels, and only spec fields the codec says it models (a rewrite
+    /// keeps every other field as it was stored: one written but not listed would stay
+    /// when margay unsets it).
     fn round_trip<T: Resource + PartialEq + std::fmt::Debug>(
         codec: &dyn CrdCodec,
         name: &str,
@@ -1176,7 +1240,18 @@ mod tests {
         let cr = codec.encode(name, &encode(value)).unwrap();
         assert_eq!(cr.name, codec.resource_name(name));
         assert!(cr.labels.is_empty());
-        assert!(cr.annotations.keys().all(|k| k.starts_with("margay.dev/")));
+        assert!(
+            cr.annotations
+                .keys()
+                .all(|k| k.starts_with(crate::crd::MARGAY_ANNOTATIONS))
+        );
+        let modelled = codec.modelled_spec_fields().unwrap();
+        for key in cr.spec.as_object().unwrap().keys() {
+            assert!(
+                modelled.contains(&key.as_str()),
+                "{key} is written but not listed as modelled"
+            );
+        }
         assert_eq!(&decoded::<T>(codec, &cr), value);
         cr
     }
