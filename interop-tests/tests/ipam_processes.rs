@@ -243,15 +243,10 @@ async fn stop_between_any_two_steps(spec: &str) {
             "stop after write {k}: {status}"
         );
         let report = ipam.check().await.unwrap();
-        for p in &report.problems {
-            assert!(
-                known.iter().any(|k| p.contains(k)),
-                "stop after write {k} left {p:?}, which check does not know to report"
-            );
-        }
-        println!(
-            "stopped after write {k}: check reports {:?}",
-            report.problems
+        lab::assert_check_knows(
+            &report.problems,
+            &known,
+            &format!("stopped after write {k}"),
         );
         // The runtime retries the pod's DEL; then the node's GC runs (no live pods).
         ipam.release_by_handle(&format!("s{k}-0")).await.unwrap();

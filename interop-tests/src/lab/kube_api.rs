@@ -209,17 +209,10 @@ impl KubeApi {
     pub fn service_account_kubeconfig(&self, namespace: &str, name: &str) -> PathBuf {
         let token = self.kubectl_ok(&["create", "token", name, "-n", namespace, "--duration=2h"]);
         let path = self.dir().join(format!("kubeconfig-{namespace}-{name}"));
-        let ca = self.dir().join("ca.pem");
+        let credentials = format!("token: {}", token.trim());
         std::fs::write(
             &path,
-            format!(
-                "apiVersion: v1\nkind: Config\nclusters:\n- name: lab\n  cluster:\n    server: {}\n    certificate-authority: {}\n\
-                 users:\n- name: {name}\n  user:\n    token: {}\n\
-                 contexts:\n- name: lab\n  context:\n    cluster: lab\n    user: {name}\ncurrent-context: lab\n",
-                self.url(),
-                ca.display(),
-                token.trim()
-            ),
+            kubeconfig_of(self.dir(), &self.url(), name, &credentials),
         )
         .unwrap();
         path
@@ -346,9 +339,21 @@ pub fn write_pki(dir: &Path, hosts: &[&str]) {
 /// `write_pki` wrote into `dir`.
 pub fn kubeconfig_text(dir: &Path, server: &str) -> String {
     let d = dir.display();
+    kubeconfig_of(
+        dir,
+        server,
+        "admin",
+        &format!("client-certificate: {d}/admin.pem\n    client-key: {d}/admin-key.pem"),
+    )
+}
+
+/// A kubeconfig for the apiserver at `server` (its CA in `dir`) as the user `name`, whose
+/// credentials are `credentials` (the lines of its `user:` mapping).
+fn kubeconfig_of(dir: &Path, server: &str, name: &str, credentials: &str) -> String {
     format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: lab\n  cluster:\n    server: {server}\n    certificate-authority: {d}/ca.pem\n\
-         users:\n- name: admin\n  user:\n    client-certificate: {d}/admin.pem\n    client-key: {d}/admin-key.pem\n\
-         contexts:\n- name: lab\n  context:\n    cluster: lab\n    user: admin\ncurrent-context: lab\n"
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: lab\n  cluster:\n    server: {server}\n    certificate-authority: {}/ca.pem\n\
+         users:\n- name: {name}\n  user:\n    {credentials}\n\
+         contexts:\n- name: lab\n  context:\n    cluster: lab\n    user: {name}\ncurrent-context: lab\n",
+        dir.display()
     )
 }

@@ -83,6 +83,20 @@ pub fn try_binary(name: &str) -> Result<PathBuf, String> {
     }
 }
 
+/// What `ipam check` reported after a claim or release was cut short (`after`, e.g. "stopped
+/// after write 3"): each problem must be one of `known` (parts of check's messages for what an
+/// interrupted operation leaves, which GC finishes), none of the damage it reports otherwise.
+/// Prints them, for the test's output.
+pub fn assert_check_knows(problems: &[String], known: &[&str], after: &str) {
+    for p in problems {
+        assert!(
+            known.iter().any(|k| p.contains(k)),
+            "{after} left {p:?}, which check does not know to report"
+        );
+    }
+    println!("{after}: check reports {problems:?}");
+}
+
 /// Opens a store from "sqlite:PATH", "etcd:URL[,URL...]" or "kubernetes:KUBECONFIG" (what the
 /// load generators take), either of the first two with "per-object:" before it for the store
 /// with its extension hidden.
