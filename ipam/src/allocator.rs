@@ -2152,6 +2152,29 @@ impl<D: Datastore> Ipam<D> {
                 }
             }
         }
+        // Handles that record addresses in the node's blocks, none of which any block holds:
+        // an allocation's handle step that landed after its pod's DEL (a writer killed with
+        // that request in flight: the Kubernetes API still makes it). No slot names them, so
+        // only their record finds them; releasing settles them.
+        let held: HashSet<&str> = blocks
+            .iter()
+            .flat_map(|(b, _)| b.slots.values().map(|s| s.handle.as_str()))
+            .collect();
+        let the_nodes: HashSet<String> = blocks
+            .iter()
+            .filter(|(b, _)| b.affinity.as_deref() == Some(node))
+            .map(|(b, _)| b.cidr.to_string())
+            .collect();
+        for (handle, _) in self.list::<Handle>(Handle::PREFIX).await? {
+            if handle.id.starts_with(prefix)
+                && !is_tunnel_handle(&handle.id)
+                && !live.contains(&handle.id)
+                && !held.contains(handle.id.as_str())
+                && handle.blocks.keys().any(|b| the_nodes.contains(b))
+            {
+                dead.entry(handle.id).or_default();
+            }
+        }
         if dry_run {
             return Ok(dead.into_iter().collect());
         }

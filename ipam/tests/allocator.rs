@@ -39,6 +39,7 @@ both_families!(
     freed_addresses_are_reused_oldest_first,
     a_specific_address_and_its_errors,
     gc_releases_dead_handles_of_the_node_but_not_tunnels,
+    gc_settles_handles_whose_addresses_no_block_holds,
     removing_a_node_releases_its_addresses_and_blocks,
     bad_input_is_refused_and_writes_nothing,
     an_exhausted_pool_is_a_clear_error_and_leaves_nothing,
@@ -385,6 +386,50 @@ async fn gc_releases_dead_handles_of_the_node_but_not_tunnels(f: IpFamily) {
             "{kept}"
         );
     }
+}
+
+/// A handle whose count no block holds (its allocation's handle step landed after the pod's
+/// DEL: a writer killed with that request in flight) is found by the node's GC through the
+/// node's block it names, and settled; a live one, and one naming another node's block, stay.
+async fn gc_settles_handles_whose_addresses_no_block_holds(f: IpFamily) {
+    use datastore::resource::{Resource, encode};
+    use ipam::block::Handle;
+    let (ipam, _d) = ipam().await;
+    let cidr = pick(f, "10.22.0.0/24", "fd00:22::/120");
+    ipam.create_pool(&pool("p", cidr, block_of(f, 6)))
+        .await
+        .unwrap();
+    let mut blocks = Vec::new();
+    for (handle, node) in [("net.a", "node-a"), ("net.b", "node-b")] {
+        let (v4, v6) = ipam.auto_assign(&req_of(f, handle, node, 1)).await.unwrap();
+        blocks.push(v4.into_iter().chain(v6).next().unwrap().block);
+    }
+    for (id, block) in [
+        ("net.ghost", blocks[0]),
+        ("net.live-ghost", blocks[0]),
+        ("net.other", blocks[1]),
+    ] {
+        let mut h = Handle {
+            id: id.into(),
+            ..Handle::default()
+        };
+        h.add(&block, 1);
+        ipam.store()
+            .create(Handle::kind(), id, encode(&h))
+            .await
+            .unwrap();
+    }
+    let live: HashSet<String> = ["net.a", "net.live-ghost"].map(String::from).into();
+    let released = ipam.gc("node-a", &live, "", false).await.unwrap();
+    assert_eq!(released, vec![("net.ghost".to_owned(), vec![])]);
+    let stored = |id: &'static str| {
+        let store = ipam.store().clone();
+        async move { store.get(Handle::kind(), id).await.unwrap().is_some() }
+    };
+    assert!(!stored("net.ghost").await, "the ghost was settled");
+    assert!(stored("net.live-ghost").await, "a live handle stays");
+    assert!(stored("net.other").await, "another node's stays");
+    assert_eq!(ipam.handle_allocations("net.a").await.unwrap().len(), 1);
 }
 
 async fn removing_a_node_releases_its_addresses_and_blocks(f: IpFamily) {
