@@ -3,8 +3,6 @@
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use proto::mac::sha1;
-
 /// Every host-side veth has this MAC (Calico's): pods resolve their gateway to it.
 pub const HOST_MAC: [u8; 6] = [0xee; 6];
 /// The pod's IPv4 gateway. Nothing owns it: the host side answers ARP for it (proxy ARP).
@@ -20,24 +18,8 @@ pub fn gateway_of(ip: IpAddr) -> IpAddr {
     }
 }
 
-/// The host-side interface of a workload: `prefix` followed by the first hex digits of SHA-1
-/// of `<namespace>.<pod>` (Kubernetes), or of the container id when there is no pod name, so
-/// that the name fills the kernel's 15 bytes (`cali` + 11 digits).
-///
-/// Calico names non-Kubernetes workloads `cali` + the first 11 characters of the container id;
-/// hashing it instead keeps ids that share a prefix (common in tests and in some runtimes) from
-/// colliding.
-pub fn host_ifname(prefix: &str, workload_key: Option<&str>, container_id: &str) -> String {
-    let key = workload_key.unwrap_or(container_id);
-    let digits = 15usize.saturating_sub(prefix.len());
-    let mut name = String::with_capacity(15);
-    name.push_str(prefix);
-    for byte in sha1(key.as_bytes()) {
-        name.push_str(&format!("{byte:02x}"));
-    }
-    name.truncate(prefix.len() + digits);
-    name
-}
+/// Calico's host-side interface name, shared with the Kubernetes datastore's view of a Pod.
+pub use net_types::workload::host_ifname;
 
 pub fn format_mac(mac: &[u8]) -> String {
     mac.iter()
@@ -49,6 +31,7 @@ pub fn format_mac(mac: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proto::mac::sha1;
 
     #[test]
     fn calico_names() {

@@ -4,168 +4,24 @@
 //! UDP, ping; same node, same subnet, across the router; IPv4 and IPv6). Every scenario checks
 //! traffic that must pass and traffic that must not, and undoes its policies.
 //!
-//! Policy takes effect asynchronously: a flow that must pass is retried for a few seconds; a
-//! flow that must not pass is probed once, after the node's nft table shows the change (else
-//! a drop would prove nothing). Servers are threads of this test inside the pods' namespaces
-//! (the process stays in the host's; `margay-lab down`, run on drop, removes the namespaces).
+//! The traffic is `lab::flows`': a flow that must not pass is probed once, after the node's
+//! nft table shows the change (else a drop would prove nothing); `margay-lab down`, run on
+//! drop, removes the pods' namespaces and their servers' sockets.
 //! Why this file is long: thirteen scenarios share one lab (it takes ~40 s to come up), and
 //! each needs its documents, its waits and its flows written out to be read as a spec.
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
-use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
-use std::os::fd::AsRawFd;
+use std::io::Write;
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use interop_tests::lab::flows::{self, Flow, NFT_WITHIN, Ping, Tcp, Udp, no, ok, serve};
 use interop_tests::lab::{self, local::LocalLab as Lab};
 use proto::v1 as pb;
 use proto::v1::policy_client::PolicyClient;
 use serde_json::{Value, json};
-
-/// How long a probe of a flow that must not pass waits for an answer.
-const BLOCKED_WAIT: Duration = Duration::from_millis(1500);
-/// How long a flow that must pass may take to start passing (policy is asynchronous).
-const PASS_WITHIN: Duration = Duration::from_secs(8);
-/// How long the nft table may take to show a change.
-const NFT_WITHIN: Duration = Duration::from_secs(10);
-const TCP_PORTS: [u16; 3] = [53, 80, 81];
-const UDP_PORTS: [u16; 2] = [53, 80];
-
-#[derive(Clone, Copy, Debug)]
-enum Probe {
-    Tcp(u16),
-    Udp(u16),
-    Ping,
-}
-use Probe::{Ping, Tcp, Udp};
-
-/// One flow to check: from a pod to a pod's address of one family, and whether it must pass.
-#[derive(Clone, Debug)]
-struct Flow {
-    from: &'static str,
-    to: &'static str,
-    probe: Probe,
-    v6: bool,
-    passes: bool,
-}
-
-fn ok(from: &'static str, to: &'static str, probe: Probe) -> Flow {
-    Flow {
-        from,
-        to,
-        probe,
-        v6: false,
-        passes: true,
-    }
-}
-
-fn no(from: &'static str, to: &'static str, probe: Probe) -> Flow {
-    Flow {
-        passes: false,
-        ..ok(from, to, probe)
-    }
-}
-
-impl Flow {
-    fn v6(mut self) -> Flow {
-        self.v6 = true;
-        self
-    }
-}
-
-/// Moves the calling thread (only it) into a namespace.
-fn enter(netns: &str) {
-    let path = format!("/var/run/netns/{netns}");
-    let f = std::fs::File::open(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
-    // SAFETY: setns(2) on a namespace file we opened; it moves only this thread.
-    let r = unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) };
-    assert_eq!(r, 0, "setns {path}: {}", std::io::Error::last_os_error());
-}
-
-/// Answers TCP (53, 80, 81: "ok" after the first bytes) and UDP (53, 80: "ok" to every
-/// datagram) on every address of a pod, both families, from threads inside its namespace.
-fn serve(netns: &str) {
-    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), String>>();
-    for port in TCP_PORTS {
-        let (netns, ready) = (netns.to_owned(), ready_tx.clone());
-        std::thread::spawn(move || {
-            enter(&netns);
-            let l = match TcpListener::bind(("::", port)) {
-                Ok(l) => l,
-                Err(e) => return ready.send(Err(format!("{netns} tcp {port}: {e}"))).unwrap(),
-            };
-            ready.send(Ok(())).unwrap();
-            for mut s in l.incoming().flatten() {
-                let _ = s.set_read_timeout(Some(Duration::from_secs(1)));
-                let _ = s.read(&mut [0u8; 16]);
-                let _ = s.write_all(b"ok\n");
-            }
-        });
-    }
-    for port in UDP_PORTS {
-        let (netns, ready) = (netns.to_owned(), ready_tx.clone());
-        std::thread::spawn(move || {
-            enter(&netns);
-            let s = match UdpSocket::bind(("::", port)) {
-                Ok(s) => s,
-                Err(e) => return ready.send(Err(format!("{netns} udp {port}: {e}"))).unwrap(),
-            };
-            ready.send(Ok(())).unwrap();
-            let mut buf = [0u8; 64];
-            while let Ok((_, peer)) = s.recv_from(&mut buf) {
-                let _ = s.send_to(b"ok", peer);
-            }
-        });
-    }
-    for _ in 0..TCP_PORTS.len() + UDP_PORTS.len() {
-        ready_rx
-            .recv_timeout(Duration::from_secs(10))
-            .unwrap()
-            .unwrap();
-    }
-}
-
-/// One attempt of a probe from inside `netns` (this thread moves there for TCP and UDP).
-fn probe_once(netns: &str, to: IpAddr, probe: Probe, wait: Duration) -> bool {
-    let answered = |mut s: TcpStream| -> std::io::Result<bool> {
-        s.set_read_timeout(Some(wait))?;
-        s.write_all(b"hi\n")?;
-        let mut buf = [0u8; 3];
-        s.read_exact(&mut buf)?;
-        Ok(&buf == b"ok\n")
-    };
-    match probe {
-        Ping => {
-            let secs = wait.as_secs().max(1).to_string();
-            let to = to.to_string();
-            Command::new("ip")
-                .args([
-                    "netns", "exec", netns, "ping", "-n", "-q", "-c", "1", "-W", &secs, &to,
-                ])
-                .output()
-                .is_ok_and(|o| o.status.success())
-        }
-        Tcp(port) => {
-            enter(netns);
-            TcpStream::connect_timeout(&SocketAddr::new(to, port), wait)
-                .and_then(answered)
-                .unwrap_or(false)
-        }
-        Udp(port) => {
-            enter(netns);
-            let bind = if to.is_ipv6() { "[::]:0" } else { "0.0.0.0:0" };
-            let Ok(s) = UdpSocket::bind(bind) else {
-                return false;
-            };
-            let _ = s.set_read_timeout(Some(wait));
-            let mut buf = [0u8; 8];
-            s.send_to(b"hi", SocketAddr::new(to, port)).is_ok()
-                && s.recv_from(&mut buf).is_ok_and(|(n, _)| &buf[..n] == b"ok")
-        }
-    }
-}
 
 /// The lab with what the scenarios keep asking of it.
 struct PolicyLab {
@@ -173,11 +29,6 @@ struct PolicyLab {
     /// Pod → (IPv4, IPv6).
     addresses: HashMap<String, (IpAddr, IpAddr)>,
     docs: PathBuf,
-}
-
-/// The node a pod (`node-N-x`) runs on.
-fn node_of(pod: &str) -> String {
-    pod.splitn(3, '-').take(2).collect::<Vec<_>>().join("-")
 }
 
 impl PolicyLab {
@@ -189,63 +40,7 @@ impl PolicyLab {
     /// Checks every flow (in parallel) and panics naming each that went the wrong way, with
     /// the policy tables of the nodes involved.
     fn check(&self, scenario: &str, flows: &[Flow]) {
-        let started = Instant::now();
-        let results: Vec<(Flow, bool)> = std::thread::scope(|s| {
-            let handles: Vec<_> = flows
-                .iter()
-                .map(|f| {
-                    let netns = self.lab.ns(f.from);
-                    let to = self.address(f.to, f.v6);
-                    s.spawn(move || {
-                        if !f.passes {
-                            return (f.clone(), probe_once(&netns, to, f.probe, BLOCKED_WAIT));
-                        }
-                        let deadline = Instant::now() + PASS_WITHIN;
-                        loop {
-                            if probe_once(&netns, to, f.probe, Duration::from_secs(1)) {
-                                return (f.clone(), true);
-                            }
-                            if Instant::now() > deadline {
-                                return (f.clone(), false);
-                            }
-                            std::thread::sleep(Duration::from_millis(200));
-                        }
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect()
-        });
-        let wrong: Vec<String> = results
-            .iter()
-            .filter(|(f, passed)| f.passes != *passed)
-            .map(|(f, passed)| {
-                let fam = if f.v6 { "IPv6" } else { "IPv4" };
-                let what = if *passed {
-                    "passed, must not"
-                } else {
-                    "did not pass, must"
-                };
-                format!("  {} -> {} {fam} {:?}: {what}", f.from, f.to, f.probe)
-            })
-            .collect();
-        if !wrong.is_empty() {
-            let mut nodes: Vec<String> = flows
-                .iter()
-                .flat_map(|f| [node_of(f.from), node_of(f.to)])
-                .collect();
-            nodes.sort();
-            nodes.dedup();
-            let tables: String = nodes
-                .iter()
-                .map(|n| format!("== {n}\n{}\n", self.nft(n)))
-                .collect();
-            panic!("{scenario}:\n{}\n{tables}", wrong.join("\n"));
-        }
-        println!(
-            "{scenario}: {} flows as expected in {:?}",
-            flows.len(),
-            started.elapsed()
-        );
+        flows::check(&self.lab, &self.addresses, scenario, flows);
     }
 
     /// `nft list table inet margay-policy` in a node's namespace (`-a`: with handles).
@@ -262,18 +57,7 @@ impl PolicyLab {
 
     /// Waits until a node's policy table satisfies `holds`.
     fn wait_nft(&self, node: &str, what: &str, holds: impl Fn(&str) -> bool) {
-        let deadline = Instant::now() + NFT_WITHIN;
-        loop {
-            let t = self.nft(node);
-            if holds(&t) {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{node}'s table never {what}:\n{t}"
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        flows::wait_table(&self.lab, node, what, holds);
     }
 
     fn wait_chain(&self, node: &str, chain: &str, present: bool) {
@@ -377,18 +161,7 @@ fn network_policy_is_enforced_in_the_lab() {
         lab.ok(&["pod-add", node, pod, "--namespace", ns, "--label", label]);
     }
     let status = lab.ok(&["status"]);
-    let addresses: HashMap<String, (IpAddr, IpAddr)> = status
-        .lines()
-        .filter_map(|l| {
-            let w: Vec<&str> = l.split_whitespace().collect();
-            (w.first() == Some(&"pod") && w.len() >= 4).then(|| {
-                (
-                    w[1].to_owned(),
-                    (w[2].parse().unwrap(), w[3].parse().unwrap()),
-                )
-            })
-        })
-        .collect();
+    let addresses = flows::pod_addresses(&status);
     assert_eq!(addresses.len(), 14, "{status}");
     for pod in addresses.keys() {
         serve(&lab.ns(pod));

@@ -6,6 +6,7 @@ pub mod bird;
 pub mod calico_bird;
 pub mod calico_node;
 pub mod etcd;
+pub mod flows;
 pub mod frr;
 pub mod gobgp;
 pub mod kernel_observer;
