@@ -6,8 +6,10 @@
 //!
 //! - Calico's kinds live in Calico's CRDs (`crd.projectcalico.org/v1`) in Calico's layout,
 //!   through each kind's [`CrdCodec`] (`ipam::calico`, `crate::crd::model_codecs`); margay's
-//!   nodes are annotations on Kubernetes `Node`s (`nodes`); margay-only kinds go into
-//!   margay's own CRD (`margayobjects.margay.dev`, [`ObjectCodec`]).
+//!   nodes are annotations on Kubernetes `Node`s (`nodes`); the policy documents are the
+//!   cluster's own NetworkPolicies, Calico's policy resources, Namespaces, and endpoints
+//!   derived from Pods (`documents`); margay-only kinds go into margay's own CRD
+//!   (`margayobjects.margay.dev`, [`ObjectCodec`]).
 //! - Compare-and-swap is the apiserver's: a PUT carrying `metadata.resourceVersion`, a DELETE
 //!   with a `resourceVersion` precondition; 409 is a [`StoreError::Conflict`] whose caller
 //!   reads again, never a blind overwrite.
@@ -38,7 +40,10 @@ use crate::contract::{
 use crate::crd::{CodecError, CrdCodec, CrdObject, keep_unmodelled, manifests};
 use crate::resource::Resource;
 
+mod documents;
 mod nodes;
+
+pub use documents::PodState;
 
 /// margay's own CRD, for the kinds Calico keeps nowhere in the Kubernetes API.
 pub const MARGAY_OBJECTS_CRD: &str = include_str!("../crds/margay/objects.yaml");
@@ -385,6 +390,9 @@ impl Datastore for KubeStore {
         if kind == crate::model::Node::kind() {
             return self.node_get(name).await;
         }
+        if let Some(doc) = documents::native(kind) {
+            return self.doc_get(doc, name).await;
+        }
         let codec = self.codec(kind);
         let (api, _) = self.api(&*codec);
         let Some(found) = fetch(&api, &*codec, name).await? else {
@@ -405,6 +413,9 @@ impl Datastore for KubeStore {
         if kind == crate::model::Node::kind() {
             return self.node_list(name_prefix).await;
         }
+        if let Some(doc) = documents::native(kind) {
+            return self.doc_list(doc, name_prefix).await;
+        }
         let codec = self.codec(kind);
         let (api, _) = self.api(&*codec);
         let selector = codec.selector(name_prefix);
@@ -422,6 +433,9 @@ impl Datastore for KubeStore {
     async fn create(&self, kind: Kind, name: &str, value: Vec<u8>) -> Result<Version> {
         if kind == crate::model::Node::kind() {
             return self.node_create(name, value).await;
+        }
+        if let Some(doc) = documents::native(kind) {
+            return self.doc_write(doc, name, &value, None).await;
         }
         let codec = self.codec(kind);
         let (api, resource) = self.api(&*codec);
@@ -452,6 +466,9 @@ impl Datastore for KubeStore {
     ) -> Result<Version> {
         if kind == crate::model::Node::kind() {
             return self.node_replace(name, Some(value), expected).await;
+        }
+        if let Some(doc) = documents::native(kind) {
+            return self.doc_write(doc, name, &value, Some(expected)).await;
         }
         let codec = self.codec(kind);
         let (api, resource) = self.api(&*codec);
@@ -493,6 +510,9 @@ impl Datastore for KubeStore {
         if kind == crate::model::Node::kind() {
             return self.node_replace(name, None, expected).await.map(|_| ());
         }
+        if let Some(doc) = documents::native(kind) {
+            return self.doc_delete(doc, name, expected).await;
+        }
         let codec = self.codec(kind);
         let (api, _) = self.api(&*codec);
         let resource_name = codec.resource_name(name);
@@ -515,6 +535,9 @@ impl Datastore for KubeStore {
     async fn watch(&self, kind: Kind, from: Version) -> Result<ObjectWatch> {
         if kind == crate::model::Node::kind() {
             return Ok(self.node_watch(from));
+        }
+        if let Some(doc) = documents::native(kind) {
+            return Ok(self.doc_watch(doc, from));
         }
         let codec = self.codec(kind);
         let (api, _) = self.api(&*codec);

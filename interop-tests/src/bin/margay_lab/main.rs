@@ -24,7 +24,8 @@
 //!
 //! `up --kubernetes` puts it in the Kubernetes API instead (`kube.rs`): etcd 3.7 and the
 //! kube-apiserver `scripts/build-kube` builds, in a namespace of their own, holding Calico's
-//! CRDs; `kubectl ARGS` runs kubectl of the same release against it.
+//! CRDs; `kubectl ARGS` runs kubectl of the same release against it. There the lab plays the
+//! kubelet: a pod's Kubernetes `Pod` exists before its CNI ADD and carries its labels and IPs.
 //!
 //! `soak --minutes N [--seed S] [--etcd|--kubernetes]`: the lab under faults (`soak.rs`), then
 //! taken down and checked that nothing is left.
@@ -101,11 +102,12 @@ enum Cmd {
         /// The pod's Kubernetes namespace (CNI_ARGS K8S_POD_NAMESPACE).
         #[arg(long, default_value = "default")]
         namespace: String,
-        /// A label of the pod (KEY=VALUE, `args.cni.labels`), for network policy; repeatable.
+        /// A label of the pod (KEY=VALUE, `args.cni.labels`; on Kubernetes its Pod's), for
+        /// network policy; repeatable.
         #[arg(long = "label")]
         labels: Vec<String>,
     },
-    /// Delete a pod through CNI DEL.
+    /// Delete a pod through CNI DEL (on Kubernetes, its Pod then).
     PodDel { node: String, pod: String },
     /// Restart a node's bgpd or routewriter (SIGTERM, then start again).
     Restart { node: String, daemon: String },
@@ -696,11 +698,24 @@ fn cni(
     Ok(text)
 }
 
+/// Whether the lab's datastore is the Kubernetes API (where it plays the kubelet).
+fn on_kubernetes() -> bool {
+    Datastore::recorded() == Some(Datastore::Kubernetes)
+}
+
+/// A pod's sandbox made through CNI ADD. On Kubernetes its Pod is made first (unless the lab
+/// made it already), carrying the labels: the datastore takes them from the Pod, not the
+/// CNI's args.
 fn cni_add(node: &str, pod: &str, k8s_ns: &str, labels: &[String]) -> Result<Pod, String> {
+    let pod_name = format!("{node}-{pod}");
+    let kubernetes = on_kubernetes();
+    if kubernetes {
+        kube::ensure_pod(node, &pod_name, k8s_ns, labels)?;
+    }
     let pns = pod_ns(node, pod);
     ip(&["netns", "add", &pns])?;
     in_ns(&pns, &["ip", "link", "set", "lo", "up"])?;
-    let pod_name = format!("{node}-{pod}");
+    let labels: &[String] = if kubernetes { &[] } else { labels };
     let text = cni("ADD", node, pod, k8s_ns, labels)?;
     let result: serde_json::Value = serde_json::from_str(&text)
         .map_err(|e| format!("CNI result of {pod_name}: {e}: {text}"))?;
@@ -738,8 +753,19 @@ fn cni_del(node: &str, pod: &str, k8s_ns: &str) -> Result<(), String> {
     Ok(())
 }
 
-fn pod_add(node: &str, pod: &str, k8s_ns: &str, labels: &[String]) -> Result<bool, String> {
+/// A pod of `up` or `pod-add`: its sandbox, and on Kubernetes its Pod's status then
+/// reporting it Running with its IPs, as the kubelet does (the soak's churn and probe
+/// sandboxes come and go without).
+fn pod_create(node: &str, pod: &str, k8s_ns: &str, labels: &[String]) -> Result<Pod, String> {
     let p = cni_add(node, pod, k8s_ns, labels)?;
+    if on_kubernetes() {
+        kube::pod_running(&p.k8s_ns, &p.name, &p.address, &p.address6)?;
+    }
+    Ok(p)
+}
+
+fn pod_add(node: &str, pod: &str, k8s_ns: &str, labels: &[String]) -> Result<bool, String> {
+    let p = pod_create(node, pod, k8s_ns, labels)?;
     println!("{} {}", p.name, p.address);
     let mut pods = load_pods();
     pods.push(p);
@@ -755,6 +781,9 @@ fn pod_del(node: &str, pod: &str) -> Result<bool, String> {
         .map(|p| p.k8s_ns)
         .unwrap_or_else(|| "default".into());
     cni_del(node, pod, &k8s_ns)?;
+    if on_kubernetes() {
+        kube::delete_pod(&k8s_ns, &name)?;
+    }
     let pods: Vec<Pod> = load_pods().into_iter().filter(|p| p.name != name).collect();
     save_pods(&pods)?;
     println!("{name} deleted");
@@ -851,6 +880,9 @@ fn node_del(node: &str) -> Result<bool, String> {
     stop(node, "routewriter")?;
     stop(node, "bgpd")?;
     grpc_delete_node(other, node)?;
+    if on_kubernetes() {
+        kube::delete_pods_on(node)?;
+    }
     let _ = ip(&["netns", "del", &ns(node)]);
     println!("{node} removed");
     Ok(true)
@@ -1049,7 +1081,7 @@ fn up(datastore: Datastore) -> Result<bool, String> {
     let mut pods = Vec::new();
     for n in &NODES {
         for p in PODS_PER_NODE {
-            pods.push(cni_add(n.name, p, "default", &[])?);
+            pods.push(pod_create(n.name, p, "default", &[])?);
         }
     }
     save_pods(&pods)?;

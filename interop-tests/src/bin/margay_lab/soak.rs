@@ -11,7 +11,8 @@
 //! and deleted, a node's eth0 down, 20% loss on the router (nftables `numgen random`: this
 //! kernel has no netem); on SQLite the datastore's file system full, on etcd a member killed,
 //! the leader killed, a member cut off from the others. During and after each datastore fault
-//! a pod is created and deleted through CNI, as a user's runtime would.
+//! a pod is created and deleted through CNI, as a user's runtime would. On Kubernetes the
+//! churn and probe pods' Pods are made at the start: their ADDs and DELs restart a sandbox.
 //!
 //! After each fault the ping matrix must be green within 10 s. At the end: `bgpctl ipam
 //! check`, a leak check (`ipam gc --dry-run` against the live pods), each node's proto-80
@@ -241,8 +242,8 @@ fn inject(
             )))
         }
         K::PodChurn => {
-            let p = cni_add(n, "churn", "default", &[])?;
-            cni_del(n, "churn", "default")?;
+            let p = cni_add(n, CHURN_POD, "default", &[])?;
+            cni_del(n, CHURN_POD, "default")?;
             Ok(Injected::Done(format!(
                 "{} created ({}, {}) and deleted",
                 p.name, p.address, p.address6
@@ -442,6 +443,21 @@ struct PendingProbe {
 
 /// The probe pod's name (one at a time: faults do not overlap).
 const PROBE_POD: &str = "probe";
+
+/// The pod the pod churn fault creates and deletes.
+const CHURN_POD: &str = "churn";
+
+/// On Kubernetes, the churn and probe pods' Pods on every node, made before any fault (while
+/// the apiserver is up): their ADDs and DELs during the soak are a kubelet's sandbox restarts
+/// of a Pod that exists, and ask the apiserver nothing, as today when it is down.
+fn make_sandbox_pods() -> Result<(), String> {
+    for n in &NODES {
+        for pod in [CHURN_POD, PROBE_POD] {
+            kube::ensure_pod(n.name, &format!("{}-{pod}", n.name), "default", &[])?;
+        }
+    }
+    Ok(())
+}
 
 /// A pod created and deleted on `node` through CNI, as a runtime does it.
 fn probe(node: &str, phase: soak::ProbePhase, kind: soak::FaultKind) -> PendingProbe {
@@ -705,6 +721,9 @@ pub fn run(args: SoakArgs) -> Result<bool, String> {
         if !up(args.datastore)? {
             return Err("the lab came up without a full ping matrix: not soaking".into());
         }
+    }
+    if args.datastore == Datastore::Kubernetes {
+        make_sandbox_pods()?;
     }
     let pods = load_pods();
     let total = Duration::from_secs_f64(args.minutes * 60.0);
