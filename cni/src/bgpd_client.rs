@@ -348,6 +348,23 @@ impl Bgpd {
         .await
     }
 
+    /// What pod `namespace/pod`'s Calico annotations ask of IPAM, checked by bgpd against the
+    /// pools (empty where its datastore keeps no Pods).
+    pub async fn pod_addressing(
+        &mut self,
+        namespace: &str,
+        pod: &str,
+    ) -> Result<pb::PodAddressingResponse, IpamError> {
+        self.call("read the pod's annotations", |ch, _| {
+            let req = pb::PodAddressingRequest {
+                namespace: namespace.to_owned(),
+                pod: pod.to_owned(),
+            };
+            async move { Ok(IpamClient::new(ch).pod_addressing(req).await?.into_inner()) }
+        })
+        .await
+    }
+
     /// Pools with their settings, and their utilisation.
     pub async fn pools(&mut self) -> Result<(Vec<pb::IpPool>, Vec<pb::PoolUsage>), IpamError> {
         self.call("list pools", |ch, _| async move {

@@ -130,9 +130,48 @@ fn assign_request(
     }
 }
 
+/// The configuration with what a Kubernetes pod's Calico annotations ask for (bgpd reads
+/// them from the Pod and its Namespace, and refuses, naming the annotation, a pool that does
+/// not exist or an address outside every pool): their pools replace the configuration's, and
+/// their fixed addresses (`ipAddrs`) are requested unless the runtime requested some.
+async fn with_annotations(bgpd: &mut Bgpd, conf: &NetConf, env: &Env) -> Result<NetConf, CniError> {
+    let mut conf = conf.clone();
+    let (Some(namespace), Some(pod)) = (&env.args.k8s_namespace, &env.args.k8s_pod) else {
+        return Ok(conf);
+    };
+    let asked = bgpd
+        .pod_addressing(namespace, pod)
+        .await
+        .map_err(|e| e.to_cni())?;
+    if let Some(pools) = asked.ipv4_pools {
+        conf.ipam.ipv4_pools = pools.values;
+    }
+    if let Some(pools) = asked.ipv6_pools {
+        conf.ipam.ipv6_pools = pools.values;
+    }
+    if let Some(fixed) = asked.ip_addrs
+        && conf.requested_ips.is_empty()
+    {
+        conf.requested_ips = fixed
+            .values
+            .iter()
+            .map(|v| {
+                v.parse().map_err(|_| {
+                    CniError::new(
+                        code::IPAM_REFUSED,
+                        format!("{}: {v:?} is not an IP address", fixed.source),
+                    )
+                })
+            })
+            .collect::<Result<_, _>>()?;
+    }
+    Ok(conf)
+}
+
 /// Allocates this attachment's addresses; each with the prefix length of its block. Under a
 /// main plugin other than margay, none is an address of the block's subnet (see the module).
 pub async fn allocate(bgpd: &mut Bgpd, conf: &NetConf, env: &Env) -> Result<Vec<IpNet>, CniError> {
+    let conf = &with_annotations(bgpd, conf, env).await?;
     let handle = conf.handle(&env.container_id);
     let wanted = requested(conf, env)?;
     // margay's pods get host addresses: every address of a block suits them.

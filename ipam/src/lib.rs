@@ -6,11 +6,13 @@
 //! - `steps`: an operation's writes as ordered steps on single objects, and their merge into
 //!   one transaction (sans-IO).
 //! - `allocator`: IPAM against the datastore: claims, allocation, release, GC, check.
+//! - `pod_annotations`: what a Kubernetes pod's Calico annotations ask of IPAM (sans-IO).
 
 pub mod allocator;
 pub mod block;
 pub mod calico;
 pub mod error;
+pub mod pod_annotations;
 pub mod steps;
 
 pub use error::IpamError;

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use ::datastore::{Resources, Store, Version};
 use ipam::allocator::{AssignRequest, Ipam, ReleaseRequest};
+use ipam::pod_annotations;
 use proto::v1 as pb;
 use proto::v1::ipam_server::Ipam as IpamApi;
 use proto::v1::nodes_server::Nodes as NodesApi;
@@ -378,6 +379,47 @@ impl IpamApi for IpamService {
             allocations_checked: report.allocations,
             handles_checked: report.handles,
             problems: report.problems,
+        }))
+    }
+
+    async fn pod_addressing(
+        &self,
+        r: Request<pb::PodAddressingRequest>,
+    ) -> Reply<pb::PodAddressingResponse> {
+        let r = r.into_inner();
+        let namespace = required("namespace", &r.namespace)?;
+        let pod = required("pod", &r.pod)?;
+        let ipam = self.ipam()?;
+        let Some(kube) = ipam.store().as_kubernetes() else {
+            return Ok(Response::new(pb::PodAddressingResponse::default()));
+        };
+        let Some((of_pod, of_namespace)) =
+            kube.pod_annotations(namespace, pod).await.map_err(status)?
+        else {
+            return Ok(Response::new(pb::PodAddressingResponse::default()));
+        };
+        let asked =
+            pod_annotations::read(namespace, pod, &of_pod, &of_namespace).map_err(status)?;
+        if asked != pod_annotations::PodAddressing::default() {
+            let pools: Vec<_> = ipam
+                .list_pools()
+                .await
+                .map_err(status)?
+                .into_iter()
+                .map(|(p, _)| p)
+                .collect();
+            asked.check(&pools).map_err(status)?;
+        }
+        let to = |a: Option<pod_annotations::Annotated>| {
+            a.map(|a| pb::AnnotatedValues {
+                values: a.values,
+                source: a.source,
+            })
+        };
+        Ok(Response::new(pb::PodAddressingResponse {
+            ipv4_pools: to(asked.ipv4_pools),
+            ipv6_pools: to(asked.ipv6_pools),
+            ip_addrs: to(asked.ip_addrs),
         }))
     }
 }

@@ -45,6 +45,11 @@ impl Daemon {
     /// `kubeconfig`, on a BGP port of its own (so several share a host); its configuration
     /// file is `bgpd.toml` in its directory.
     pub fn on_kubernetes(kubeconfig: &Path, name: &str, address: &str) -> Daemon {
+        Self::on_kubernetes_with(kubeconfig, name, address, "")
+    }
+
+    /// [`Daemon::on_kubernetes`] with `extra` at the end of its configuration.
+    pub fn on_kubernetes_with(kubeconfig: &Path, name: &str, address: &str, extra: &str) -> Daemon {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("bgpd.sock");
         let config = dir.path().join("bgpd.toml");
@@ -53,7 +58,7 @@ impl Daemon {
             format!(
                 "[node]\nname = \"{name}\"\naddress = \"{address}\"\n\
                  [datastore]\nkind = \"kubernetes\"\nkubeconfig = \"{}\"\n\
-                 [api]\nsocket = \"{}\"\n[bgp]\nlisten_port = {}\n",
+                 [api]\nsocket = \"{}\"\n[bgp]\nlisten_port = {}\n{extra}",
                 kubeconfig.display(),
                 socket.display(),
                 super::free_port()
@@ -266,6 +271,17 @@ fn command(config: &Path) -> Command {
 /// (the CNI variables, the network's configuration on stdin) against the bgpd at `socket`;
 /// the running child, its stdout and stderr piped.
 pub fn ipam_plugin(command: &str, id: &str, node: &str, socket: &Path) -> Child {
+    ipam_plugin_for(command, id, ("default", id), node, socket)
+}
+
+/// [`ipam_plugin`] for the container `id` of pod `(namespace, pod)`.
+pub fn ipam_plugin_for(
+    command: &str,
+    id: &str,
+    (namespace, pod): (&str, &str),
+    node: &str,
+    socket: &Path,
+) -> Child {
     use std::io::Write;
     let conf = serde_json::json!({
         "cniVersion": "1.0.0", "name": "k8s-pod-network", "type": "ptp",
@@ -280,7 +296,7 @@ pub fn ipam_plugin(command: &str, id: &str, node: &str, socket: &Path) -> Child 
         .env("CNI_PATH", "/usr/lib/cni")
         .env(
             "CNI_ARGS",
-            format!("K8S_POD_NAMESPACE=default;K8S_POD_NAME={id}"),
+            format!("K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={pod}"),
         )
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
