@@ -46,6 +46,7 @@ pub async fn run(config: Config, path: Option<std::path::PathBuf>) -> Result<(),
         datastore.clone(),
         registered_tx,
     ));
+    crate::kube_gc::start(&config, &datastore);
     let dataplane = crate::dataplane::Hub::new();
     // The speaker always runs (it serves the Bgp API); it binds the BGP port only once it
     // has a peer, so nodes without peers never contend for port 179.

@@ -11,6 +11,8 @@
 //! - `daemon`: start-up, signals and clean shutdown of bgpd.
 //! - `dataplane`: the desired kernel state of this node, served to routewriter.
 //! - `datastore`: the connection to the cluster datastore, kept current and reported.
+//! - `kube_gc`: on the Kubernetes datastore, the release of leaked pod addresses and of deleted
+//!   Nodes' blocks (Calico's kube-controllers' IPAM GC).
 //! - `metrics`: bgpd's Prometheus metrics, readiness, liveness and status over HTTP.
 //! - `peering`: the `[bgp]` section applied to the speaker, at start and on reload.
 //! - `registration`: this node and the configured default pools, written at start.
@@ -24,6 +26,7 @@ pub mod config;
 pub mod daemon;
 pub mod dataplane;
 pub mod datastore;
+pub mod kube_gc;
 pub mod metrics;
 pub mod peering;
 pub mod registration;

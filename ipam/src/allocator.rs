@@ -2128,6 +2128,43 @@ impl<D: Datastore> Ipam<D> {
         Ok((blocks, addresses))
     }
 
+    /// The addresses `node` holds for Kubernetes pods (their `namespace` and `pod`
+    /// attributes), for the Kubernetes datastore's GC (`crate::leaks`).
+    pub async fn pod_addresses_on(
+        &self,
+        node: &str,
+    ) -> Result<Vec<crate::leaks::PodAddress>, IpamError> {
+        let mut out = Vec::new();
+        for (block, _) in self.all_blocks().await? {
+            for (&o, slot) in &block.slots {
+                if slot.node != node || is_tunnel_handle(&slot.handle) {
+                    continue;
+                }
+                if let (Some(namespace), Some(pod)) =
+                    (slot.attrs.get("namespace"), slot.attrs.get("pod"))
+                {
+                    out.push(crate::leaks::PodAddress {
+                        handle: slot.handle.clone(),
+                        address: block.address(o),
+                        namespace: namespace.clone(),
+                        pod: pod.clone(),
+                    });
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The nodes that have block affinities.
+    pub async fn nodes_with_affinities(&self) -> Result<BTreeSet<String>, IpamError> {
+        Ok(self
+            .list::<BlockAffinity>(BlockAffinity::PREFIX)
+            .await?
+            .into_iter()
+            .map(|(a, _)| a.node)
+            .collect())
+    }
+
     /// Releases the node's handles that are not live (tunnel handles excepted), claims that
     /// never finished, and empty blocks past their grace period. Returns the released handles.
     pub async fn gc(

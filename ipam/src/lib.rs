@@ -6,12 +6,14 @@
 //! - `steps`: an operation's writes as ordered steps on single objects, and their merge into
 //!   one transaction (sans-IO).
 //! - `allocator`: IPAM against the datastore: claims, allocation, release, GC, check.
+//! - `leaks`: which of a node's pod addresses leaked, on the Kubernetes datastore (sans-IO).
 //! - `pod_annotations`: what a Kubernetes pod's Calico annotations ask of IPAM (sans-IO).
 
 pub mod allocator;
 pub mod block;
 pub mod calico;
 pub mod error;
+pub mod leaks;
 pub mod pod_annotations;
 pub mod steps;
 

@@ -53,6 +53,23 @@ pub struct IpamSection {
     /// Pools bgpd creates at start when no pool of that name exists (existing ones are left
     /// as they are).
     pub default_pools: Vec<DefaultPool>,
+    /// On the Kubernetes datastore, how long an address must have leaked (its Pod gone,
+    /// elsewhere, finished or not holding it) before the GC releases it, in seconds:
+    /// Calico's `leakGracePeriod`, 900 when unset; 0 turns the GC off.
+    pub leak_grace_seconds: Option<u64>,
+}
+
+impl IpamSection {
+    /// Calico's default `leakGracePeriod`.
+    pub const LEAK_GRACE_DEFAULT: u64 = 900;
+
+    /// The grace period of leaked addresses; `None` when the GC is off.
+    pub fn leak_grace(&self) -> Option<std::time::Duration> {
+        match self.leak_grace_seconds.unwrap_or(Self::LEAK_GRACE_DEFAULT) {
+            0 => None,
+            s => Some(std::time::Duration::from_secs(s)),
+        }
+    }
 }
 
 /// A pool named in the configuration, with Calico's spelling of the modes.
