@@ -1,5 +1,5 @@
 //! kill -9 of bgpd itself between every pair of its IPAM writes, on the real kube-apiserver,
-//! with bgpd running under a calico-node-like role (`configs/kubernetes/margay-node-rbac.yaml`,
+//! with bgpd running under a calico-node-like role (`deploy/rbac.yaml`,
 //! a service account's token: RBAC decides each of its requests).
 //!
 //! A validating admission webhook of the test's own (`lab::kube_webhook`) sees each write
@@ -93,11 +93,11 @@ async fn cluster(api: &KubeApi) -> (Ipam<Store>, usize) {
     (ipam, resident.len())
 }
 
-/// bgpd as NODE under its role (`configs/kubernetes/margay-node-rbac.yaml`, a token of its
+/// bgpd as NODE under its role (`deploy/rbac.yaml`, a token of its
 /// service account), its Node made as the kubelet would have made it, and the webhook
 /// watching its IPAM writes.
 async fn bgpd_under_its_role(api: &KubeApi) -> (Webhook, Daemon) {
-    let rbac = include_str!("../../configs/kubernetes/margay-node-rbac.yaml");
+    let rbac = include_str!("../../deploy/rbac.yaml");
     apply(api, "rbac.yaml", rbac);
     apply(
         api,
