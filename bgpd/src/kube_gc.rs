@@ -49,6 +49,7 @@ fn seen_of(state: Option<PodState>) -> PodSeen {
     match state {
         None => PodSeen::Gone,
         Some(s) => PodSeen::Exists {
+            uid: s.uid,
             node: s.node,
             finished: s.finished,
             addresses: s.addresses,

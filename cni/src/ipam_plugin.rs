@@ -80,6 +80,9 @@ pub fn attributes(conf: &NetConf, env: &Env) -> HashMap<String, String> {
     }
     a.insert("node".into(), node_name(conf));
     a.insert("container_id".into(), env.container_id.clone());
+    // The pod's interface: its primary one (eth0) is the one the Pod's status reports, which
+    // the Kubernetes datastore's GC judges by.
+    a.insert(POD_IFNAME.into(), env.ifname.clone());
     // Only our main plugin wires the host side: bgpd then desires the pod's route on it
     // (another main plugin using margay-ipam has interfaces of its own).
     if conf.plugin_type == MAIN_TYPE {
@@ -90,6 +93,9 @@ pub fn attributes(conf: &NetConf, env: &Env) -> HashMap<String, String> {
     }
     a
 }
+
+/// The allocation attribute naming the pod's interface (CNI_IFNAME).
+pub const POD_IFNAME: &str = "ifname";
 
 /// The allocation attribute naming the host-side interface of a workload.
 pub const WORKLOAD_INTERFACE: &str = "interface";
@@ -130,7 +136,8 @@ fn assign_request(
     }
 }
 
-/// The configuration with what a Kubernetes pod's Calico annotations ask for (bgpd reads
+/// The configuration with what a Kubernetes pod's Calico annotations ask for on its primary
+/// interface (bgpd reads
 /// them from the Pod and its Namespace, and refuses, naming the annotation, a pool that does
 /// not exist or an address outside every pool): their pools replace the configuration's, and
 /// their fixed addresses (`ipAddrs`) are requested unless the runtime requested some.
@@ -139,6 +146,11 @@ async fn with_annotations(bgpd: &mut Bgpd, conf: &NetConf, env: &Env) -> Result<
     let (Some(namespace), Some(pod)) = (&env.args.k8s_namespace, &env.args.k8s_pod) else {
         return Ok(conf);
     };
+    // The annotations are the pod's primary network's (Calico's own plugin reads them): a
+    // second network (Multus' net1, ...) keeps its own pools.
+    if env.ifname != "eth0" {
+        return Ok(conf);
+    }
     let asked = bgpd
         .pod_addressing(namespace, pod)
         .await

@@ -1,6 +1,6 @@
 //! margay installed as users install Calico (issue #51), on the real kube-apiserver and Podman:
 //! - every manifest of `deploy/` (and the CRDs) is accepted by the apiserver
-//!   (`kubectl apply --dry-run=server`);
+//!   (`kubectl apply --dry-run=server`), and margay reads the pool as it is written;
 //! - the role is what bgpd needs and no more: each request bgpd makes is allowed, and a write
 //!   outside the role, made with a token of its service account, is refused by the apiserver
 //!   (bgpd itself runs under this role in `kube_bgpd_kill`);
@@ -10,7 +10,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use interop_tests::lab::bgpd::runtime;
 use interop_tests::lab::kube_api::{KubeApi, kubectl_path};
+use interop_tests::lab::open_store;
 
 fn repo(path: &str) -> String {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -67,6 +69,7 @@ fn the_manifests_are_accepted_and_the_role_refuses_what_margay_does_not_do() {
         "crd",
         "--all",
     ]);
+    pool_is_accepted_and_read_as_written(&api);
     let node: PathBuf = api.service_account_kubeconfig("kube-system", "margay-node");
     // What bgpd does is allowed.
     for (verb, resource) in [
@@ -127,6 +130,33 @@ fn the_manifests_are_accepted_and_the_role_refuses_what_margay_does_not_do() {
             "bgpd's account could {what}: {text}"
         );
     }
+}
+
+/// deploy/ippool.yaml (a custom resource: once its CRD is served) is accepted, and margay
+/// reads the pool as it is written.
+fn pool_is_accepted_and_read_as_written(api: &KubeApi) {
+    let pool = repo("deploy/ippool.yaml");
+    let shown = api.kubectl_ok(&["apply", "--dry-run=server", "-f", &pool]);
+    assert!(
+        shown.contains("ippool.crd.projectcalico.org/default-ipv4-ippool created (server dry run)"),
+        "{shown}"
+    );
+    api.kubectl_ok(&["apply", "-f", &pool]);
+    let pools = runtime().block_on(async {
+        let store = open_store(&format!("kubernetes:{}", api.kubeconfig.display()))
+            .await
+            .unwrap();
+        ipam::allocator::Ipam::new(store)
+            .list_pools()
+            .await
+            .unwrap()
+    });
+    let (read, _) = pools
+        .iter()
+        .find(|(p, _)| p.name == "default-ipv4-ippool")
+        .unwrap_or_else(|| panic!("margay does not read deploy/ippool.yaml: {pools:?}"));
+    assert_eq!(read.cidr.to_string(), "192.168.0.0/16");
+    assert!(read.nat_outgoing && !read.disabled, "{read:?}");
 }
 
 /// Removes the image when the test ends, also on failure.

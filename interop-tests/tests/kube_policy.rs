@@ -7,6 +7,8 @@
 //!   GlobalNetworkPolicy custom resource, is enforced on every node, and `kubectl delete`
 //!   lifts it;
 //! - `kubectl label pod` and `kubectl label ns` change enforcement live;
+//! - an edit margay cannot enforce (kubectl writes past bgpctl's checks) leaves the version
+//!   in force, never an open door;
 //! - `bgpctl show policy POD` explains it by the Pod's name.
 //!
 //! Checked with real traffic (`lab::flows`); a flow that must not pass is probed only after
@@ -251,7 +253,33 @@ fn kubectl_drives_network_policy_on_every_node() {
         .1;
     assert!(shown.contains("web-no-udp"), "{shown}");
 
-    // 7. kubectl delete lifts both.
+    // 7. An edit margay cannot enforce (doNotTrack, which it refuses), written with kubectl
+    // past bgpctl's checks: the version in force stays, it does not fall open.
+    k.apply(
+        "web-no-udp",
+        &WEB_NO_UDP.replace("  order: 10\n", "  order: 10\n  doNotTrack: true\n"),
+    );
+    let log = k.lab.node_dir("node-1").join("bgpd.log");
+    let deadline = Instant::now() + NFT_WITHIN;
+    while !std::fs::read_to_string(&log)
+        .unwrap_or_default()
+        .contains("its last version stays in force")
+    {
+        assert!(
+            Instant::now() < deadline,
+            "bgpd never said it kept web-no-udp"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    k.check(
+        "an edit margay cannot enforce",
+        &[
+            no("node-1-web", "node-2-a", Udp(80)),
+            ok("node-1-web", "node-2-a", Tcp(80)),
+        ],
+    );
+
+    // 8. kubectl delete lifts both.
     k.kubectl(&["delete", "-f", &allow]);
     k.kubectl(&["delete", "-f", &gnp]);
     flows::wait_table(&k.lab, "node-1", "lost web's chains", |t| {
@@ -266,7 +294,7 @@ fn kubectl_drives_network_policy_on_every_node() {
         ],
     );
 
-    // 8. A pod deleted the kubelet's way (CNI DEL, then the Pod) leaves no endpoint behind.
+    // 9. A pod deleted the kubelet's way (CNI DEL, then the Pod) leaves no endpoint behind.
     k.lab.ok(&["pod-del", "node-3", "cli"]);
     let deadline = Instant::now() + NFT_WITHIN;
     loop {

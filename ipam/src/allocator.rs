@@ -2128,8 +2128,9 @@ impl<D: Datastore> Ipam<D> {
         Ok((blocks, addresses))
     }
 
-    /// The addresses `node` holds for Kubernetes pods (their `namespace` and `pod`
-    /// attributes), for the Kubernetes datastore's GC (`crate::leaks`).
+    /// The addresses `node` holds for Kubernetes pods' primary interfaces (their `namespace`
+    /// and `pod` attributes, `ifname` eth0 or none), for the Kubernetes datastore's GC
+    /// (`crate::leaks`).
     pub async fn pod_addresses_on(
         &self,
         node: &str,
@@ -2140,6 +2141,10 @@ impl<D: Datastore> Ipam<D> {
                 if slot.node != node || is_tunnel_handle(&slot.handle) {
                     continue;
                 }
+                // A second network's address is not in the Pod's status: never judged.
+                if slot.attrs.get("ifname").is_some_and(|i| i != "eth0") {
+                    continue;
+                }
                 if let (Some(namespace), Some(pod)) =
                     (slot.attrs.get("namespace"), slot.attrs.get("pod"))
                 {
@@ -2148,6 +2153,7 @@ impl<D: Datastore> Ipam<D> {
                         address: block.address(o),
                         namespace: namespace.clone(),
                         pod: pod.clone(),
+                        pod_uid: slot.attrs.get("pod_uid").cloned(),
                     });
                 }
             }

@@ -2,9 +2,11 @@
 //! kube-controllers decide it (sans-IO: what the node holds and what the apiserver said of
 //! its pods in, the handles to release out):
 //!
-//! - an address recorded for a pod (its `namespace` and `pod` attributes) leaked when that
-//!   Pod is gone, runs on another node, has finished, or has addresses none of which it is;
-//!   a Pod that exists without addresses yet (its ADD in progress) holds it;
+//! - an address recorded for a pod's primary interface (its `namespace` and `pod` attributes,
+//!   `ifname` eth0 or none) leaked when that Pod is gone, is another Pod of that name (its
+//!   `pod_uid` differs), runs on another node, has finished, or has addresses none of which
+//!   it is; a Pod that exists without addresses yet (its ADD in progress) holds it. A second
+//!   network's addresses (Multus' net1, ...) are not in the Pod's status and never judged;
 //! - a handle is released whole or not at all: every address under it leaked;
 //! - only once it has been seen leaking in every pass for the grace period (Calico's
 //!   `leakGracePeriod`, 15 minutes by default), so a pod between its ADD and its Pod's update,
@@ -22,8 +24,9 @@ use std::net::IpAddr;
 pub enum PodSeen {
     /// No such Pod.
     Gone,
-    /// The Pod, on `node`, finished or not, with its addresses (empty: none yet).
+    /// The Pod (its `uid`), on `node`, finished or not, with its addresses (empty: none yet).
     Exists {
+        uid: String,
         node: String,
         finished: bool,
         addresses: Vec<IpAddr>,
@@ -37,6 +40,8 @@ pub struct PodAddress {
     pub address: IpAddr,
     pub namespace: String,
     pub pod: String,
+    /// The Pod's uid when the runtime gave it (`K8S_POD_UID`).
+    pub pod_uid: Option<String>,
 }
 
 /// The handles seen leaking, and since when (seconds, the caller's clock).
@@ -96,10 +101,16 @@ pub fn leaked(node: &str, a: &PodAddress, seen: Option<&PodSeen>) -> bool {
         None => false,
         Some(PodSeen::Gone) => true,
         Some(PodSeen::Exists {
+            uid,
             node: on,
             finished,
             addresses,
-        }) => on != node || *finished || (!addresses.is_empty() && !addresses.contains(&a.address)),
+        }) => {
+            a.pod_uid.as_ref().is_some_and(|u| u != uid)
+                || on != node
+                || *finished
+                || (!addresses.is_empty() && !addresses.contains(&a.address))
+        }
     }
 }
 
@@ -113,11 +124,13 @@ mod tests {
             address: address.parse().unwrap(),
             namespace: "prod".into(),
             pod: pod.into(),
+            pod_uid: Some("u1".into()),
         }
     }
 
     fn exists(node: &str, addresses: &[&str]) -> PodSeen {
         PodSeen::Exists {
+            uid: "u1".into(),
             node: node.into(),
             finished: false,
             addresses: addresses.iter().map(|a| a.parse().unwrap()).collect(),
@@ -143,7 +156,23 @@ mod tests {
             leaked("n1", &a, Some(&exists("n1", &["10.0.0.6"]))),
             "not its address"
         );
+        let another = PodSeen::Exists {
+            uid: "u2".into(),
+            node: "n1".into(),
+            finished: false,
+            addresses: vec![],
+        };
+        assert!(leaked("n1", &a, Some(&another)), "another Pod of that name");
+        let no_uid = PodAddress {
+            pod_uid: None,
+            ..a.clone()
+        };
+        assert!(
+            !leaked("n1", &no_uid, Some(&another)),
+            "no uid recorded: by name"
+        );
         let finished = PodSeen::Exists {
+            uid: "u1".into(),
             node: "n1".into(),
             finished: true,
             addresses: vec![],

@@ -53,7 +53,8 @@ fn list(
     annotation: &'static str,
     owner: &str,
 ) -> Result<Option<Annotated>, IpamError> {
-    let Some(text) = notes.get(annotation) else {
+    // Empty is unset, as Calico reads it (the Namespace's then counts).
+    let Some(text) = notes.get(annotation).filter(|t| !t.trim().is_empty()) else {
         return Ok(None);
     };
     let source = format!("the annotation {annotation} of {owner}");
@@ -184,6 +185,18 @@ mod tests {
         assert_eq!(
             read("prod", "web-0", &notes(&[]), &notes(&[])).unwrap(),
             PodAddressing::default()
+        );
+        let empty_on_pod = read(
+            "prod",
+            "web-0",
+            &notes(&[(IPV4_POOLS, "")]),
+            &notes(&[(IPV4_POOLS, r#"["pool-b"]"#)]),
+        )
+        .unwrap();
+        assert_eq!(
+            empty_on_pod.ipv4_pools.unwrap().values,
+            ["pool-b"],
+            "empty is unset"
         );
     }
 

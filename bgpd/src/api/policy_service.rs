@@ -134,6 +134,11 @@ pub async fn collect_endpoints(
     ipam: &ipam::allocator::Ipam<Store>,
     node: &str,
 ) -> Result<Vec<DocRef>, ipam::IpamError> {
+    // On the Kubernetes datastore an endpoint is its Pod's: it goes with the Pod (or when the
+    // Pod's addresses go), and `kube_gc` releases what leaked.
+    if ipam.store().as_kubernetes().is_some() {
+        return Ok(Vec::new());
+    }
     let docs = Documents::new(ipam.store());
     let mut gone = Vec::new();
     for d in docs.list(DocKind::WorkloadEndpoint, None).await? {

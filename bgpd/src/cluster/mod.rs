@@ -252,16 +252,23 @@ impl StateCache {
         } else if key.starts_with(BgpFilter::PREFIX) {
             Item::Filter(Box::new(decode(v)?))
         } else if let Some(at) = DocRef::of_key(key) {
-            // The API checked the document before storing it; one that does not parse now
-            // (written by another margay version) is left out, not fatal to the whole state.
+            // bgpd's API checks a document before storing it, but on the Kubernetes datastore
+            // kubectl writes them too, and another margay version may have: one that does
+            // not parse is not fatal to the whole state. A new one is left out; a change that
+            // does not parse keeps the version in force (dropping it would open what it
+            // closed).
             let parsed = decode::<Document>(v)
                 .map_err(|e| e.to_string())
                 .and_then(|d| policy::decode(&at, &d.json).map_err(|e| e.to_string()));
             match parsed {
                 Ok(r) => Item::PolicyDoc(Box::new(r)),
+                Err(e) if self.items.contains_key(key) => {
+                    tracing::warn!(document = %at, "a change margay cannot enforce; its last version stays in force: {e}");
+                    return Ok(Change::None);
+                }
                 Err(e) => {
                     tracing::warn!(document = %at, "left out of the network policy: {e}");
-                    return Ok(self.forget(key));
+                    return Ok(Change::None);
                 }
             }
         } else {

@@ -43,6 +43,8 @@ const CALICO_METADATA: &str = "projectcalico.org/metadata";
 /// What the garbage collector needs to know of a Pod.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PodState {
+    /// `metadata.uid`: another Pod of the same name has another.
+    pub uid: String,
     /// `spec.nodeName` (empty: not scheduled).
     pub node: String,
     /// Succeeded or Failed.
@@ -424,6 +426,13 @@ impl KubeStore {
         };
         match written {
             Ok(d) => version_of(d.metadata.resource_version.as_deref()),
+            // A create that finds no namespace to create in: no retry makes one.
+            Err(e) if expected.is_none() && http_code(&e) == Some(404) => {
+                Err(StoreError::Backend(format!(
+                    "{r}: the namespace {} does not exist (kubectl create namespace {})",
+                    r.namespace, r.namespace
+                )))
+            }
             Err(e) if matches!(http_code(&e), Some(404 | 409)) => {
                 let actual = self.doc_get(kind, name).await.ok().flatten();
                 Err(conflict(kind, name, expected, actual.map(|o| o.version)))
@@ -531,6 +540,7 @@ impl KubeStore {
             .await
             .map_err(|e| request_error(e, &format!("pod {namespace}/{pod}")))?;
         Ok(found.map(|p| PodState {
+            uid: p.metadata.uid.clone().unwrap_or_default(),
             node: p
                 .spec
                 .as_ref()
