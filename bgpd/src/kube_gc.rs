@@ -163,16 +163,23 @@ impl Collector {
             .collect();
         self.nodes_gone.retain(|n, _| gone.contains(n));
         let now = now();
+        let due: Vec<String> = gone
+            .into_iter()
+            .filter(|n| {
+                let since = *self.nodes_gone.entry(n.clone()).or_insert(now);
+                now.saturating_sub(since) >= self.grace.as_secs()
+            })
+            .collect();
+        if due.is_empty() {
+            return Ok(Vec::new());
+        }
+        // Asked again just before: a Node made again meanwhile keeps what it holds.
+        let existing = kube.node_names().await?;
         let mut out = Vec::new();
-        for node in gone {
-            let since = *self.nodes_gone.entry(node.clone()).or_insert(now);
-            if now.saturating_sub(since) >= self.grace.as_secs()
-                && !kube.node_names().await?.contains(&node)
-            {
-                ipam.release_node(&node).await?;
-                self.nodes_gone.remove(&node);
-                out.push(node);
-            }
+        for node in due.into_iter().filter(|n| !existing.contains(n)) {
+            ipam.release_node(&node).await?;
+            self.nodes_gone.remove(&node);
+            out.push(node);
         }
         Ok(out)
     }

@@ -94,20 +94,6 @@ async fn a_hundred_cni_adds_over_four_nodes_on_the_kubernetes_api() {
     assert_eq!(report.handles, 0, "leaked handles");
 }
 
-/// The Pod, its Namespace and their Calico annotations (`metadata.annotations`), as a user
-/// writes them, through kubectl.
-fn pod_with_annotations(api: &KubeApi, ns: &str, pod: &str, notes: serde_json::Value) {
-    let manifest = serde_json::json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": pod, "namespace": ns, "annotations": notes},
-        "spec": {"nodeName": "node-a", "automountServiceAccountToken": false,
-                 "containers": [{"name": "main", "image": "margay.invalid/none"}]},
-    });
-    let file = api.dir().join(format!("pod-{ns}-{pod}.json"));
-    std::fs::write(&file, manifest.to_string()).unwrap();
-    api.kubectl_ok(&["create", "-f", &file.display().to_string()]);
-}
-
 /// Calico's IPAM annotations (issue #51): `cni.projectcalico.org/ipv4pools` on the Namespace
 /// and on the Pod (which wins), `ipAddrs` on the Pod; a pool that does not exist, an address
 /// outside every pool, an annotation that does not parse and `ipAddrsNoIpam` fail the ADD with
@@ -127,9 +113,6 @@ async fn calicos_pod_and_namespace_annotations_choose_pools_and_addresses() {
     }
     let daemon = Daemon::on_kubernetes(&api.kubeconfig, "node-a", "10.0.0.10/24");
     api.kubectl_ok(&["create", "namespace", "ann"]);
-    // Admission wants the namespace's `default` account, which no controller-manager makes
-    // here (this apiserver release may make it itself: then it exists already).
-    let _ = api.kubectl(&["create", "serviceaccount", "default", "-n", "ann"]);
     api.kubectl_ok(&[
         "annotate",
         "namespace",
@@ -164,7 +147,7 @@ async fn calicos_pod_and_namespace_annotations_choose_pools_and_addresses() {
         ),
     ];
     for (pod, notes, want) in cases {
-        pod_with_annotations(&api, "ann", pod, notes);
+        api.create_pod("ann", pod, "node-a", notes);
         let out = ipam_plugin_for("ADD", pod, ("ann", pod), "node-a", &daemon.socket)
             .wait_with_output()
             .unwrap();

@@ -12,6 +12,7 @@ use std::process::Command;
 
 use interop_tests::lab::bgpd::runtime;
 use interop_tests::lab::kube_api::{KubeApi, kubectl_path};
+use interop_tests::lab::local::captured;
 use interop_tests::lab::open_store;
 
 fn repo(path: &str) -> String {
@@ -24,17 +25,11 @@ fn repo(path: &str) -> String {
 
 /// kubectl with `kubeconfig`: whether it succeeded, and what it printed.
 fn kubectl_as(kubeconfig: &Path, args: &[&str]) -> (bool, String) {
-    let out = Command::new(kubectl_path())
-        .arg(format!("--kubeconfig={}", kubeconfig.display()))
-        .args(args)
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
+    captured(
+        Command::new(kubectl_path())
+            .arg(format!("--kubeconfig={}", kubeconfig.display()))
+            .args(args),
+    )
 }
 
 #[test]
@@ -171,17 +166,10 @@ impl Drop for Image {
 #[test]
 fn the_node_image_builds_from_the_built_binaries_and_runs_each() {
     let tag = format!("localhost/margay/node:test{}", std::process::id());
-    let out = Command::new(repo("scripts/build-image"))
-        .args(["--debug", "--tag", &tag])
-        .output()
-        .unwrap();
+    let (built, text) =
+        captured(Command::new(repo("scripts/build-image")).args(["--debug", "--tag", &tag]));
     let image = Image(tag);
-    assert!(
-        out.status.success(),
-        "scripts/build-image: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(built, "scripts/build-image: {text}");
     for (binary, arg, says) in [
         ("/usr/local/bin/bgpd", "--version", "bgpd "),
         ("/usr/local/bin/routewriter", "--version", "routewriter "),
@@ -193,29 +181,18 @@ fn the_node_image_builds_from_the_built_binaries_and_runs_each() {
         ),
         ("/usr/sbin/nft", "--version", "nftables"),
     ] {
-        let out = Command::new("podman")
-            .args([
-                "run",
-                "--rm",
-                "--network=none",
-                // Limits this sandbox allows: runc may not raise them here (see lab::runtime).
-                "--ulimit=nofile=1024:1024",
-                "--ulimit=nproc=1024:1024",
-                "--entrypoint",
-                binary,
-                &image.0,
-                arg,
-            ])
-            .output()
-            .unwrap();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(
-            out.status.success() && text.contains(says),
-            "{binary} {arg}: {text}"
-        );
+        let (ran, text) = captured(Command::new("podman").args([
+            "run",
+            "--rm",
+            "--network=none",
+            // Limits this sandbox allows: runc may not raise them here (see lab::runtime).
+            "--ulimit=nofile=1024:1024",
+            "--ulimit=nproc=1024:1024",
+            "--entrypoint",
+            binary,
+            &image.0,
+            arg,
+        ]));
+        assert!(ran && text.contains(says), "{binary} {arg}: {text}");
     }
 }

@@ -18,19 +18,6 @@ use ipam::allocator::Ipam;
 
 const GRACE: &str = "[ipam]\nleak_grace_seconds = 2\n";
 
-/// A Pod `name` of namespace default bound to `node`, as the scheduler leaves it.
-fn pod_on(api: &KubeApi, name: &str, node: &str) {
-    let manifest = serde_json::json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {"nodeName": node, "automountServiceAccountToken": false,
-                 "containers": [{"name": "main", "image": "margay.invalid/none"}]},
-    });
-    let file = api.dir().join(format!("pod-{name}.json"));
-    std::fs::write(&file, manifest.to_string()).unwrap();
-    api.kubectl_ok(&["create", "-f", &file.display().to_string()]);
-}
-
 /// CNI ADD of container `name` for pod `name` on `node`; its address.
 fn add(daemon: &Daemon, name: &str, node: &str) -> String {
     let out = ipam_plugin_for("ADD", name, ("default", name), node, &daemon.socket)
@@ -82,12 +69,9 @@ async fn leaked_addresses_and_deleted_nodes_are_released_and_nothing_alive_is() 
     let a = Daemon::on_kubernetes_with(&api.kubeconfig, "node-a", "10.0.0.10/24", GRACE);
     let b = Daemon::on_kubernetes_with(&api.kubeconfig, "node-b", "10.0.0.11/24", GRACE);
 
-    // Admission wants the namespace's `default` account, which no controller-manager makes
-    // here (this apiserver release may make it itself: then it exists already).
-    let _ = api.kubectl(&["create", "serviceaccount", "default", "-n", "default"]);
     // A live pod (its Pod on node-a, holding its address as the kubelet reports it), a pod
     // whose Pod never existed, and a pod on node-b.
-    pod_on(&api, "live", "node-a");
+    api.create_pod("default", "live", "node-a", serde_json::json!({}));
     let live = add(&a, "live", "node-a");
     let status = serde_json::json!({"status": {"podIP": live, "podIPs": [{"ip": live}]}});
     api.kubectl_ok(&[
@@ -100,7 +84,7 @@ async fn leaked_addresses_and_deleted_nodes_are_released_and_nothing_alive_is() 
         &status.to_string(),
     ]);
     let ghost = add(&a, "ghost", "node-a");
-    pod_on(&api, "on-b", "node-b");
+    api.create_pod("default", "on-b", "node-b", serde_json::json!({}));
     let on_b = add(&b, "on-b", "node-b");
     println!("live {live}, ghost {ghost}, on-b {on_b}");
 

@@ -395,7 +395,7 @@ impl KubeStore {
         let namespace = kind.namespaced().then_some(r.namespace.as_str());
         let api = self.resource_api(&shape, namespace);
         let labels = string_map(json.pointer("/metadata/labels"));
-        let body = match expected {
+        let mut body = match expected {
             None => {
                 let mut d = DynamicObject::new(&r.name, &shape.resource);
                 d.metadata.namespace = namespace.map(str::to_owned);
@@ -415,7 +415,6 @@ impl KubeStore {
                 }
             }
         };
-        let mut body = body;
         body.metadata.labels = (!labels.is_empty()).then_some(labels);
         if shape.has_spec {
             body.data["spec"] = json.get("spec").cloned().unwrap_or_else(|| json!({}));

@@ -203,6 +203,28 @@ impl KubeApi {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// Creates Pod `namespace/name` bound to `node` with `annotations`, as the scheduler
+    /// leaves it (no kubelet runs: it stays Pending). The namespace's `default` account is
+    /// made first if missing: admission wants it, and no controller-manager makes it here.
+    pub fn create_pod(
+        &self,
+        namespace: &str,
+        name: &str,
+        node: &str,
+        annotations: serde_json::Value,
+    ) {
+        let _ = self.kubectl(&["create", "serviceaccount", "default", "-n", namespace]);
+        let manifest = serde_json::json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "annotations": annotations},
+            "spec": {"nodeName": node, "automountServiceAccountToken": false,
+                     "containers": [{"name": "main", "image": "margay.invalid/none"}]},
+        });
+        let file = self.dir().join(format!("pod-{namespace}-{name}.json"));
+        std::fs::write(&file, manifest.to_string()).unwrap();
+        self.kubectl_ok(&["create", "-f", &file.display().to_string()]);
+    }
+
     /// A kubeconfig (written into the apiserver's directory) of the service account
     /// `namespace/name`, which must exist: a token the apiserver issues for it (TokenRequest,
     /// valid two hours), so its requests are that account's and RBAC decides them.

@@ -105,7 +105,8 @@ impl LocalLab {
 }
 
 /// Runs `cmd` to its end: whether it succeeded, and its stdout then stderr.
-fn captured(cmd: &mut Command) -> (bool, String) {
+/// Runs `cmd` to its end: whether it succeeded, and its stdout and stderr together.
+pub fn captured(cmd: &mut Command) -> (bool, String) {
     let out = cmd
         .output()
         .unwrap_or_else(|e| panic!("cannot run {:?}: {e}", cmd.get_program()));
