@@ -64,15 +64,7 @@ pub async fn run(config: Config, path: Option<std::path::PathBuf>) -> Result<(),
         dataplane.clone(),
         bgp.clone(),
     ));
-    // Service addresses go out with the node's own address as next hop, as its blocks do.
-    let services = crate::services::start(
-        bgp.clone(),
-        crate::services::NextHops {
-            v4: config.node.address.map(|a| a.addr()),
-            v6: config.node.address6.map(|a| a.addr()),
-        },
-    );
-    let api = api.with_services(services);
+    let api = api.with_services(start_services(&config, &datastore, &bgp));
     let info = DaemonInfo {
         node: config.node.name.clone(),
         datastore,
@@ -134,6 +126,28 @@ pub async fn run(config: Config, path: Option<std::path::PathBuf>) -> Result<(),
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// The service announcements, with the node's own address as next hop (as its blocks have);
+/// on the Kubernetes datastore the cluster's Services drive some of them.
+fn start_services(
+    config: &Config,
+    datastore: &crate::datastore::DatastoreHandle,
+    bgp: &crate::speaker::SpeakerHandle,
+) -> crate::services::ServicesHandle {
+    let services = crate::services::start(
+        bgp.clone(),
+        crate::services::NextHops {
+            v4: config.node.address.map(|a| a.addr()),
+            v6: config.node.address6.map(|a| a.addr()),
+        },
+    );
+    crate::kube_services::start(
+        config.node.name.clone(),
+        datastore.clone(),
+        services.clone(),
+    );
+    services
 }
 
 /// SIGHUP: read the configuration again; refuse it whole (keeping the running one) if it

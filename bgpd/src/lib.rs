@@ -13,6 +13,8 @@
 //! - `datastore`: the connection to the cluster datastore, kept current and reported.
 //! - `kube_gc`: on the Kubernetes datastore, the release of leaked pod addresses and of deleted
 //!   Nodes' blocks (Calico's kube-controllers' IPAM GC).
+//! - `kube_services`: on the Kubernetes datastore, the Services' addresses this node announces
+//!   (`externalTrafficPolicy: Local` follows the ready endpoints).
 //! - `metrics`: bgpd's Prometheus metrics, readiness, liveness and status over HTTP.
 //! - `peering`: the `[bgp]` section applied to the speaker, at start and on reload.
 //! - `registration`: this node and the configured default pools, written at start.
@@ -27,6 +29,7 @@ pub mod daemon;
 pub mod dataplane;
 pub mod datastore;
 pub mod kube_gc;
+pub mod kube_services;
 pub mod metrics;
 pub mod peering;
 pub mod registration;

@@ -9,7 +9,7 @@
 //!   nodes are annotations on Kubernetes `Node`s (`nodes`); the policy documents are the
 //!   cluster's own NetworkPolicies, Calico's policy resources, Namespaces, and endpoints
 //!   derived from Pods (`documents`); margay-only kinds go into margay's own CRD
-//!   (`margayobjects.margay.dev`, [`ObjectCodec`]).
+//!   (`margayobjects.margay.dev`, [`ObjectCodec`]); Services and EndpointSlices are read.
 //! - Compare-and-swap is the apiserver's: a PUT carrying `metadata.resourceVersion`, a DELETE
 //!   with a `resourceVersion` precondition; 409 is a [`StoreError::Conflict`] whose caller
 //!   reads again, never a blind overwrite.
@@ -42,8 +42,10 @@ use crate::resource::Resource;
 
 mod documents;
 mod nodes;
+mod services;
 
 pub use documents::PodState;
+pub use services::{ServiceFacts, SliceFacts};
 
 /// margay's own CRD, for the kinds Calico keeps nowhere in the Kubernetes API.
 pub const MARGAY_OBJECTS_CRD: &str = include_str!("../crds/margay/objects.yaml");

@@ -13,15 +13,7 @@ use std::process::Command;
 use interop_tests::lab::bgpd::runtime;
 use interop_tests::lab::kube_api::{KubeApi, kubectl_path};
 use interop_tests::lab::local::captured;
-use interop_tests::lab::open_store;
-
-fn repo(path: &str) -> String {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("..")
-        .join(path)
-        .display()
-        .to_string()
-}
+use interop_tests::lab::{open_store, repo_file};
 
 /// kubectl with `kubeconfig`: whether it succeeded, and what it printed.
 fn kubectl_as(kubeconfig: &Path, args: &[&str]) -> (bool, String) {
@@ -36,13 +28,16 @@ fn kubectl_as(kubeconfig: &Path, args: &[&str]) -> (bool, String) {
 fn the_manifests_are_accepted_and_the_role_refuses_what_margay_does_not_do() {
     // As every cluster that runs privileged node agents (kubeadm's default): routewriter is.
     let api = KubeApi::start_with(&["--allow-privileged=true"]);
-    let (rbac, daemonset) = (repo("deploy/rbac.yaml"), repo("deploy/daemonset.yaml"));
+    let (rbac, daemonset) = (
+        repo_file("deploy/rbac.yaml"),
+        repo_file("deploy/daemonset.yaml"),
+    );
     let shown = api.kubectl_ok(&[
         "apply",
         "--dry-run=server",
         "-R",
         "-f",
-        &repo("datastore/crds"),
+        &repo_file("datastore/crds"),
         "-f",
         &rbac,
         "-f",
@@ -56,14 +51,7 @@ fn the_manifests_are_accepted_and_the_role_refuses_what_margay_does_not_do() {
     ] {
         assert!(shown.contains(part), "{part:?} not in:\n{shown}");
     }
-    api.kubectl_ok(&["apply", "-R", "-f", &repo("datastore/crds"), "-f", &rbac]);
-    api.kubectl_ok(&[
-        "wait",
-        "--for=condition=Established",
-        "--timeout=60s",
-        "crd",
-        "--all",
-    ]);
+    api.apply_crds(&[&rbac]);
     pool_is_accepted_and_read_as_written(&api);
     let node: PathBuf = api.service_account_kubeconfig("kube-system", "margay-node");
     // What bgpd does is allowed.
@@ -79,6 +67,8 @@ fn the_manifests_are_accepted_and_the_role_refuses_what_margay_does_not_do() {
         ("delete", "blockaffinities.crd.projectcalico.org"),
         ("update", "globalnetworkpolicies.crd.projectcalico.org"),
         ("create", "margayobjects.margay.dev"),
+        ("watch", "services"),
+        ("watch", "endpointslices.discovery.k8s.io"),
     ] {
         let mut args = vec!["auth", "can-i", verb, "-A"];
         match resource.split_once('/') {
@@ -115,6 +105,10 @@ fn the_manifests_are_accepted_and_the_role_refuses_what_margay_does_not_do() {
         ),
         ("read Secrets", vec!["get", "secrets", "-A"]),
         (
+            "change a Service",
+            vec!["annotate", "service", "kubernetes", "-n", "default", "x=y"],
+        ),
+        (
             "delete a CRD",
             vec!["delete", "crd", "ipamblocks.crd.projectcalico.org"],
         ),
@@ -130,7 +124,7 @@ fn the_manifests_are_accepted_and_the_role_refuses_what_margay_does_not_do() {
 /// deploy/ippool.yaml (a custom resource: once its CRD is served) is accepted, and margay
 /// reads the pool as it is written.
 fn pool_is_accepted_and_read_as_written(api: &KubeApi) {
-    let pool = repo("deploy/ippool.yaml");
+    let pool = repo_file("deploy/ippool.yaml");
     let shown = api.kubectl_ok(&["apply", "--dry-run=server", "-f", &pool]);
     assert!(
         shown.contains("ippool.crd.projectcalico.org/default-ipv4-ippool created (server dry run)"),
@@ -167,7 +161,7 @@ impl Drop for Image {
 fn the_node_image_builds_from_the_built_binaries_and_runs_each() {
     let tag = format!("localhost/margay/node:test{}", std::process::id());
     let (built, text) =
-        captured(Command::new(repo("scripts/build-image")).args(["--debug", "--tag", &tag]));
+        captured(Command::new(repo_file("scripts/build-image")).args(["--debug", "--tag", &tag]));
     let image = Image(tag);
     assert!(built, "scripts/build-image: {text}");
     for (binary, arg, says) in [

@@ -25,10 +25,11 @@ use interop_tests::lab::netns::Netns;
 use interop_tests::lab::open_store;
 use interop_tests::lab::segment::Segment;
 use interop_tests::lab::segment_node::{NodeOptions, SegmentNode as Node};
+use interop_tests::lab::tor;
 use ipam::allocator::Ipam;
 
-const TOR: &str = "10.97.0.1";
-const TOR6: &str = "fd00:97::1";
+const TOR: &str = tor::ADDRESS;
+const TOR6: &str = tor::ADDRESS6;
 const CONVERGE: Duration = Duration::from_secs(40);
 
 /// One family's addresses in the test.
@@ -81,40 +82,6 @@ fn leases_of(n: &Node) -> serde_json::Value {
     serde_json::from_str(&n.ctl_ok(&["service", "list", "--json"])).unwrap()
 }
 
-/// FRR in AS 65000 taking any node of the segment as an eBGP neighbour, over IPv4 for IPv4
-/// and IPv6 for IPv6, with multipath: routes of equal AS path from several neighbours are
-/// all installed.
-fn start_tor(ns: &Netns) -> Frr {
-    let conf = "frr defaults traditional\nhostname tor\n\
-         router bgp 65000\n bgp router-id 10.97.0.1\n no bgp ebgp-requires-policy\n\
-          no bgp default ipv4-unicast\n\
-          neighbor NODES peer-group\n neighbor NODES remote-as external\n\
-          neighbor NODES timers connect 2\n\
-          neighbor NODES6 peer-group\n neighbor NODES6 remote-as external\n\
-          neighbor NODES6 timers connect 2\n\
-          bgp listen range 10.97.0.0/24 peer-group NODES\n\
-          bgp listen range fd00:97::/64 peer-group NODES6\n\
-          address-family ipv4 unicast\n  neighbor NODES activate\n  maximum-paths 8\n exit-address-family\n\
-          address-family ipv6 unicast\n  neighbor NODES6 activate\n  maximum-paths 8\n exit-address-family\n";
-    Frr::start_with_kernel(ns.name(), 65000, conf).unwrap_or_else(|e| panic!("{e}"))
-}
-
-/// The next hops of FRR's paths for the service address that it uses: the best path and
-/// those that share its load (multipath), as the nodes they lead to. (The shared vtysh
-/// speaks to FRR's bgpd; the ToR's kernel, which zebra writes, is read with `ip route`.)
-fn frr_next_hops(tor: &Frr, f: &Family, nodes: &[&Node]) -> BTreeSet<String> {
-    let v = tor.json(&format!("show bgp {} unicast {} json", f.afi(), f.host()));
-    let hops = v["paths"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|p| p["multipath"] == true || p["bestpath"]["overall"] == true)
-        .flat_map(|p| p["nexthops"].as_array().cloned().unwrap_or_default())
-        .filter_map(|n| n["ip"].as_str().map(str::to_owned))
-        .collect();
-    by_node(hops, nodes)
-}
-
 /// The gateways of the ToR kernel's route for the service address, as the nodes they lead
 /// to.
 fn kernel_next_hops(tor_ns: &Netns, f: &Family, nodes: &[&Node]) -> BTreeSet<String> {
@@ -134,7 +101,7 @@ fn kernel_next_hops(tor_ns: &Netns, f: &Family, nodes: &[&Node]) -> BTreeSet<Str
             }
         }
     }
-    by_node(hops, nodes)
+    tor::by_node(hops, nodes)
 }
 
 /// Echo requests a node's namespace has received (`/proc/net/snmp` is per namespace).
@@ -161,24 +128,6 @@ fn echo_requests(n: &Node, f: &Family) -> u64 {
 
 fn set(items: &[&str]) -> BTreeSet<String> {
     items.iter().map(|s| (*s).to_owned()).collect()
-}
-
-/// Next hops as the nodes they lead to: an IPv6 next hop may be the node's link-local
-/// address (RFC 2545) rather than its global one.
-fn by_node(hops: BTreeSet<String>, nodes: &[&Node]) -> BTreeSet<String> {
-    hops.into_iter()
-        .map(|h| {
-            nodes
-                .iter()
-                .find(|n| {
-                    h == n.addr
-                        || n.addr6.as_deref() == Some(h.as_str())
-                        || n.link_local.as_deref() == Some(h.as_str())
-                })
-                .map(|n| n.name.clone())
-                .unwrap_or(h)
-        })
-        .collect()
 }
 
 fn context(tor: &Frr, nodes: &[&Node], f: &Family) -> String {
@@ -211,7 +160,7 @@ fn service_ecmp(f: &Family, tag: &str) {
         .attach(&format!("{tag}tor"), &format!("{TOR}/24"))
         .unwrap();
     add_ipv6(&tor_member.ns, "eth0", &format!("{TOR6}/64")).unwrap_or_else(|e| panic!("{e}"));
-    let tor = start_tor(&tor_member.ns);
+    let tor = tor::start(&tor_member.ns);
     let dir = tempfile::tempdir().unwrap();
     let store_path = dir.path().join("store.db");
     let ipam = rt.block_on(async {
@@ -332,11 +281,11 @@ fn service_ecmp(f: &Family, tag: &str) {
     }
     let both = set(&["n1", "n2"]);
     assert!(
-        wait_until(CONVERGE, || frr_next_hops(&tor, f, &nodes) == both
+        wait_until(CONVERGE, || tor::next_hops(&tor, &f.host(), &nodes) == both
             && kernel_next_hops(&tor_member.ns, f, &nodes) == both),
         "the ToR does not have two next hops for {}: FRR {:?}, kernel {:?}\n{}\n{}",
         f.host(),
-        frr_next_hops(&tor, f, &nodes),
+        tor::next_hops(&tor, &f.host(), &nodes),
         kernel_next_hops(&tor_member.ns, f, &nodes),
         tor.vtysh(&[&format!("show bgp {} unicast {}", f.afi(), f.host())]),
         context(&tor, &nodes, f)
@@ -432,7 +381,7 @@ fn service_ecmp(f: &Family, tag: &str) {
     n1.ctl_ok(&["service", "withdraw", f.service]);
     let mut elapsed = None;
     while started.elapsed() < Duration::from_secs(3) {
-        if frr_next_hops(&tor, f, &nodes) == only_n2 {
+        if tor::next_hops(&tor, &f.host(), &nodes) == only_n2 {
             elapsed = Some(started.elapsed());
             break;
         }
@@ -441,7 +390,7 @@ fn service_ecmp(f: &Family, tag: &str) {
     let elapsed = elapsed.unwrap_or_else(|| {
         panic!(
             "the ToR did not drop n1's next hop: FRR {:?}\n{}",
-            frr_next_hops(&tor, f, &nodes),
+            tor::next_hops(&tor, &f.host(), &nodes),
             context(&tor, &nodes, f)
         )
     });
@@ -479,17 +428,21 @@ fn service_ecmp(f: &Family, tag: &str) {
     ]);
     std::thread::sleep(Duration::from_millis(1500));
     assert_eq!(
-        frr_next_hops(&tor, f, &nodes),
+        tor::next_hops(&tor, &f.host(), &nodes),
         only_n2,
         "gone before the lease ran out"
     );
     assert!(
-        wait_until(Duration::from_secs(3), || frr_next_hops(&tor, f, &nodes)
-            .is_empty()
+        wait_until(Duration::from_secs(3), || tor::next_hops(
+            &tor,
+            &f.host(),
+            &nodes
+        )
+        .is_empty()
             && kernel_next_hops(&tor_member.ns, f, &nodes).is_empty()),
         "the ToR kept {} after n2's lease ran out: FRR {:?}\n{}",
         f.host(),
-        frr_next_hops(&tor, f, &nodes),
+        tor::next_hops(&tor, &f.host(), &nodes),
         context(&tor, &nodes, f)
     );
     let gone = renewed.elapsed();

@@ -11,6 +11,7 @@
 //!
 //! On bgpd's exit nothing is done here: the speaker withdraws everything when it stops.
 
+pub mod kubernetes;
 pub mod leases;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};

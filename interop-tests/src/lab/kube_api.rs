@@ -58,6 +58,10 @@ pub struct KubeApi {
     pub kubeconfig: PathBuf,
     /// More arguments of the apiserver, the test's own.
     extra: Vec<String>,
+    /// The network namespace etcd, the apiserver and kubectl run in (`None`: the test's).
+    netns: Option<String>,
+    /// The apiserver's address in it.
+    address: String,
 }
 
 impl KubeApi {
@@ -69,6 +73,17 @@ impl KubeApi {
 
     /// As [`KubeApi::start`], the apiserver with `extra` arguments too.
     pub fn start_with(extra: &[&str]) -> KubeApi {
+        Self::start_at(None, "127.0.0.1", extra)
+    }
+
+    /// As [`KubeApi::start`], in network namespace `netns` (its full name), serving on its
+    /// `address`: for daemons in other namespaces that reach it over a segment. kubectl runs
+    /// there too; [`KubeApi::client`], in the test's own namespace, cannot reach it.
+    pub fn start_in(netns: &str, address: &str) -> KubeApi {
+        Self::start_at(Some(netns.to_owned()), address, &[])
+    }
+
+    fn start_at(netns: Option<String>, address: &str, extra: &[&str]) -> KubeApi {
         let apiserver = kube_dir().join("kube-apiserver");
         assert!(
             apiserver.exists(),
@@ -76,7 +91,7 @@ impl KubeApi {
             apiserver.display()
         );
         let dir = tempfile::tempdir().unwrap();
-        write_pki(dir.path(), &["127.0.0.1", "localhost"]);
+        write_pki(dir.path(), &[address, "127.0.0.1", "localhost"]);
         let kubeconfig = dir.path().join("kubeconfig");
         let mut api = KubeApi {
             etcd: None,
@@ -87,6 +102,8 @@ impl KubeApi {
             port: free_port(),
             kubeconfig,
             dir,
+            netns,
+            address: address.to_owned(),
         };
         std::fs::write(&api.kubeconfig, kubeconfig_text(api.dir.path(), &api.url())).unwrap();
         api.start_etcd();
@@ -98,9 +115,21 @@ impl KubeApi {
         self.dir.path()
     }
 
-    /// `https://127.0.0.1:<port>`.
+    /// `https://<address>:<port>`.
     pub fn url(&self) -> String {
-        format!("https://127.0.0.1:{}", self.port)
+        format!("https://{}:{}", self.address, self.port)
+    }
+
+    /// `program` to run where etcd and the apiserver run.
+    fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        match &self.netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns]).arg(program);
+                c
+            }
+            None => Command::new(program),
+        }
     }
 
     /// The apiserver's PID while it runs.
@@ -116,7 +145,7 @@ impl KubeApi {
     pub fn start_etcd(&mut self) {
         let client = format!("http://127.0.0.1:{}", self.etcd_port);
         let peer = format!("http://127.0.0.1:{}", self.etcd_peer_port);
-        let mut cmd = Command::new(etcd_path());
+        let mut cmd = self.command(etcd_path());
         super::etcd::member_args(
             &mut cmd,
             "kube-etcd",
@@ -138,11 +167,12 @@ impl KubeApi {
     pub fn start_apiserver(&mut self) {
         let d = self.dir.path();
         let log = std::fs::File::create(d.join("apiserver.log")).unwrap();
-        let child = Command::new(kube_dir().join("kube-apiserver"))
+        let child = self
+            .command(kube_dir().join("kube-apiserver"))
             .args(apiserver_args(
                 d,
                 &format!("http://127.0.0.1:{}", self.etcd_port),
-                "127.0.0.1",
+                &self.address,
                 self.port,
             ))
             // etcd's history compacted every 5 s (5 min by default), so that a test reaches
@@ -185,7 +215,7 @@ impl KubeApi {
 
     /// kubectl of the pinned release, as the admin.
     pub fn kubectl(&self, args: &[&str]) -> std::process::Output {
-        Command::new(kubectl_path())
+        self.command(kubectl_path())
             .arg(format!("--kubeconfig={}", self.kubeconfig.display()))
             .args(args)
             .output()
@@ -201,6 +231,32 @@ impl KubeApi {
             String::from_utf8_lossy(&out.stderr)
         );
         String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `kubectl apply` of the CRDs (`datastore/crds/`, Calico's and margay's) and of `files`,
+    /// then waits until every CRD is served.
+    pub fn apply_crds(&self, files: &[&str]) {
+        let crds = super::repo_file("datastore/crds");
+        let mut args = vec!["apply", "-R", "-f", crds.as_str()];
+        for f in files {
+            args.extend(["-f", f]);
+        }
+        self.kubectl_ok(&args);
+        self.kubectl_ok(&[
+            "wait",
+            "--for=condition=Established",
+            "--timeout=60s",
+            "crd",
+            "--all",
+        ]);
+    }
+
+    /// `kubectl apply` of `manifest` (YAML or JSON, written as `name` into the apiserver's
+    /// directory); kubectl's stdout, or a panic with its stderr.
+    pub fn apply(&self, name: &str, manifest: &str) -> String {
+        let file = self.dir().join(name);
+        std::fs::write(&file, manifest).unwrap();
+        self.kubectl_ok(&["apply", "-f", &file.display().to_string()])
     }
 
     /// Creates Pod `namespace/name` bound to `node` with `annotations`, as the scheduler

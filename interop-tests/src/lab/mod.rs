@@ -22,8 +22,9 @@ pub mod segment;
 pub mod segment_node;
 pub mod soak;
 pub mod tester;
+pub mod tor;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 /// A free TCP port on 127.0.0.1 (free when asked; bind it soon).
 ///
@@ -57,6 +58,15 @@ pub fn free_port() -> u16 {
         }
     }
     panic!("no free port on 127.0.0.1 between {LOW} and {}", LOW + SPAN)
+}
+
+/// A file of the repository (`deploy/rbac.yaml`), as a path for a command's argument.
+pub fn repo_file(path: &str) -> String {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(path)
+        .display()
+        .to_string()
 }
 
 /// One of the workspace's binaries (bgpd, bgpctl, ...) built next to the running test or bench.

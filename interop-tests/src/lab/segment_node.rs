@@ -1,5 +1,6 @@
 //! One bgpd node of a lab cluster: its own namespace on a [`Segment`], its directory, its
-//! process, everything else from the datastore the nodes share (a SQLite file). What the
+//! process, everything else from the datastore the nodes share (a SQLite file, or the
+//! Kubernetes API). What the
 //! cluster tests with a real ToR (`cluster_brain`, `bgp_policy_tor`, `service_ecmp`) start
 //! several of; read through bgpctl's `--json` output.
 
@@ -36,6 +37,8 @@ pub struct NodeOptions<'a> {
     pub addr6: Option<&'a str>,
     /// Appended to its configuration (e.g. `[bgp]` settings).
     pub extra: &'a str,
+    /// The store path is a kubeconfig: the datastore is the Kubernetes API it names.
+    pub kubernetes: bool,
 }
 
 impl SegmentNode {
@@ -73,13 +76,20 @@ impl SegmentNode {
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("bgpd.sock");
         let config = dir.path().join("bgpd.toml");
+        let datastore = if opts.kubernetes {
+            format!(
+                "kind = \"kubernetes\"\nkubeconfig = \"{}\"",
+                store.display()
+            )
+        } else {
+            format!("kind = \"sqlite\"\npath = \"{}\"", store.display())
+        };
         std::fs::write(
             &config,
             format!(
                 "[node]\n{node_lines}\
-                 [datastore]\nkind = \"sqlite\"\npath = \"{}\"\n\
+                 [datastore]\n{datastore}\n\
                  [api]\nsocket = \"{}\"\n[log]\nlevel = \"info\"\n{}",
-                store.display(),
                 socket.display(),
                 opts.extra
             ),
