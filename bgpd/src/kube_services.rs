@@ -9,7 +9,8 @@
 //!   that ends is followed by a new list, once a second): the leases are renewed from the
 //!   last plan, as Calico keeps its routes while its datastore is away.
 //! - A Service that names an address outside the ranges, or something that is no address, is
-//!   reported in the log once per change, and the rest of the cluster's Services go on.
+//!   reported once per change in the log and as an Event on the Service (reason
+//!   `AddressNotAnnounced`), and the rest of the cluster's Services go on.
 //!
 //! The task ends at once on other datastores (there, a load-balancer controller calls the
 //! `Services` API).
@@ -19,13 +20,14 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use ::datastore::contract::{ObjectEvent, StoreError};
-use ::datastore::kubernetes::KubeStore;
+use ::datastore::kubernetes::{EventSubject, KubeStore};
 use ::datastore::model::BgpConfiguration;
 use ::datastore::{Resources, Store};
 
 use crate::datastore::DatastoreHandle;
 use crate::services::ServicesHandle;
 use crate::services::kubernetes::ClusterServices;
+use crate::warnings::Reason;
 
 /// The owner of the leases this task takes (`bgpctl service list` shows it).
 pub const OWNER: &str = "kubernetes";
@@ -53,14 +55,23 @@ struct Announcer {
 }
 
 impl Announcer {
-    /// Brings the announcements to what `cluster` asks for.
-    async fn apply(&mut self, cluster: &ClusterServices) {
+    /// Brings the announcements to what `cluster` asks for; a Service's new problems are
+    /// logged and reported (`crate::warnings`: an Event on it).
+    async fn apply(&mut self, cluster: &ClusterServices, kube: &KubeStore) {
         let plan = cluster.plan(&self.node, &self.config);
         for (service, problems) in &plan.problems {
             if self.reported.get(service) != Some(problems) {
                 for problem in problems {
                     tracing::warn!(%service, %problem, "a Service's address is not announced");
                 }
+                let (namespace, name) = service.split_once('/').unwrap_or(("", service));
+                crate::warnings::report(
+                    Some(kube),
+                    EventSubject::service(namespace, name, cluster.uid_of(service)),
+                    Reason::AddressNotAnnounced,
+                    problems.clone(),
+                    &self.node,
+                );
             }
         }
         self.reported = plan.problems;
@@ -175,7 +186,7 @@ async fn follow(
     for o in &slices.items {
         cluster.set_slice(&o.name, decoded(&o.name, Some(&o.value)));
     }
-    a.apply(cluster).await;
+    a.apply(cluster, kube).await;
     let mut service_watch = kube.watch_services(services.version);
     let mut slice_watch = kube.watch_endpoint_slices(slices.version);
     let mut tick = tokio::time::interval(RENEW);
@@ -194,7 +205,7 @@ async fn follow(
                 a.renew_if_due().await;
             }
         }
-        a.apply(cluster).await;
+        a.apply(cluster, kube).await;
     }
 }
 

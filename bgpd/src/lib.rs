@@ -20,6 +20,7 @@
 //! - `registration`: this node and the configured default pools, written at start.
 //! - `services`: single service addresses announced from this node under a renewed lease.
 //! - `speaker`: the tokio tasks of the BGP speaker (sessions over TCP, the RIB's owner).
+//! - `warnings`: what margay cannot act on as written, counted and said on the object.
 
 pub mod api;
 pub mod api_stats;
@@ -35,6 +36,7 @@ pub mod peering;
 pub mod registration;
 pub mod services;
 pub mod speaker;
+pub mod warnings;
 
 /// The version of margay this binary was built from.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

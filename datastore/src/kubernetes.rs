@@ -41,10 +41,12 @@ use crate::crd::{CodecError, CrdCodec, CrdObject, keep_unmodelled, manifests};
 use crate::resource::Resource;
 
 mod documents;
+mod events;
 mod nodes;
 mod services;
 
 pub use documents::PodState;
+pub use events::EventSubject;
 pub use services::{ServiceFacts, SliceFacts};
 
 /// margay's own CRD, for the kinds Calico keeps nowhere in the Kubernetes API.

@@ -5,6 +5,7 @@
 //! on a Pod and its Namespace that choose its pools and addresses.
 
 use std::collections::HashSet;
+use std::time::{Duration, Instant};
 
 use datastore::model::IpPool;
 use interop_tests::lab;
@@ -168,6 +169,18 @@ async fn calicos_pod_and_namespace_annotations_choose_pools_and_addresses() {
                     + result["details"].as_str().unwrap_or_default();
                 assert!(msg.contains(annotation), "{pod}: {stdout}");
                 println!("{pod}: refused: {msg}");
+                // And said on the Pod, as an Event `kubectl describe pod` shows.
+                let deadline = Instant::now() + Duration::from_secs(10);
+                while !api.warnings("ann", pod).iter().any(|(reason, message, _)| {
+                    reason == "InvalidIPAMAnnotation" && message.contains(annotation)
+                }) {
+                    assert!(
+                        Instant::now() < deadline,
+                        "no Event on pod {pod}: {:?}",
+                        api.warnings("ann", pod)
+                    );
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
                 let held = ipam
                     .handle_allocations(&format!("k8s-pod-network.{pod}"))
                     .await;

@@ -69,6 +69,7 @@ fn the_manifests_are_accepted_and_the_role_refuses_what_margay_does_not_do() {
         ("create", "margayobjects.margay.dev"),
         ("watch", "services"),
         ("watch", "endpointslices.discovery.k8s.io"),
+        ("create", "events"),
     ] {
         let mut args = vec!["auth", "can-i", verb, "-A"];
         match resource.split_once('/') {

@@ -271,6 +271,29 @@ fn kubectl_drives_network_policy_on_every_node() {
         );
         std::thread::sleep(std::time::Duration::from_millis(200));
     }
+    // It is said on the policy too, as an Event (a cluster-wide policy's is in `default`).
+    let events = || {
+        k.kubectl(&[
+            "get",
+            "events",
+            "-n",
+            "default",
+            "--field-selector",
+            "involvedObject.name=web-no-udp,reason=PolicyNotEnforced",
+            "-o",
+            "jsonpath={.items[*].message}",
+        ])
+    };
+    let deadline = Instant::now() + NFT_WITHIN;
+    while !events().contains("its last version stays in force") {
+        assert!(
+            Instant::now() < deadline,
+            "no Event on web-no-udp: {}",
+            events()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    println!("the Event on web-no-udp: {}", events());
     k.check(
         "an edit margay cannot enforce",
         &[

@@ -16,7 +16,9 @@
 //! - The apiserver killed for 6 s: the ToR keeps web's routes, and they stay after it is back.
 //! - A Service of policy Cluster whose external IP is a range of one address is announced by
 //!   all three nodes; a Service whose external IP is outside every range is reported in the
-//!   log naming it, and not announced.
+//!   log naming it and as an Event on it (`AddressNotAnnounced`), and not announced.
+//! - bgpd runs with the DaemonSet's RBAC (a token of the `margay-node` account), on Nodes
+//!   made beforehand as the kubelet makes them.
 //! - The last endpoint not ready: web's addresses leave the ToR; web deleted: nothing stays.
 //!
 //! Needs root, FRR and the apiserver of `scripts/build-kube`.
@@ -30,7 +32,7 @@ use interop_tests::lab::frr::Frr;
 use interop_tests::lab::kube_api::KubeApi;
 use interop_tests::lab::segment::Segment;
 use interop_tests::lab::segment_node::{NodeOptions, SegmentNode as Node};
-use interop_tests::lab::tor;
+use interop_tests::lab::{repo_file, tor};
 
 const API: &str = "10.97.0.250";
 const CONVERGE: Duration = Duration::from_secs(60);
@@ -162,8 +164,16 @@ fn local_services_follow_their_ready_endpoints_to_the_tor() {
         .ip(&["addr", "add", &format!("{API}/24"), "dev", "br0"])
         .unwrap();
     let mut api = KubeApi::start_in(seg.hub.name(), API);
-    api.apply_crds(&[]);
+    api.apply_crds(&[&repo_file("deploy/rbac.yaml")]);
     api.apply("calico.yaml", CALICO);
+    // bgpd runs as the DaemonSet runs it: with the margay-node account's token, on Nodes the
+    // kubelet registered (here the test, as the admin).
+    let account = api.service_account_kubeconfig("kube-system", "margay-node");
+    for name in ["n1", "n2", "n3"] {
+        let node =
+            serde_json::json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}});
+        api.apply(&format!("node-{name}.json"), &node.to_string());
+    }
     let tor_member = seg
         .attach(&format!("{tag}tor"), &format!("{}/24", tor::ADDRESS))
         .unwrap();
@@ -181,7 +191,7 @@ fn local_services_follow_their_ready_endpoints_to_the_tor() {
             &seg,
             name,
             a4,
-            &api.kubeconfig,
+            &account,
             &NodeOptions {
                 tag: Some(&format!("{tag}{name}")),
                 addr6: Some(a6),
@@ -329,6 +339,32 @@ fn local_services_follow_their_ready_endpoints_to_the_tor() {
         .unwrap_or_default();
     assert!(line.contains("shop/stray"), "{line}");
     println!("reported: {line}");
+    let uid = api.kubectl_ok(&[
+        "get",
+        "service",
+        "stray",
+        "-n",
+        "shop",
+        "-o",
+        "jsonpath={.metadata.uid}",
+    ]);
+    let said = || {
+        api.warnings("shop", "stray")
+            .iter()
+            .any(|(reason, message, on)| {
+                reason == "AddressNotAnnounced" && message.contains(STRAY) && on == uid.trim()
+            })
+    };
+    assert!(
+        wait_until(Duration::from_secs(10), said),
+        "no Event on shop/stray (uid {uid}): {:?}\n{}",
+        api.warnings("shop", "stray"),
+        n1.log_tail(20)
+    );
+    println!(
+        "the Event on shop/stray: {:?}",
+        api.warnings("shop", "stray")
+    );
     assert!(hops_of(&tor, &[host(STRAY)], &refs)[0].is_empty());
 
     // The last endpoint not ready: web leaves the ToR; web deleted: nothing stays anywhere.

@@ -398,8 +398,10 @@ impl IpamApi for IpamService {
         else {
             return Ok(Response::new(pb::PodAddressingResponse::default()));
         };
-        let asked =
-            pod_annotations::read(namespace, pod, &of_pod, &of_namespace).map_err(status)?;
+        let asked = match pod_annotations::read(namespace, pod, &of_pod, &of_namespace) {
+            Ok(asked) => asked,
+            Err(e) => return Err(self.refused(kube, namespace, pod, &e)),
+        };
         if asked != pod_annotations::PodAddressing::default() {
             let pools: Vec<_> = ipam
                 .list_pools()
@@ -408,7 +410,9 @@ impl IpamApi for IpamService {
                 .into_iter()
                 .map(|(p, _)| p)
                 .collect();
-            asked.check(&pools).map_err(status)?;
+            if let Err(e) = asked.check(&pools) {
+                return Err(self.refused(kube, namespace, pod, &e));
+            }
         }
         let to = |a: Option<pod_annotations::Annotated>| {
             a.map(|a| pb::AnnotatedValues {
@@ -421,6 +425,27 @@ impl IpamApi for IpamService {
             ipv6_pools: to(asked.ipv6_pools),
             ip_addrs: to(asked.ip_addrs),
         }))
+    }
+}
+
+impl IpamService {
+    /// The refusal of a Pod's IPAM annotations, also reported (`crate::warnings`: an Event
+    /// on the Pod).
+    fn refused(
+        &self,
+        kube: &::datastore::kubernetes::KubeStore,
+        namespace: &str,
+        pod: &str,
+        e: &ipam::IpamError,
+    ) -> Status {
+        crate::warnings::report(
+            Some(kube),
+            ::datastore::kubernetes::EventSubject::pod(namespace, pod),
+            crate::warnings::Reason::InvalidIpamAnnotation,
+            vec![e.to_string()],
+            &self.node,
+        );
+        status(e.clone())
     }
 }
 

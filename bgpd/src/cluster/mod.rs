@@ -119,6 +119,8 @@ impl Item {
 pub struct StateCache {
     me: String,
     items: BTreeMap<String, Item>,
+    /// Policy documents margay cannot enforce, seen since the last [`StateCache::take_problems`].
+    problems: Vec<(DocRef, String)>,
 }
 
 /// What the computations read of a block on node `me` (`dataplane::desired`, `origin`): its
@@ -154,7 +156,13 @@ impl StateCache {
         StateCache {
             me: me.to_owned(),
             items: BTreeMap::new(),
+            problems: Vec::new(),
         }
+    }
+
+    /// The policy documents found unenforceable since the last call, each with what is wrong.
+    pub fn take_problems(&mut self) -> Vec<(DocRef, String)> {
+        std::mem::take(&mut self.problems)
     }
 
     /// The cache of the objects listed, kind by kind: pools first, for they decide which
@@ -263,11 +271,17 @@ impl StateCache {
             match parsed {
                 Ok(r) => Item::PolicyDoc(Box::new(r)),
                 Err(e) if self.items.contains_key(key) => {
-                    tracing::warn!(document = %at, "a change margay cannot enforce; its last version stays in force: {e}");
+                    let problem = format!(
+                        "a change margay cannot enforce; its last version stays in force: {e}"
+                    );
+                    tracing::warn!(document = %at, "{problem}");
+                    self.problems.push((at, problem));
                     return Ok(Change::None);
                 }
                 Err(e) => {
-                    tracing::warn!(document = %at, "left out of the network policy: {e}");
+                    let problem = format!("left out of the network policy: {e}");
+                    tracing::warn!(document = %at, "{problem}");
+                    self.problems.push((at, problem));
                     return Ok(Change::None);
                 }
             }
@@ -576,6 +590,7 @@ async fn follow(brain: &mut Brain, ipam: &Ipam<Store>, hub: &Hub) -> Result<(), 
     // Whether the state changed since the last pass (the first pass always runs).
     let mut dirty = true;
     loop {
+        record_problems(store, &brain.me, cache.take_problems());
         if dirty {
             dirty = false;
             let c = cache.state();
@@ -640,6 +655,20 @@ async fn follow(brain: &mut Brain, ipam: &Ipam<Store>, hub: &Hub) -> Result<(), 
     }
 }
 
+/// Reports each policy document margay cannot enforce (`crate::warnings`: on the Kubernetes
+/// datastore, an Event on the object that holds it).
+fn record_problems(store: &Store, me: &str, problems: Vec<(DocRef, String)>) {
+    for (at, problem) in problems {
+        crate::warnings::report(
+            store.as_kubernetes(),
+            ::datastore::kubernetes::EventSubject::document(&at),
+            crate::warnings::Reason::PolicyNotEnforced,
+            vec![problem],
+            me,
+        );
+    }
+}
+
 /// A datastore pool as the policy generator sees it.
 fn policy_pool(p: &::datastore::model::IpPool) -> PolicyPool {
     let encap = |m: ::datastore::model::EncapMode| match m {
@@ -684,6 +713,44 @@ mod tests {
         assert!(c.state().nodes.is_empty());
         // A value that does not decode is an error (the follow loop lists again).
         assert!(c.apply(&Node::key("b"), Some(b"{}")).is_err());
+    }
+
+    #[test]
+    fn policy_documents_margay_cannot_enforce_are_kept_as_problems_until_taken() {
+        let mut c = StateCache::new("a");
+        let at = DocRef::new(DocKind::K8sNetworkPolicy, "shop", "web");
+        let doc = |spec: serde_json::Value| {
+            encode(&Document {
+                json: serde_json::json!({
+                    "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+                    "metadata": {"name": "web", "namespace": "shop"}, "spec": spec,
+                }),
+            })
+        };
+        let good = doc(serde_json::json!({"podSelector": {}, "policyTypes": ["Ingress"]}));
+        let bad = doc(serde_json::json!({"podSelector": 7}));
+        c.apply(&at.key(), Some(&bad)).unwrap();
+        let problems = c.take_problems();
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert_eq!(problems[0].0, at);
+        assert!(
+            problems[0]
+                .1
+                .starts_with("left out of the network policy: "),
+            "{problems:?}"
+        );
+        assert!(c.take_problems().is_empty());
+        c.apply(&at.key(), Some(&good)).unwrap();
+        assert!(c.take_problems().is_empty());
+        c.apply(&at.key(), Some(&bad)).unwrap();
+        let problems = c.take_problems();
+        assert!(
+            problems[0]
+                .1
+                .starts_with("a change margay cannot enforce; its last version stays in force: "),
+            "{problems:?}"
+        );
+        assert_eq!(c.state().policy.cluster().policies.len(), 1);
     }
 
     /// A block (of a VXLAN pool) is kept with what this node's computations read: the

@@ -121,6 +121,7 @@ impl Endpoints {
                     api_limits: render::ApiLimits::of(&self.info.api_stats.limits),
                     bfd: self.info.bgp.bfd_counters().snapshot(),
                     tcp_drops: tcp_drops::read(),
+                    warnings: crate::warnings::counts(),
                 };
                 Response::new(200, http::PROMETHEUS, render::render(&snapshot))
             }

@@ -68,6 +68,8 @@ pub struct Snapshot {
     pub bfd: Vec<(&'static str, u64)>,
     /// TCP segments the kernel refused for TCP MD5 or GTSM, by reason (`tcp_drops`).
     pub tcp_drops: Vec<(&'static str, u64)>,
+    /// Warnings about objects margay cannot act on as written, by reason (`warnings`).
+    pub warnings: Vec<(&'static str, u64)>,
 }
 
 /// The API's caps at one scrape (`api::limits`).
@@ -125,23 +127,38 @@ pub fn render(s: &Snapshot) -> String {
     ipam(&mut e, &s.ipam);
     api(&mut e, &s.api);
     api_limits(&mut e, &s.api_limits);
-    e.family(
-        "bfd_packets_total",
+    counters(
+        &mut e,
+        ("bfd_packets_total", "outcome"),
         "BFD control packets by outcome: received, sent, send_errors, and dropped as malformed, no_session, ttl_refused (single-hop TTL below 255) or flooded (above the peer's rate).",
-        Kind::Counter,
+        &s.bfd,
     );
-    for (what, n) in &s.bfd {
-        e.sample("bfd_packets_total", &[("outcome", what)], n);
-    }
-    e.family(
-        "tcp_segments_refused_total",
+    counters(
+        &mut e,
+        ("tcp_segments_refused_total", "reason"),
         "TCP segments the kernel refused before BGP saw them, in bgpd's network namespace: TCP MD5 (RFC 2385) md5_failure (wrong signature), md5_not_found (none where one is expected), md5_unexpected (one where none is), and min_ttl (GTSM, RFC 5082).",
-        Kind::Counter,
+        &s.tcp_drops,
     );
-    for (why, n) in &s.tcp_drops {
-        e.sample("tcp_segments_refused_total", &[("reason", why)], n);
-    }
+    counters(
+        &mut e,
+        ("warnings_total", "reason"),
+        "Objects of the cluster margay cannot act on as written, by reason: AddressNotAnnounced (a Service's address outside every range), PolicyNotEnforced (a policy left out, or an edit not taken), InvalidIPAMAnnotation (a Pod's IPAM annotations that fail its ADD). On the Kubernetes datastore each is also an Event on the object.",
+        &s.warnings,
+    );
     e.finish()
+}
+
+/// A counter family with one label, one sample per row.
+fn counters(
+    e: &mut Exposition,
+    (name, label): (&str, &str),
+    help: &str,
+    rows: &[(&'static str, u64)],
+) {
+    e.family(name, help, Kind::Counter);
+    for (value, n) in rows {
+        e.sample(name, &[(label, value)], n);
+    }
 }
 
 fn bgp(e: &mut Exposition, peers: &Result<Vec<PeerRow>, String>) {
@@ -377,6 +394,7 @@ mod tests {
             },
             bfd: vec![("received", 7), ("malformed", 2)],
             tcp_drops: vec![("md5_failure", 4), ("min_ttl", 1)],
+            warnings: vec![("PolicyNotEnforced", 3)],
         }
     }
 
@@ -389,6 +407,7 @@ mod tests {
             "margay_bgpd_ready 0",
             "margay_bgpd_bgp_speaker_up 1",
             "margay_bgpd_bfd_packets_total{outcome=\"malformed\"} 2",
+            "margay_bgpd_warnings_total{reason=\"PolicyNotEnforced\"} 3",
             "margay_bgpd_tcp_segments_refused_total{reason=\"md5_failure\"} 4",
             "margay_bgpd_tcp_segments_refused_total{reason=\"min_ttl\"} 1",
             "margay_bgpd_bgp_sessions{state=\"Established\"} 1",

@@ -52,6 +52,11 @@ impl ClusterServices {
         };
     }
 
+    /// The uid of Service `name` ("" if unknown).
+    pub fn uid_of(&self, name: &str) -> &str {
+        self.services.get(name).map_or("", |s| s.uid.as_str())
+    }
+
     /// Forgets everything (before a new list).
     pub fn clear(&mut self) {
         self.services.clear();
@@ -138,6 +143,7 @@ mod tests {
 
     fn web(local: bool) -> ServiceFacts {
         ServiceFacts {
+            uid: "u-web".into(),
             local,
             cluster_ips: vec![a("10.96.0.10")],
             external_ips: vec![a("198.51.100.7"), a("192.0.2.9")],

@@ -62,8 +62,8 @@ pub(super) fn native(kind: Kind) -> Option<DocKind> {
 }
 
 /// Where a document kind other than WorkloadEndpoint lives, and the document it reads as.
-struct Shape {
-    resource: ApiResource,
+pub(super) struct Shape {
+    pub(super) resource: ApiResource,
     /// The `apiVersion` of the document margay's policy crate reads.
     document_api_version: &'static str,
     /// Whether the document has a `spec` (a Namespace's is Kubernetes' own business).
@@ -72,7 +72,7 @@ struct Shape {
     calico: bool,
 }
 
-fn shape(kind: DocKind) -> Shape {
+pub(super) fn shape(kind: DocKind) -> Shape {
     let of = |group: &str, kind: &str, plural: &str, document: &'static str| {
         let version = if group == crate::crd::GROUP {
             crate::crd::VERSION

@@ -26,6 +26,8 @@ pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
 /// What margay reads of one Service.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ServiceFacts {
+    /// The Service's uid (what an Event on it names).
+    pub uid: String,
     /// `externalTrafficPolicy: Local`: announced only from nodes with a ready endpoint.
     pub local: bool,
     /// `spec.clusterIPs` (else `spec.clusterIP`), without `None` (headless).
@@ -66,7 +68,10 @@ fn parse_into(texts: &[String], good: &mut Vec<IpAddr>, bad: &mut Vec<String>) {
 
 /// The facts of `s`.
 pub fn service_facts(s: &Service) -> ServiceFacts {
-    let mut f = ServiceFacts::default();
+    let mut f = ServiceFacts {
+        uid: s.metadata.uid.clone().unwrap_or_default(),
+        ..ServiceFacts::default()
+    };
     let mut ignored = Vec::new();
     if let Some(spec) = &s.spec {
         f.local = spec.external_traffic_policy.as_deref() == Some("Local");

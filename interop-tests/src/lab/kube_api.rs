@@ -233,6 +233,36 @@ impl KubeApi {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// The Warning Events on object `name` (of any kind) in `namespace` (`default` for
+    /// cluster-wide objects), as (reason, message, the object's uid as the Event names it).
+    pub fn warnings(&self, namespace: &str, name: &str) -> Vec<(String, String, String)> {
+        let selector = format!("involvedObject.name={name},type=Warning");
+        let out = self.kubectl_ok(&[
+            "get",
+            "events",
+            "-n",
+            namespace,
+            "--field-selector",
+            &selector,
+            "-o",
+            "json",
+        ]);
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let text = |e: &serde_json::Value| e.as_str().unwrap_or_default().to_owned();
+        v["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|e| {
+                (
+                    text(&e["reason"]),
+                    text(&e["message"]),
+                    text(&e["involvedObject"]["uid"]),
+                )
+            })
+            .collect()
+    }
+
     /// `kubectl apply` of the CRDs (`datastore/crds/`, Calico's and margay's) and of `files`,
     /// then waits until every CRD is served.
     pub fn apply_crds(&self, files: &[&str]) {
