@@ -38,6 +38,8 @@ pub async fn run(config: Config, path: Option<std::path::PathBuf>) -> Result<(),
     let datastore = datastore::start(&config.datastore)
         .await
         .map_err(DaemonError::Datastore)?;
+    // On the Kubernetes API, a node without configured addresses takes its Node's.
+    let config = crate::node_address::resolve(config, &datastore).await;
     let api = Api::bind(&config.api).await?;
     let observed = crate::metrics::Listener::bind(&config.metrics).await?;
     let (registered_tx, registered) = tokio::sync::watch::channel(false);
@@ -158,13 +160,17 @@ async fn reload(
     path: Option<&std::path::Path>,
     speaker: &crate::speaker::SpeakerHandle,
 ) {
-    let new = match Config::load(path) {
+    let mut new = match Config::load(path) {
         Ok(c) => c,
         Err(e) => {
             tracing::error!(error = %e, "SIGHUP: configuration reload refused; the running configuration stays");
             return;
         }
     };
+    // Addresses the file leaves out are the ones resolved at start (`node_address`).
+    if new.node.address.is_none() && new.node.address6.is_none() {
+        new.adopt_addresses(running.node.address, running.node.address6);
+    }
     match crate::peering::reload(speaker, &running.bgp, &new.bgp).await {
         Ok(mut report) => {
             for (name, changed) in [

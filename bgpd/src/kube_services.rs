@@ -6,8 +6,10 @@
 //! - An address is announced when the plan first has it and withdrawn when the plan stops
 //!   having it: a Service with `externalTrafficPolicy: Local` follows its ready endpoints.
 //! - What the task announced stays announced while the apiserver cannot be asked (a watch
-//!   that ends is followed by a new list, once a second): the leases are renewed from the
-//!   last plan, as Calico keeps its routes while its datastore is away.
+//!   that ends is followed by a new list, after a backoff from 1 s to 30 s): the leases are
+//!   renewed from the last plan, as Calico keeps its routes while its datastore is away.
+//! - An address another owner leases (`bgpctl service announce`, a load-balancer
+//!   controller) is left to it: this task neither takes it over nor withdraws it.
 //! - A Service that names an address outside the ranges, or something that is no address, is
 //!   reported once per change in the log and as an Event on the Service (reason
 //!   `AddressNotAnnounced`), and the rest of the cluster's Services go on.
@@ -33,11 +35,16 @@ use crate::warnings::Reason;
 pub const OWNER: &str = "kubernetes";
 /// How often the leases are renewed and the `BGPConfiguration` read again.
 const RENEW: Duration = Duration::from_secs(10);
-/// A lease's length: far above [`RENEW`], so that a list hanging on an unreachable apiserver
-/// (each is bounded by [`REQUEST_LIMIT`]) never lets an address lapse.
+/// A lease's length: far above [`RENEW`], so that a request hanging on an unreachable
+/// apiserver (each is bounded by [`REQUEST_LIMIT`]) never lets an address lapse.
 const LEASE_TTL_S: u32 = 600;
 /// The longest a list may take before the task gives up on it and tries again.
 const REQUEST_LIMIT: Duration = Duration::from_secs(30);
+/// How often a Service's standing problems are reported again (see `Announcer::reported`).
+const REPORT_AGAIN: Duration = Duration::from_secs(30 * 60);
+/// The longest wait between two attempts to follow the cluster after failures (doubling
+/// from a second, as client-go's backoff does).
+const BACKOFF_MAX: Duration = Duration::from_secs(30);
 
 /// Starts the task of node `node`.
 pub fn start(node: String, datastore: DatastoreHandle, services: ServicesHandle) {
@@ -51,14 +58,25 @@ struct Announcer {
     config: BgpConfiguration,
     announced: BTreeSet<IpAddr>,
     reported: BTreeMap<String, Vec<String>>,
+    /// When `reported` was last forgotten: problems are reported again each
+    /// [`REPORT_AGAIN`], since the apiserver drops Events after an hour and a write may fail.
+    reported_since: Instant,
     renewed: Instant,
 }
 
 impl Announcer {
     /// Brings the announcements to what `cluster` asks for; a Service's new problems are
     /// logged and reported (`crate::warnings`: an Event on it).
+    ///
+    /// An address leased by another owner (an operator's `bgpctl service announce`, a
+    /// load-balancer controller) is theirs: neither taken over nor withdrawn here.
     async fn apply(&mut self, cluster: &ClusterServices, kube: &KubeStore) {
+        if self.reported_since.elapsed() >= REPORT_AGAIN {
+            self.reported.clear();
+            self.reported_since = Instant::now();
+        }
         let plan = cluster.plan(&self.node, &self.config);
+        let others = self.held_by_others().await;
         for (service, problems) in &plan.problems {
             if self.reported.get(service) != Some(problems) {
                 for problem in problems {
@@ -77,6 +95,10 @@ impl Announcer {
         self.reported = plan.problems;
         let gone: Vec<IpAddr> = self.announced.difference(&plan.announce).copied().collect();
         for address in gone {
+            self.announced.remove(&address);
+            if others.contains(&address) {
+                continue;
+            }
             match self.services.withdraw(address).await {
                 Ok(()) => {
                     tracing::info!(%address, "service address withdrawn: no ready endpoint here any more")
@@ -85,9 +107,13 @@ impl Announcer {
                     tracing::warn!(%address, error = %e, "withdrawing a service address failed")
                 }
             }
-            self.announced.remove(&address);
         }
-        let new: Vec<IpAddr> = plan.announce.difference(&self.announced).copied().collect();
+        let new: Vec<IpAddr> = plan
+            .announce
+            .difference(&self.announced)
+            .filter(|a| !others.contains(a))
+            .copied()
+            .collect();
         for address in new {
             match self
                 .services
@@ -105,12 +131,30 @@ impl Announcer {
         }
     }
 
+    /// The addresses whose lease another owner holds now.
+    async fn held_by_others(&self) -> BTreeSet<IpAddr> {
+        self.services
+            .list()
+            .await
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|l| l.owner != OWNER)
+            .map(|l| l.address)
+            .collect()
+    }
+
     /// Renews every lease once [`RENEW`] has passed since the last time.
     async fn renew_if_due(&mut self) {
-        if self.renewed.elapsed() < RENEW {
-            return;
+        if self.renewed.elapsed() >= RENEW {
+            self.renew().await;
         }
+    }
+
+    /// Renews every lease this task holds (one another owner took is left to it).
+    async fn renew(&mut self) {
         self.renewed = Instant::now();
+        let others = self.held_by_others().await;
+        self.announced.retain(|a| !others.contains(a));
         for &address in &self.announced {
             if let Err(e) = self
                 .services
@@ -130,29 +174,46 @@ async fn run(node: String, datastore: DatastoreHandle, services: ServicesHandle)
         config: BgpConfiguration::default(),
         announced: BTreeSet::new(),
         reported: BTreeMap::new(),
+        reported_since: Instant::now(),
         renewed: Instant::now(),
     };
     let mut cluster = ClusterServices::default();
+    let mut backoff = Duration::from_secs(1);
     loop {
         if let Some(store) = datastore.store() {
             let Some(kube) = store.as_kubernetes() else {
                 return;
             };
             let kube = kube.clone();
+            let started = Instant::now();
             if let Err(e) = follow(&kube, &store, &mut cluster, &mut a).await {
-                tracing::warn!(error = %e, "following the cluster's Services: asking again in a second; what is announced stays");
+                // A follow that lasted is a fresh start; one that failed at once waits longer.
+                backoff = if started.elapsed() > BACKOFF_MAX {
+                    Duration::from_secs(1)
+                } else {
+                    (backoff * 2).min(BACKOFF_MAX)
+                };
+                tracing::warn!(error = %e, retry_in = ?backoff, "following the cluster's Services failed; what is announced stays");
             }
         }
-        a.renew_if_due().await;
-        tokio::time::sleep(Duration::from_secs(1)).await;
+        // Sleeps in steps, so that the leases are renewed however long the backoff.
+        let until = Instant::now() + backoff;
+        while Instant::now() < until {
+            a.renew_if_due().await;
+            tokio::time::sleep(Duration::from_secs(1).min(until - Instant::now())).await;
+        }
     }
 }
 
 /// Reads the `BGPConfiguration` into `a`; on failure keeps the one it had.
 async fn read_config(store: &Store, a: &mut Announcer) {
-    match Resources::new(store).bgp_configuration().await {
-        Ok(c) => a.config = c.map(|(c, _)| c).unwrap_or_default(),
-        Err(e) => {
+    let resources = Resources::new(store);
+    match tokio::time::timeout(REQUEST_LIMIT, resources.bgp_configuration()).await {
+        Ok(Ok(c)) => a.config = c.map(|(c, _)| c).unwrap_or_default(),
+        Err(_) => tracing::warn!(
+            "reading the BGPConfiguration for service advertisement took over {REQUEST_LIMIT:?}; the last one read stays"
+        ),
+        Ok(Err(e)) => {
             tracing::warn!(error = %e, "reading the BGPConfiguration for service advertisement failed; the last one read stays")
         }
     }
@@ -202,7 +263,7 @@ async fn follow(
             }
             _ = tick.tick() => {
                 read_config(store, a).await;
-                a.renew_if_due().await;
+                a.renew().await;
             }
         }
         a.apply(cluster, kube).await;

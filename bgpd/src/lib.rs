@@ -16,6 +16,7 @@
 //! - `kube_services`: on the Kubernetes datastore, the Services' addresses this node announces
 //!   (`externalTrafficPolicy: Local` follows the ready endpoints).
 //! - `metrics`: bgpd's Prometheus metrics, readiness, liveness and status over HTTP.
+//! - `node_address`: on the Kubernetes API, a node's addresses from its Node's InternalIPs.
 //! - `peering`: the `[bgp]` section applied to the speaker, at start and on reload.
 //! - `registration`: this node and the configured default pools, written at start.
 //! - `services`: single service addresses announced from this node under a renewed lease.
@@ -32,6 +33,7 @@ pub mod datastore;
 pub mod kube_gc;
 pub mod kube_services;
 pub mod metrics;
+pub mod node_address;
 pub mod peering;
 pub mod registration;
 pub mod services;

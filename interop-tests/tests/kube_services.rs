@@ -13,12 +13,17 @@
 //! - Measured over 20 rounds: from the kubectl write of an endpoint becoming ready (gone) on
 //!   n2 to the ToR's next hops with (without) n2, p50 / p99 (printed as `endpoint ready → ToR`
 //!   and `endpoint gone → ToR`; each includes kubectl's own start, printed beside).
-//! - The apiserver killed for 6 s: the ToR keeps web's routes, and they stay after it is back.
+//! - An operator's own lease (`bgpctl service announce --owner ops`) of web's address on n2
+//!   is neither taken over nor withdrawn as n2's endpoint comes and goes.
+//! - The apiserver killed for 15 s: the ToR keeps web's routes all along, and after it is back.
 //! - A Service of policy Cluster whose external IP is a range of one address is announced by
-//!   all three nodes; a Service whose external IP is outside every range is reported in the
-//!   log naming it and as an Event on it (`AddressNotAnnounced`), and not announced.
+//!   all three nodes (made first: once the ToR has it, the nodes follow the Services, and web
+//!   without a ready endpoint has no route); a Service whose external IP is outside every
+//!   range is reported in the log naming it and as one Event on it (`AddressNotAnnounced`),
+//!   and not announced.
 //! - bgpd runs with the DaemonSet's RBAC (a token of the `margay-node` account), on Nodes
-//!   made beforehand as the kubelet makes them.
+//!   made beforehand as the kubelet makes them; n3's configuration has no address, and it
+//!   registers its Node's InternalIPs with eth0's prefix lengths.
 //! - The last endpoint not ready: web's addresses leave the ToR; web deleted: nothing stays.
 //!
 //! Needs root, FRR and the apiserver of `scripts/build-kube`.
@@ -43,6 +48,8 @@ const SINGLE: &str = "192.0.2.9";
 /// Outside every range.
 const STRAY: &str = "203.0.113.99";
 const ROUNDS: usize = 20;
+/// How long the apiserver is away: beyond a lease renewal (10 s) and several relists.
+const OUTAGE: Duration = Duration::from_secs(15);
 
 const CALICO: &str = r"
 apiVersion: crd.projectcalico.org/v1
@@ -104,6 +111,17 @@ fn slice(api: &KubeApi, nodes: &[(&str, bool)]) {
         "ports": [{"name": "http", "port": 80, "protocol": "TCP"}],
     });
     api.apply("slice.json", &manifest.to_string());
+}
+
+/// Service `shop/name` of policy Cluster with external IP `address`.
+fn apply_service(api: &KubeApi, name: &str, address: &str) {
+    let s = serde_json::json!({
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": name, "namespace": "shop"},
+        "spec": {"externalIPs": [address],
+                 "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]},
+    });
+    api.apply(&format!("{name}.json"), &s.to_string());
 }
 
 /// Which nodes the ToR reaches each of `hosts` through.
@@ -174,6 +192,21 @@ fn local_services_follow_their_ready_endpoints_to_the_tor() {
             serde_json::json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": name}});
         api.apply(&format!("node-{name}.json"), &node.to_string());
     }
+    // n3's configuration has no address: its Node's InternalIPs, as its kubelet reports them.
+    let addresses = serde_json::json!({"status": {"addresses": [
+        {"type": "Hostname", "address": "n3"},
+        {"type": "InternalIP", "address": "10.97.0.13"},
+        {"type": "InternalIP", "address": "fd00:97::13"},
+    ]}});
+    api.kubectl_ok(&[
+        "patch",
+        "node",
+        "n3",
+        "--subresource=status",
+        "--type=merge",
+        "-p",
+        &addresses.to_string(),
+    ]);
     let tor_member = seg
         .attach(&format!("{tag}tor"), &format!("{}/24", tor::ADDRESS))
         .unwrap();
@@ -196,6 +229,7 @@ fn local_services_follow_their_ready_endpoints_to_the_tor() {
                 tag: Some(&format!("{tag}{name}")),
                 addr6: Some(a6),
                 kubernetes: true,
+                address_from_node: *name == "n3",
                 ..Default::default()
             },
         )
@@ -210,6 +244,31 @@ fn local_services_follow_their_ready_endpoints_to_the_tor() {
         })),
         "the ToR sessions did not come up\n{}",
         context(&tor, &refs)
+    );
+
+    // n3 registered the addresses it took from its Node, with eth0's prefix lengths.
+    let annotations = api.kubectl_ok(&[
+        "get",
+        "node",
+        "n3",
+        "-o",
+        "jsonpath={.metadata.annotations}",
+    ]);
+    let annotations: serde_json::Value = serde_json::from_str(&annotations).unwrap();
+    assert_eq!(
+        (
+            annotations["projectcalico.org/IPv4Address"].as_str(),
+            annotations["projectcalico.org/IPv6Address"].as_str()
+        ),
+        (Some("10.97.0.13/24"), Some("fd00:97::13/64")),
+        "{annotations}\n{}",
+        n3.log_tail(20)
+    );
+    assert!(
+        n3.log()
+            .contains("the node's addresses, from its Kubernetes Node's InternalIPs"),
+        "{}",
+        n3.log_tail(20)
     );
 
     // web: LoadBalancer, Local, an external IP and an IPv6 ingress IP; its endpoint on n1.
@@ -245,9 +304,11 @@ fn local_services_follow_their_ready_endpoints_to_the_tor() {
         "jsonpath={.spec.clusterIP}",
     ]);
     let hosts = [host(cluster_ip.trim()), host(EXTERNAL), host(LOAD_BALANCER)];
-    // Nothing before an endpoint is ready anywhere.
+    // Nothing before an endpoint is ready anywhere: once the nodes have seen a later Service
+    // (policy Cluster in a range of one address: every node announces it), web has no route.
     slice(&api, &[("n1", false)]);
-    std::thread::sleep(Duration::from_secs(2));
+    apply_service(&api, "single", SINGLE);
+    converge(&tor, &[host(SINGLE)], &refs, &set(&["n1", "n2", "n3"]));
     assert_eq!(hops_of(&tor, &hosts, &refs), vec![BTreeSet::new(); 3]);
     slice(&api, &[("n1", true)]);
     let took = converge(&tor, &hosts, &refs, &set(&["n1"]));
@@ -299,31 +360,53 @@ fn local_services_follow_their_ready_endpoints_to_the_tor() {
     );
     converge(&tor, &hosts, &refs, &set(&["n1"]));
 
-    // The apiserver away: the routes stay, and stay once it is back.
+    // An operator's own lease of web's external IP on n2 is left to the operator: not taken
+    // over when n2's endpoint is ready, not withdrawn when it is gone.
+    let n2 = &nodes[1];
+    n2.ctl_ok(&[
+        "service", "announce", EXTERNAL, "--owner", "ops", "--ttl", "60s",
+    ]);
+    let others = [host(cluster_ip.trim()), host(LOAD_BALANCER)];
+    slice(&api, &[("n1", true), ("n2", true)]);
+    converge(&tor, &others, &refs, &set(&["n1", "n2"]));
+    let owner_on_n2 = || {
+        let leases: serde_json::Value =
+            serde_json::from_str(&n2.ctl_ok(&["service", "list", "--json"])).unwrap();
+        leases
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|l| l["address"] == EXTERNAL)
+            .map(|l| l["owner"].as_str().unwrap_or_default().to_owned())
+    };
+    assert_eq!(owner_on_n2().as_deref(), Some("ops"));
+    slice(&api, &[("n1", true), ("n2", false)]);
+    converge(&tor, &others, &refs, &set(&["n1"]));
+    assert_eq!(owner_on_n2().as_deref(), Some("ops"));
+    converge(&tor, &external, &refs, &set(&["n1", "n2"]));
+    n2.ctl_ok(&["service", "withdraw", EXTERNAL]);
+    converge(&tor, &hosts, &refs, &set(&["n1"]));
+
+    // The apiserver away for longer than a renewal and a few relists: the routes stay all
+    // along (asked every half second), and once it is back.
     api.kill_apiserver();
-    std::thread::sleep(Duration::from_secs(6));
-    assert_eq!(
-        hops_of(&tor, &hosts, &refs),
-        vec![set(&["n1"]); 3],
-        "{}",
-        context(&tor, &refs)
-    );
+    let until = Instant::now() + OUTAGE;
+    while Instant::now() < until {
+        assert_eq!(
+            hops_of(&tor, &hosts, &refs),
+            vec![set(&["n1"]); 3],
+            "during the outage\n{}",
+            context(&tor, &refs)
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
     api.start_apiserver();
     std::thread::sleep(Duration::from_secs(3));
     converge(&tor, &hosts, &refs, &set(&["n1"]));
-    println!("the apiserver down for 6 s: the ToR kept web's routes through n1");
+    println!("the apiserver down for {OUTAGE:?}: the ToR kept web's routes through n1 all along");
 
-    // Policy Cluster in a range of one address: every node; outside every range: reported.
-    for (name, address) in [("single", SINGLE), ("stray", STRAY)] {
-        let s = serde_json::json!({
-            "apiVersion": "v1", "kind": "Service",
-            "metadata": {"name": name, "namespace": "shop"},
-            "spec": {"externalIPs": [address],
-                     "ports": [{"name": "http", "port": 80, "protocol": "TCP"}]},
-        });
-        api.apply(&format!("{name}.json"), &s.to_string());
-    }
-    converge(&tor, &[host(SINGLE)], &refs, &set(&["n1", "n2", "n3"]));
+    // An address outside every range: reported, not announced.
+    apply_service(&api, "stray", STRAY);
     assert!(
         wait_until(Duration::from_secs(10), || n1.log().contains(&format!(
             "{STRAY} is outside every BGPConfiguration serviceExternalIPs range"
@@ -361,10 +444,11 @@ fn local_services_follow_their_ready_endpoints_to_the_tor() {
         api.warnings("shop", "stray"),
         n1.log_tail(20)
     );
-    println!(
-        "the Event on shop/stray: {:?}",
-        api.warnings("shop", "stray")
-    );
+    // Three nodes saw it; there is one Event.
+    std::thread::sleep(Duration::from_secs(2));
+    let warnings = api.warnings("shop", "stray");
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    println!("the Event on shop/stray: {warnings:?}");
     assert!(hops_of(&tor, &[host(STRAY)], &refs)[0].is_empty());
 
     // The last endpoint not ready: web leaves the ToR; web deleted: nothing stays anywhere.

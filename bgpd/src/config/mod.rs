@@ -468,6 +468,18 @@ impl Config {
         Ok(config)
     }
 
+    /// Takes the node's addresses found after loading (`node_address`): the router id
+    /// follows the IPv4 address as it would have had the file given it, unless the file set
+    /// one of its own.
+    pub fn adopt_addresses(&mut self, v4: Option<Ipv4Net>, v6: Option<Ipv6Net>) {
+        let defaulted = self.bgp.router_id == Some(hashed_router_id(&self.node.name));
+        self.node.address = v4;
+        self.node.address6 = v6;
+        if let Some(a) = v4.filter(|_| defaulted) {
+            self.bgp.router_id = Some(a.addr());
+        }
+    }
+
     fn fill_defaults(&mut self) {
         if self.node.name.is_empty() {
             self.node.name = hostname();

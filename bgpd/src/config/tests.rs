@@ -368,3 +368,17 @@ fn a_cap_of_zero_or_too_large_names_its_key() {
         assert!(err.contains(key), "{text:?}: {err}");
     }
 }
+
+#[test]
+fn addresses_found_after_loading_bring_the_router_id_unless_one_was_set() {
+    let f = write("[node]\nname = \"n1\"\n");
+    let mut c = Config::load_with_env(Some(f.path()), env(&[])).unwrap();
+    assert_eq!(c.bgp.router_id, Some(hashed_router_id("n1")));
+    c.adopt_addresses(Some("10.0.0.7/24".parse().unwrap()), None);
+    assert_eq!(c.node.address, Some("10.0.0.7/24".parse().unwrap()));
+    assert_eq!(c.bgp.router_id, Some("10.0.0.7".parse().unwrap()));
+    let f = write("[node]\nname = \"n1\"\n[bgp]\nrouter_id = \"1.2.3.4\"\n");
+    let mut c = Config::load_with_env(Some(f.path()), env(&[])).unwrap();
+    c.adopt_addresses(Some("10.0.0.7/24".parse().unwrap()), None);
+    assert_eq!(c.bgp.router_id, Some("1.2.3.4".parse().unwrap()));
+}

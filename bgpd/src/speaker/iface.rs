@@ -1,7 +1,8 @@
 //! What the speaker needs to know of the host's interfaces: the link-local IPv6 address
 //! beside a global one, for the second next hop of RFC 2545 when the peer shares the link,
 //! and which interface holds a session's local address (the interface `BGPFilter` rules
-//! match the session's routes by).
+//! match the session's routes by); and, for `node_address`, the prefix length of the
+//! interface that holds an address.
 //!
 //! Read with `getifaddrs(3)` when a session comes up (rare); nothing is cached, so an
 //! address added later is seen by the next session.
@@ -37,6 +38,40 @@ pub fn interface_of(local: IpAddr) -> Option<String> {
     }
 }
 
+/// The interface that holds `addr` and the address with that interface's prefix length
+/// (`10.0.0.5/24`), if the host has it.
+pub fn host_network(addr: IpAddr) -> Option<(String, ipnet::IpNet)> {
+    let found = match addr.to_canonical() {
+        IpAddr::V6(a) => ipv6_addresses()
+            .into_iter()
+            .find(|(_, x, _)| *x == a)
+            .map(|(n, _, mask)| (n, u128::from(mask).leading_ones())),
+        IpAddr::V4(a) => ipv4_masks()
+            .into_iter()
+            .find(|(_, (x, _))| *x == a)
+            .map(|(n, (_, mask))| (n, u32::from(mask).leading_ones())),
+    };
+    let (name, len) = found?;
+    let len = u8::try_from(len).ok()?;
+    Some((name, ipnet::IpNet::new(addr.to_canonical(), len).ok()?))
+}
+
+/// Every IPv4 address of the host with its interface name and netmask.
+fn ipv4_masks() -> Vec<(String, (Ipv4Addr, Ipv4Addr))> {
+    addresses(libc::AF_INET, |ifa| {
+        // SAFETY: an AF_INET address is a sockaddr_in.
+        let sin = unsafe { &*ifa.ifa_addr.cast::<libc::sockaddr_in>() };
+        let mask = if ifa.ifa_netmask.is_null() {
+            Ipv4Addr::BROADCAST
+        } else {
+            // SAFETY: the netmask of an AF_INET address is a sockaddr_in.
+            let m = unsafe { &*ifa.ifa_netmask.cast::<libc::sockaddr_in>() };
+            Ipv4Addr::from(u32::from_be(m.sin_addr.s_addr))
+        };
+        (Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)), mask)
+    })
+}
+
 fn is_link_local(a: &Ipv6Addr) -> bool {
     a.segments()[0] & 0xffc0 == 0xfe80
 }
@@ -63,11 +98,7 @@ fn ipv6_addresses() -> Vec<(String, Ipv6Addr, Ipv6Addr)> {
 
 /// Every IPv4 address of the host, with its interface name.
 fn ipv4_addresses() -> Vec<(String, Ipv4Addr)> {
-    addresses(libc::AF_INET, |ifa| {
-        // SAFETY: an AF_INET address is a sockaddr_in.
-        let sin = unsafe { &*ifa.ifa_addr.cast::<libc::sockaddr_in>() };
-        Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr))
-    })
+    ipv4_masks().into_iter().map(|(n, (a, _))| (n, a)).collect()
 }
 
 /// The addresses of `family` with their interface names, each read by `read` from an entry
@@ -122,5 +153,15 @@ mod tests {
             Some("lo")
         );
         assert_eq!(interface_of("192.0.2.77".parse().unwrap()), None);
+    }
+
+    #[test]
+    fn loopback_addresses_have_lo_s_prefix_lengths() {
+        let (name, net) = host_network(IpAddr::V4(Ipv4Addr::LOCALHOST)).unwrap();
+        assert_eq!(
+            (name.as_str(), net.to_string().as_str()),
+            ("lo", "127.0.0.1/8")
+        );
+        assert_eq!(host_network("192.0.2.77".parse().unwrap()), None);
     }
 }

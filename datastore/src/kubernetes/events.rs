@@ -70,13 +70,16 @@ impl EventSubject {
     }
 }
 
-/// The Event's name: the object's (shortened to leave room) and a digest of the warning.
+/// The Event's name: the object's (shortened to leave room) and a digest of the warning and
+/// the object's uid when known (a Service made again under the same name gets an Event of
+/// its own).
 fn event_name(subject: &EventSubject, reason: &str, message: &str) -> String {
     let mut h = Sha256::new();
     for part in [
         subject.resource.kind.as_str(),
         subject.namespace.as_deref().unwrap_or(""),
         subject.name.as_str(),
+        subject.uid.as_deref().unwrap_or(""),
         reason,
         message,
     ] {
@@ -172,6 +175,14 @@ mod tests {
         assert_ne!(
             a,
             event_name(&web, "AddressNotAnnounced", "203.0.113.2 is outside")
+        );
+        assert_ne!(
+            a,
+            event_name(
+                &EventSubject::service("shop", "web", "u2"),
+                "AddressNotAnnounced",
+                "203.0.113.1 is outside"
+            )
         );
         let pod = EventSubject::pod("shop", "web");
         assert_ne!(

@@ -193,6 +193,25 @@ impl KubeStore {
         Api::all(self.client().clone())
     }
 
+    /// The `InternalIP`s of Kubernetes Node `name`, in the order its kubelet reported them
+    /// (`status.addresses`); `None` when there is no such Node.
+    pub async fn node_internal_ips(&self, name: &str) -> Result<Option<Vec<std::net::IpAddr>>> {
+        let found = self
+            .nodes()
+            .get_opt(name)
+            .await
+            .map_err(|e| request_error(e, &format!("node {name}")))?;
+        Ok(found.map(|n| {
+            n.status
+                .and_then(|s| s.addresses)
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|a| a.type_ == "InternalIP")
+                .filter_map(|a| a.address.parse().ok())
+                .collect()
+        }))
+    }
+
     pub(super) async fn node_get(&self, name: &str) -> Result<Option<Object>> {
         match self.nodes().get_opt(name).await {
             Ok(Some(n)) => object_of(&n, version_of(n.metadata.resource_version.as_deref())?),

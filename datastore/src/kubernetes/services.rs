@@ -81,7 +81,13 @@ pub fn service_facts(s: &Service) -> ServiceFacts {
             .filter(|ips| !ips.is_empty())
             .or_else(|| spec.cluster_ip.clone().map(|ip| vec![ip]))
             .unwrap_or_default();
-        // "None" marks a headless Service: nothing to announce, and nothing wrong.
+        // Headless ("None") and ExternalName Services have no proxy behind their
+        // addresses (kube-proxy skips them, and so does Calico's advertisement): nothing to
+        // announce, and nothing wrong.
+        let headless = cluster.iter().all(|ip| ip.is_empty() || ip == "None");
+        if headless || spec.type_.as_deref() == Some("ExternalName") {
+            return f;
+        }
         parse_into(&cluster, &mut f.cluster_ips, &mut ignored);
         parse_into(
             spec.external_ips.as_deref().unwrap_or_default(),
@@ -231,12 +237,17 @@ mod tests {
     }
 
     #[test]
-    fn a_headless_cluster_service_announces_nothing_and_is_not_wrong() {
-        let s = service(serde_json::json!({
-            "metadata": {"name": "db", "namespace": "shop"},
-            "spec": {"clusterIP": "None", "externalTrafficPolicy": "Cluster"},
-        }));
-        assert_eq!(service_facts(&s), ServiceFacts::default());
+    fn headless_and_external_name_services_announce_nothing_and_are_not_wrong() {
+        for spec in [
+            serde_json::json!({"clusterIP": "None", "externalIPs": ["198.51.100.7", "x"]}),
+            serde_json::json!({"type": "ExternalName", "externalName": "db.example",
+                               "externalIPs": ["198.51.100.7"]}),
+        ] {
+            let s = service(serde_json::json!({
+                "metadata": {"name": "db", "namespace": "shop"}, "spec": spec,
+            }));
+            assert_eq!(service_facts(&s), ServiceFacts::default(), "{spec}");
+        }
     }
 
     #[test]

@@ -39,6 +39,9 @@ pub struct NodeOptions<'a> {
     pub extra: &'a str,
     /// The store path is a kubeconfig: the datastore is the Kubernetes API it names.
     pub kubernetes: bool,
+    /// The configuration leaves the addresses out (eth0 has them): bgpd takes its
+    /// Kubernetes Node's InternalIPs.
+    pub address_from_node: bool,
 }
 
 impl SegmentNode {
@@ -67,11 +70,16 @@ impl SegmentNode {
         let member = seg
             .attach(opts.tag.unwrap_or(name), &format!("{addr}/24"))
             .unwrap();
-        let mut node_lines = format!("name = \"{name}\"\naddress = \"{addr}/24\"\n");
+        let mut node_lines = format!("name = \"{name}\"\n");
+        if !opts.address_from_node {
+            node_lines.push_str(&format!("address = \"{addr}/24\"\n"));
+        }
         if let Some(a6) = opts.addr6 {
             super::calico_node::add_ipv6(&member.ns, "eth0", &format!("{a6}/64"))
                 .unwrap_or_else(|e| panic!("{e}"));
-            node_lines.push_str(&format!("address6 = \"{a6}/64\"\n"));
+            if !opts.address_from_node {
+                node_lines.push_str(&format!("address6 = \"{a6}/64\"\n"));
+            }
         }
         let dir = tempfile::tempdir().unwrap();
         let socket = dir.path().join("bgpd.sock");
