@@ -74,11 +74,21 @@ pub async fn run(node: String, grace: Duration, datastore: DatastoreHandle) {
         handles: LeakTracker::default(),
         nodes_gone: HashMap::new(),
     };
+    // Whether the last pass found no datastore: an outage is said once, when it starts
+    // (not before the first connection).
+    let mut away = true;
     loop {
         tokio::time::sleep(period).await;
         let Some(ipam) = datastore.ipam() else {
+            if !away {
+                tracing::warn!(
+                    "IPAM garbage collection skipped this pass: the datastore is not connected; no pass runs until it is"
+                );
+                away = true;
+            }
             continue;
         };
+        away = false;
         if ipam.store().as_kubernetes().is_none() {
             return;
         }

@@ -103,6 +103,7 @@ async fn leaked_addresses_and_deleted_nodes_are_released_and_nothing_alive_is() 
     assert_eq!(held(&ipam, "on-b").await, std::slice::from_ref(&on_b));
 
     // 2. The apiserver down for several passes, then back: nothing alive is collected.
+    let before = a.log().len();
     api.kill_apiserver();
     tokio::time::sleep(Duration::from_secs(5)).await;
     api.start_apiserver();
@@ -120,10 +121,11 @@ async fn leaked_addresses_and_deleted_nodes_are_released_and_nothing_alive_is() 
         "{}",
         b.log()
     );
+    // Skipped: by a pass that could not ask the apiserver, or (when the datastore was
+    // already marked away) by the collector, which then runs none.
     assert!(
-        a.log()
-            .contains("IPAM garbage collection skipped this pass"),
-        "no pass ran while the apiserver was down:\n{}",
+        a.log()[before..].contains("IPAM garbage collection skipped this pass"),
+        "no pass was skipped while the apiserver was down:\n{}",
         a.log()
     );
 
