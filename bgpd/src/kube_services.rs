@@ -76,7 +76,6 @@ impl Announcer {
             self.reported_since = Instant::now();
         }
         let plan = cluster.plan(&self.node, &self.config);
-        let others = self.held_by_others().await;
         for (service, problems) in &plan.problems {
             if self.reported.get(service) != Some(problems) {
                 for problem in problems {
@@ -93,6 +92,10 @@ impl Announcer {
             }
         }
         self.reported = plan.problems;
+        if plan.announce == self.announced {
+            return;
+        }
+        let others = self.held_by_others().await;
         let gone: Vec<IpAddr> = self.announced.difference(&plan.announce).copied().collect();
         for address in gone {
             self.announced.remove(&address);

@@ -400,7 +400,7 @@ impl IpamApi for IpamService {
         };
         let asked = match pod_annotations::read(namespace, pod, &of_pod, &of_namespace) {
             Ok(asked) => asked,
-            Err(e) => return Err(self.refused(kube, namespace, pod, &e)),
+            Err(e) => return Err(self.refused(kube, namespace, pod, e)),
         };
         if asked != pod_annotations::PodAddressing::default() {
             let pools: Vec<_> = ipam
@@ -411,7 +411,7 @@ impl IpamApi for IpamService {
                 .map(|(p, _)| p)
                 .collect();
             if let Err(e) = asked.check(&pools) {
-                return Err(self.refused(kube, namespace, pod, &e));
+                return Err(self.refused(kube, namespace, pod, e));
             }
         }
         let to = |a: Option<pod_annotations::Annotated>| {
@@ -436,7 +436,7 @@ impl IpamService {
         kube: &::datastore::kubernetes::KubeStore,
         namespace: &str,
         pod: &str,
-        e: &ipam::IpamError,
+        e: ipam::IpamError,
     ) -> Status {
         crate::warnings::report(
             Some(kube),
@@ -445,7 +445,7 @@ impl IpamService {
             vec![e.to_string()],
             &self.node,
         );
-        status(e.clone())
+        status(e)
     }
 }
 
